@@ -1,0 +1,38 @@
+# kvgate build entry points. `make test` is the command CI runs (.ci/run).
+GO        ?= go
+PKGS      ?= ./...
+TESTFLAGS ?= -count=1 -timeout 15m
+BENCH     ?= .
+BENCHTIME ?= 1s
+
+.PHONY: all build test bench generate lint fmt demo clean
+
+all: build
+
+build:
+	$(GO) build $(PKGS)
+	$(GO) build -o bin/ ./cmd/...
+
+test:
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+bench:
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+# Rebuilds the committed bpf2go output; needs Debian's clang, llvm and libbpf-dev.
+generate:
+	$(GO) generate ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '_bpfe[lb].go$$')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go' | grep -v '_bpfe[lb].go$$')
+
+demo:
+	$(GO) run ./cmd/kvgate demo
+
+clean:
+	rm -rf bin
