@@ -1,0 +1,427 @@
+// Package reqfacts extracts, from one OpenAI-style HTTP request, every fact
+// that decides which token ids and block hashes vLLM will compute for it:
+// the model (the X-Model header wins over the body), the whole prompt (never a
+// truncated prefix), and each request field that changes the ids or the
+// hashes.
+//
+// The package does no tokenizing or hashing; it only reads. It never fails:
+// a body it cannot use yields Facts with an empty prompt or model and a
+// Problem saying why, so the caller can record the matching guard reason
+// (text_empty, model_empty) and take the fallback.
+//
+// Fields honoured, with why they matter to vLLM's ids or hashes:
+//
+//	model / X-Model           tokenizer choice; a LoRA adapter's name enters the block extra keys
+//	prompt                    str | [str] | [int] | [[int]]; strings are tokenized, ids used verbatim
+//	messages                  chat; content is a string or a list of parts
+//	tools, documents          rendered by the chat template
+//	chat_template_kwargs      passed to the template (enable_thinking, …)
+//	reasoning_effort          injects enable_thinking = (effort != "none") unless set in the kwargs
+//	add_generation_prompt     template flag, default true
+//	continue_final_message    template flag, default false
+//	add_special_tokens        BOS/EOS: default true for completions, false for chat
+//	truncate_prompt_tokens    keep only the last N tokens (vLLM truncates on the left)
+//	cache_salt                enters the first block's extra keys
+package reqfacts
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Kind says which OpenAI API shape the body has.
+type Kind int
+
+const (
+	// KindUnknown: no usable JSON body (not JSON, not an object, or empty).
+	KindUnknown Kind = iota
+	// KindCompletion: a body with "prompt" (/v1/completions).
+	KindCompletion
+	// KindChat: a body with "messages" (/v1/chat/completions).
+	KindChat
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindCompletion:
+		return "completion"
+	case KindChat:
+		return "chat"
+	}
+	return "unknown"
+}
+
+// Prompt is one completion prompt: text to tokenize, or token ids used as given.
+type Prompt struct {
+	Text     string
+	Tokens   []uint32
+	IsTokens bool
+}
+
+// Message is one chat message. Content keeps the decoded JSON value (a
+// string, a list of parts, or nil) so a chat template sees what vLLM's does;
+// Fields holds every other key of the message (tool_calls, name, …).
+type Message struct {
+	Role    string
+	Content any
+	Fields  map[string]any
+}
+
+// Facts are what a routing decision needs to know about one request.
+type Facts struct {
+	Kind Kind
+	// Model is the client's model string; ModelFromHeader says X-Model gave it.
+	Model           string
+	ModelFromHeader bool
+	// LoRA is the adapter name when Model names one of the rule's adapters;
+	// it enters the block hashes' extra keys.
+	LoRA string
+
+	// Prompts holds the completion prompts. vLLM serves each prompt of a list
+	// as its own engine request; all of them are kept.
+	Prompts []Prompt
+	// Messages holds the chat conversation.
+	Messages []Message
+
+	// Template inputs (chat only).
+	Tools                []any
+	Documents            []any
+	ChatTemplateKwargs   map[string]any
+	AddGenerationPrompt  bool // default true
+	ContinueFinalMessage bool // default false
+
+	// AddSpecialTokens is nil when the request leaves vLLM's default (true
+	// for completions, false for chat).
+	AddSpecialTokens *bool
+	// TruncatePromptTokens > 0 keeps only the last N prompt tokens; 0 means
+	// no truncation (absent, null or -1).
+	TruncatePromptTokens int
+	// CacheSalt is non-empty when the request salts its cache.
+	CacheSalt string
+
+	// Stream reports "stream": true.
+	Stream bool
+	// Problem says why a prompt or model could not be taken, for logs.
+	Problem string
+}
+
+// HasPrompt reports whether the request carries a prompt that can be hashed.
+func (f *Facts) HasPrompt() bool {
+	switch f.Kind {
+	case KindCompletion:
+		return len(f.Prompts) > 0
+	case KindChat:
+		return len(f.Messages) > 0
+	}
+	return false
+}
+
+// SpecialTokens resolves add_special_tokens against vLLM's per-API default.
+func (f *Facts) SpecialTokens() bool {
+	if f.AddSpecialTokens != nil {
+		return *f.AddSpecialTokens
+	}
+	return f.Kind == KindCompletion
+}
+
+// Options tune extraction for one rule.
+type Options struct {
+	// Adapters lists the LoRA adapter names the rule's engines serve; a model
+	// string equal to one of them sets Facts.LoRA.
+	Adapters []string
+}
+
+// body is the subset of an OpenAI request that changes token ids or hashes.
+// Fields stay raw so a wrong type in one field never hides the others.
+type body struct {
+	Model                json.RawMessage `json:"model"`
+	Prompt               json.RawMessage `json:"prompt"`
+	Messages             json.RawMessage `json:"messages"`
+	Tools                json.RawMessage `json:"tools"`
+	Documents            json.RawMessage `json:"documents"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
+	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
+	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
+	AddSpecialTokens     json.RawMessage `json:"add_special_tokens"`
+	TruncatePromptTokens json.RawMessage `json:"truncate_prompt_tokens"`
+	CacheSalt            json.RawMessage `json:"cache_salt"`
+	Stream               json.RawMessage `json:"stream"`
+}
+
+// Extract reads the facts of one request. headerModel is the X-Model header
+// value ("" when absent); it wins over the body's model. A body that is not a
+// JSON object gives no model and no prompt: the caller records model_empty.
+func Extract(raw []byte, headerModel string, opts Options) Facts {
+	f := Facts{AddGenerationPrompt: true}
+	headerModel = strings.TrimSpace(headerModel)
+
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		f.Problem = "body is not a JSON object"
+		return f
+	}
+	var b body
+	if err := json.Unmarshal(trimmed, &b); err != nil {
+		f.Problem = fmt.Sprintf("body is not valid JSON: %v", err)
+		return f
+	}
+
+	if headerModel != "" {
+		f.Model, f.ModelFromHeader = headerModel, true
+	} else if s, ok := rawString(b.Model); ok {
+		f.Model = strings.TrimSpace(s)
+	}
+	for _, a := range opts.Adapters {
+		if a != "" && a == f.Model {
+			f.LoRA = a
+			break
+		}
+	}
+
+	f.Stream, _ = rawBool(b.Stream)
+	if s, ok := rawString(b.CacheSalt); ok {
+		f.CacheSalt = s
+	}
+	if v, ok := rawBool(b.AddSpecialTokens); ok {
+		f.AddSpecialTokens = &v
+	}
+	if n, ok := rawInt(b.TruncatePromptTokens); ok && n > 0 {
+		f.TruncatePromptTokens = int(min(n, math.MaxInt32))
+	}
+
+	switch {
+	case present(b.Messages):
+		f.Kind = KindChat
+		f.Messages, f.Problem = parseMessages(b.Messages)
+		f.parseTemplateInputs(&b)
+	case present(b.Prompt):
+		f.Kind = KindCompletion
+		f.Prompts, f.Problem = parsePrompt(b.Prompt)
+	default:
+		f.Problem = "body has neither prompt nor messages"
+	}
+	if f.Model == "" && f.Problem == "" {
+		f.Problem = "no model in the body or the X-Model header"
+	}
+	return f
+}
+
+func (f *Facts) parseTemplateInputs(b *body) {
+	if v, ok := rawBool(b.AddGenerationPrompt); ok {
+		f.AddGenerationPrompt = v
+	}
+	if v, ok := rawBool(b.ContinueFinalMessage); ok {
+		f.ContinueFinalMessage = v
+	}
+	if present(b.Tools) {
+		var tools []any
+		if json.Unmarshal(b.Tools, &tools) == nil && len(tools) > 0 {
+			f.Tools = tools
+		}
+	}
+	if present(b.Documents) {
+		var docs []any
+		if json.Unmarshal(b.Documents, &docs) == nil && len(docs) > 0 {
+			f.Documents = docs
+		}
+	}
+	if present(b.ChatTemplateKwargs) {
+		var kw map[string]any
+		if json.Unmarshal(b.ChatTemplateKwargs, &kw) == nil && len(kw) > 0 {
+			f.ChatTemplateKwargs = kw
+		}
+	}
+	// Newer vLLM derives enable_thinking from reasoning_effort unless the
+	// client set it explicitly.
+	if effort, ok := rawString(b.ReasoningEffort); ok && effort != "" {
+		if _, set := f.ChatTemplateKwargs["enable_thinking"]; !set {
+			if f.ChatTemplateKwargs == nil {
+				f.ChatTemplateKwargs = map[string]any{}
+			}
+			f.ChatTemplateKwargs["enable_thinking"] = effort != "none"
+		}
+	}
+}
+
+// parsePrompt reads str | [str] | [int] | [[int]]. Any malformed element
+// drops the whole prompt: vLLM would reject the request.
+func parsePrompt(raw json.RawMessage) ([]Prompt, string) {
+	if s, ok := rawString(raw); ok {
+		if s == "" {
+			return nil, "prompt is empty"
+		}
+		return []Prompt{{Text: s}}, ""
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, "prompt is not a string or a list"
+	}
+	if len(items) == 0 {
+		return nil, "prompt is an empty list"
+	}
+	// A flat list of integers is one token-id prompt.
+	if ids, ok := tokenIDs(raw); ok {
+		return []Prompt{{Tokens: ids, IsTokens: true}}, ""
+	}
+	out := make([]Prompt, 0, len(items))
+	for i, it := range items {
+		if s, ok := rawString(it); ok {
+			if s == "" {
+				return nil, fmt.Sprintf("prompt[%d] is empty", i)
+			}
+			out = append(out, Prompt{Text: s})
+			continue
+		}
+		ids, ok := tokenIDs(it)
+		if !ok || len(ids) == 0 {
+			return nil, fmt.Sprintf("prompt[%d] is neither a string nor a list of token ids", i)
+		}
+		out = append(out, Prompt{Tokens: ids, IsTokens: true})
+	}
+	return out, ""
+}
+
+// tokenIDs decodes a JSON list of non-negative integers that fit in uint32.
+func tokenIDs(raw json.RawMessage) ([]uint32, bool) {
+	var nums []json.Number
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&nums); err != nil || len(nums) == 0 {
+		return nil, false
+	}
+	ids := make([]uint32, len(nums))
+	for i, n := range nums {
+		v, err := n.Int64()
+		if err != nil || v < 0 || v > math.MaxUint32 {
+			return nil, false
+		}
+		ids[i] = uint32(v)
+	}
+	return ids, true
+}
+
+func parseMessages(raw json.RawMessage) ([]Message, string) {
+	var items []map[string]any
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, "messages is not a list of objects"
+	}
+	if len(items) == 0 {
+		return nil, "messages is empty"
+	}
+	out := make([]Message, 0, len(items))
+	for i, m := range items {
+		if m == nil {
+			return nil, fmt.Sprintf("messages[%d] is null", i)
+		}
+		role, ok := m["role"].(string)
+		if !ok || role == "" {
+			return nil, fmt.Sprintf("messages[%d] has no role", i)
+		}
+		msg := Message{Role: role, Content: m["content"]}
+		switch c := msg.Content.(type) {
+		case nil, string, []any:
+		default:
+			return nil, fmt.Sprintf("messages[%d].content is a %T, not a string or a list of parts", i, c)
+		}
+		if len(m) > 2 {
+			msg.Fields = make(map[string]any, len(m)-2)
+			for k, v := range m {
+				if k != "role" && k != "content" {
+					msg.Fields[k] = v
+				}
+			}
+		}
+		out = append(out, msg)
+	}
+	return out, ""
+}
+
+// TextContent flattens a message content the way vLLM does for templates
+// whose content format is "string": a plain string stays as it is; the text
+// of every {"type":"text"} part is joined with "\n". ok is false when the
+// content holds a non-text part (an image, audio), which vLLM turns into
+// placeholders and multimodal hashes that a router cannot reproduce.
+func TextContent(content any) (text string, ok bool) {
+	switch c := content.(type) {
+	case nil:
+		return "", true
+	case string:
+		return c, true
+	case []any:
+		parts := make([]string, 0, len(c))
+		for _, p := range c {
+			switch pv := p.(type) {
+			case string:
+				parts = append(parts, pv)
+			case map[string]any:
+				typ, _ := pv["type"].(string)
+				if typ != "text" && typ != "input_text" && typ != "" {
+					return "", false
+				}
+				t, isStr := pv["text"].(string)
+				if !isStr {
+					return "", false
+				}
+				parts = append(parts, t)
+			default:
+				return "", false
+			}
+		}
+		return strings.Join(parts, "\n"), true
+	}
+	return "", false
+}
+
+// Truncate applies truncate_prompt_tokens: vLLM keeps the last n tokens.
+func Truncate(ids []uint32, n int) []uint32 {
+	if n > 0 && len(ids) > n {
+		return ids[len(ids)-n:]
+	}
+	return ids
+}
+
+func present(raw json.RawMessage) bool {
+	return len(raw) > 0 && !bytes.Equal(raw, []byte("null"))
+}
+
+func rawString(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+func rawBool(raw json.RawMessage) (bool, bool) {
+	switch string(raw) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
+
+func rawInt(raw json.RawMessage) (int64, bool) {
+	if !present(raw) {
+		return 0, false
+	}
+	var n json.Number
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if dec.Decode(&n) != nil {
+		return 0, false
+	}
+	v, err := n.Int64()
+	if err != nil {
+		return 0, false
+	}
+	return v, true
+}

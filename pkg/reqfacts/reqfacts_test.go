@@ -1,0 +1,225 @@
+package reqfacts
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func boolp(b bool) *bool { return &b }
+
+func TestExtract(t *testing.T) {
+	long := strings.Repeat("the whole prompt is kept, never a prefix. ", 200)
+	tests := []struct {
+		name    string
+		body    string
+		header  string
+		opts    Options
+		want    Facts
+		problem bool
+	}{
+		{
+			name: "completion string",
+			body: `{"model":"Qwen/Qwen3-0.6B","prompt":"hello world","stream":true}`,
+			want: Facts{Kind: KindCompletion, Model: "Qwen/Qwen3-0.6B", Prompts: []Prompt{{Text: "hello world"}}, Stream: true, AddGenerationPrompt: true},
+		},
+		{
+			name: "long prompt is not truncated",
+			body: `{"model":"m","prompt":"` + long + `"}`,
+			want: Facts{Kind: KindCompletion, Model: "m", Prompts: []Prompt{{Text: long}}, AddGenerationPrompt: true},
+		},
+		{
+			name:   "X-Model header wins",
+			body:   `{"model":"body-model","prompt":"x"}`,
+			header: "header-model",
+			want:   Facts{Kind: KindCompletion, Model: "header-model", ModelFromHeader: true, Prompts: []Prompt{{Text: "x"}}, AddGenerationPrompt: true},
+		},
+		{
+			name: "list of strings",
+			body: `{"model":"m","prompt":["a","b"]}`,
+			want: Facts{Kind: KindCompletion, Model: "m", Prompts: []Prompt{{Text: "a"}, {Text: "b"}}, AddGenerationPrompt: true},
+		},
+		{
+			name: "token ids",
+			body: `{"model":"m","prompt":[1,2,4294967295]}`,
+			want: Facts{Kind: KindCompletion, Model: "m", Prompts: []Prompt{{Tokens: []uint32{1, 2, 4294967295}, IsTokens: true}}, AddGenerationPrompt: true},
+		},
+		{
+			name: "lists of token ids",
+			body: `{"model":"m","prompt":[[1,2],[3]]}`,
+			want: Facts{Kind: KindCompletion, Model: "m", Prompts: []Prompt{{Tokens: []uint32{1, 2}, IsTokens: true}, {Tokens: []uint32{3}, IsTokens: true}}, AddGenerationPrompt: true},
+		},
+		{
+			name:    "negative token id drops the prompt",
+			body:    `{"model":"m","prompt":[1,-2]}`,
+			want:    Facts{Kind: KindCompletion, Model: "m", AddGenerationPrompt: true},
+			problem: true,
+		},
+		{
+			name:    "token id above uint32",
+			body:    `{"model":"m","prompt":[4294967296]}`,
+			want:    Facts{Kind: KindCompletion, Model: "m", AddGenerationPrompt: true},
+			problem: true,
+		},
+		{
+			name: "completion fields that change ids and hashes",
+			body: `{"model":"m","prompt":"p","add_special_tokens":false,"truncate_prompt_tokens":7,"cache_salt":"tenant-a"}`,
+			want: Facts{Kind: KindCompletion, Model: "m", Prompts: []Prompt{{Text: "p"}}, AddSpecialTokens: boolp(false), TruncatePromptTokens: 7, CacheSalt: "tenant-a", AddGenerationPrompt: true},
+		},
+		{
+			name: "truncate -1 means no truncation",
+			body: `{"model":"m","prompt":"p","truncate_prompt_tokens":-1}`,
+			want: Facts{Kind: KindCompletion, Model: "m", Prompts: []Prompt{{Text: "p"}}, AddGenerationPrompt: true},
+		},
+		{
+			name: "chat with string and parts content",
+			body: `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}],"name":"bob"}]}`,
+			want: Facts{Kind: KindChat, Model: "m", AddGenerationPrompt: true, Messages: []Message{
+				{Role: "system", Content: "sys"},
+				{Role: "user", Content: []any{map[string]any{"type": "text", "text": "a"}, map[string]any{"type": "text", "text": "b"}}, Fields: map[string]any{"name": "bob"}},
+			}},
+		},
+		{
+			name: "chat template inputs",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true,"add_special_tokens":true,"cache_salt":"s"}`,
+			want: Facts{Kind: KindChat, Model: "m", Messages: []Message{{Role: "user", Content: "q"}},
+				Tools:              []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}},
+				ChatTemplateKwargs: map[string]any{"enable_thinking": false}, AddGenerationPrompt: false, ContinueFinalMessage: true,
+				AddSpecialTokens: boolp(true), CacheSalt: "s"},
+		},
+		{
+			name: "reasoning_effort sets enable_thinking",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"reasoning_effort":"none"}`,
+			want: Facts{Kind: KindChat, Model: "m", Messages: []Message{{Role: "user", Content: "q"}}, AddGenerationPrompt: true,
+				ChatTemplateKwargs: map[string]any{"enable_thinking": false}},
+		},
+		{
+			name: "LoRA adapter named as the model",
+			body: `{"model":"sql-lora","prompt":"x"}`,
+			opts: Options{Adapters: []string{"other", "sql-lora"}},
+			want: Facts{Kind: KindCompletion, Model: "sql-lora", LoRA: "sql-lora", Prompts: []Prompt{{Text: "x"}}, AddGenerationPrompt: true},
+		},
+		{
+			name:    "non-JSON gives no model",
+			body:    "model: m\nprompt: hello",
+			want:    Facts{AddGenerationPrompt: true},
+			problem: true,
+		},
+		{
+			name:    "non-JSON ignores X-Model too",
+			body:    "plain text",
+			header:  "m",
+			want:    Facts{AddGenerationPrompt: true},
+			problem: true,
+		},
+		{
+			name:    "JSON without prompt",
+			body:    `{"model":"m"}`,
+			want:    Facts{Model: "m", AddGenerationPrompt: true},
+			problem: true,
+		},
+		{
+			name:    "prompt without model",
+			body:    `{"prompt":"x"}`,
+			want:    Facts{Kind: KindCompletion, Prompts: []Prompt{{Text: "x"}}, AddGenerationPrompt: true},
+			problem: true,
+		},
+		{
+			name:    "message without role",
+			body:    `{"model":"m","messages":[{"content":"x"}]}`,
+			want:    Facts{Kind: KindChat, Model: "m", AddGenerationPrompt: true},
+			problem: true,
+		},
+		{
+			name: "wrong-typed field does not hide the others",
+			body: `{"model":"m","prompt":"x","stream":"yes","cache_salt":5,"add_special_tokens":"no"}`,
+			want: Facts{Kind: KindCompletion, Model: "m", Prompts: []Prompt{{Text: "x"}}, AddGenerationPrompt: true},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Extract([]byte(tc.body), tc.header, tc.opts)
+			if (got.Problem != "") != tc.problem {
+				t.Fatalf("problem = %q, want problem: %v", got.Problem, tc.problem)
+			}
+			got.Problem = ""
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("Extract =\n %#v\nwant\n %#v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSpecialTokensDefaults(t *testing.T) {
+	c := Extract([]byte(`{"model":"m","prompt":"x"}`), "", Options{})
+	ch := Extract([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`), "", Options{})
+	if !c.SpecialTokens() || ch.SpecialTokens() {
+		t.Fatalf("defaults: completion %v (want true), chat %v (want false)", c.SpecialTokens(), ch.SpecialTokens())
+	}
+}
+
+func TestTextContent(t *testing.T) {
+	tests := []struct {
+		in   any
+		want string
+		ok   bool
+	}{
+		{"plain", "plain", true},
+		{nil, "", true},
+		{[]any{map[string]any{"type": "text", "text": "a"}, map[string]any{"type": "text", "text": "b"}}, "a\nb", true},
+		{[]any{map[string]any{"type": "image_url", "image_url": map[string]any{"url": "x"}}}, "", false},
+		{42.0, "", false},
+	}
+	for _, tc := range tests {
+		got, ok := TextContent(tc.in)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("TextContent(%v) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	ids := []uint32{1, 2, 3, 4, 5}
+	if got := Truncate(ids, 2); !reflect.DeepEqual(got, []uint32{4, 5}) {
+		t.Fatalf("Truncate(2) = %v", got)
+	}
+	if got := Truncate(ids, 0); len(got) != 5 {
+		t.Fatalf("Truncate(0) = %v", got)
+	}
+	if got := Truncate(ids, 9); len(got) != 5 {
+		t.Fatalf("Truncate(9) = %v", got)
+	}
+}
+
+func FuzzExtract(f *testing.F) {
+	seeds := []string{
+		`{"model":"m","prompt":"hello"}`,
+		`{"model":"m","prompt":[[1,2],[3]],"truncate_prompt_tokens":1}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"tools":[],"chat_template_kwargs":{"x":1}}`,
+		`{"messages":null,"prompt":null}`,
+		`not json`,
+		`{"model":"m","prompt":["a",[1]],"reasoning_effort":"low"}`,
+		`[1,2,3]`,
+	}
+	for _, s := range seeds {
+		f.Add([]byte(s), "")
+	}
+	f.Add([]byte(`{"prompt":"x"}`), "hdr")
+	f.Fuzz(func(t *testing.T, body []byte, header string) {
+		got := Extract(body, header, Options{Adapters: []string{"m"}})
+		if got.HasPrompt() && got.Kind == KindUnknown {
+			t.Fatalf("prompt without a kind: %+v", got)
+		}
+		for _, p := range got.Prompts {
+			if !p.IsTokens && p.Text == "" {
+				t.Fatalf("empty text prompt accepted")
+			}
+			if p.IsTokens && len(p.Tokens) == 0 {
+				t.Fatalf("empty token prompt accepted")
+			}
+		}
+		for _, m := range got.Messages {
+			_, _ = TextContent(m.Content)
+		}
+	})
+}
