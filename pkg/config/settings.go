@@ -1,0 +1,307 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// LBMode is the Tier-1.5 load-blend arm (LOXILB_KV_LB_MODE).
+type LBMode string
+
+const (
+	LBModeOff          LBMode = "off"
+	LBModeHard         LBMode = "hard"
+	LBModeSoft         LBMode = "soft"
+	LBModeAdaptive     LBMode = "adaptive"
+	LBModeAdaptiveSoft LBMode = "adaptive-soft"
+)
+
+// SpillRelief is LOXILB_KV_SPILL_RELIEF.
+type SpillRelief int
+
+const (
+	// SpillReliefAuto: on for kvExactMode 3, off for kvExactMode 1.
+	SpillReliefAuto SpillRelief = iota
+	SpillReliefOn
+	SpillReliefOff
+)
+
+func (s SpillRelief) String() string {
+	switch s {
+	case SpillReliefOn:
+		return "on"
+	case SpillReliefOff:
+		return "off"
+	}
+	return "auto"
+}
+
+// Enabled resolves the relief setting for a rule's kvExactMode.
+func (s SpillRelief) Enabled(kvExactMode int) bool {
+	switch s {
+	case SpillReliefOn:
+		return true
+	case SpillReliefOff:
+		return false
+	}
+	return kvExactMode == KVModeSinglePool
+}
+
+// ScoreMode is LOXILB_KV_SCORE: how overlap is counted.
+type ScoreMode string
+
+const (
+	// ScoreLeading counts the leading run of consecutive matched blocks (default).
+	ScoreLeading ScoreMode = "leading"
+	// ScoreOverlap counts every matched block (the spec's literal definition).
+	ScoreOverlap ScoreMode = "overlap"
+)
+
+// Settings is kvgate's process environment, parsed and validated once.
+// Variable names are the spec's and the reference gateway's.
+type Settings struct {
+	// LLB_KV_NONE_HASH_SEED: the NONE_HASH seed; must equal vLLM's PYTHONHASHSEED.
+	// NoneHashSeedSet distinguishes unset from set-but-empty.
+	NoneHashSeed    string
+	NoneHashSeedSet bool
+	// LLB_KV_HASH_DEBUG: log each computed block hash.
+	HashDebug bool
+	// LLB_KV_MIN_MATCH_TOKENS: the shallow guard, 0-4096 tokens (0 disables). Default 16.
+	MinMatchTokens int
+	// LLB_KV_LOADGUARD: mode 1 only; skip Tier 1.5 when the prefill load spread
+	// exceeds pd_balance_abs_threshold.
+	LoadGuard bool
+
+	// LOXILB_KV_LB_MODE (or the legacy LOXILB_KV_UNIFIED_MODE). Default hard.
+	LBMode LBMode
+	// LOXILB_KV_MEAN_LOAD_FACTOR: (1+ε)·100, 100-1000. Default 175.
+	MeanLoadFactor int
+	// LOXILB_KV_LOAD_PENALTY: soft-mode λ, 1-100000. Default 32.
+	LoadPenalty int
+	// LOXILB_KV_SPILL_RELIEF: auto, on or off. Default auto.
+	SpillRelief SpillRelief
+	// LOXILB_KV_COLDSTART_SEED_N: every Nth hit seeds a cold endpoint; 0 disables. Default 16.
+	ColdStartSeedN int
+	// LOXILB_KV_COLDSTART_MIN_BLOCKS: fewer blocks than this is cold. Default 16; 0 is read as 1.
+	ColdStartMinBlocks int
+	// LOXILB_KV_MAX_BLOCKS: per-endpoint inventory cap, 1000-100000000. Default 1000000.
+	MaxBlocks int
+	// LOXILB_KV_ZERO_HIT_N: zero-hit watchdog threshold, > 0. Default 50.
+	ZeroHitN int
+	// LOXILB_KV_SCORE: leading (default) or overlap.
+	Score ScoreMode
+	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
+	ReplayPortOffset int
+
+	// LLB_PD_PREFILL_TIMEOUT_SEC: prefill leg and decode first-byte bound, 1-99999 s. Default 30.
+	PrefillTimeout time.Duration
+	// LLB_PD_DECODE_SILENCE_SEC: decode stream silence bound, 1-99999 s. Default 120.
+	DecodeSilence time.Duration
+	// LLB_PD_MAX_INFLIGHT_PER_EP: per-prefill-endpoint in-flight cap; 0 = off.
+	MaxInflightPerEP int
+	// LLB_PD_QUEUE_DEPTH_PER_EP: parked FIFO depth per endpoint; 0 = off (shed with 429).
+	QueueDepthPerEP int
+	// LLB_PD_MAX_PARK_SEC: how long a parked request waits; 0 = PrefillTimeout.
+	MaxPark time.Duration
+	// LLB_PD_MAX_TOTAL_INFLIGHT: process-wide in-flight cap; 0 = off.
+	MaxTotalInflight int
+	// LLB_PD_ORIGIN_ERR_THRESHOLD: consecutive prefill 5xx that open the breaker; 0 disables. Default 3.
+	OriginErrThreshold int
+	// LLB_PD_DECODE_ONLY_FALLBACK: when every prefill fails, send the plain request to decode. Default on.
+	DecodeOnlyFallback bool
+}
+
+// DefaultSettings is the environment with nothing set.
+func DefaultSettings() Settings {
+	return Settings{
+		MinMatchTokens:     16,
+		LBMode:             LBModeHard,
+		MeanLoadFactor:     175,
+		LoadPenalty:        32,
+		SpillRelief:        SpillReliefAuto,
+		ColdStartSeedN:     16,
+		ColdStartMinBlocks: 16,
+		MaxBlocks:          1_000_000,
+		ZeroHitN:           50,
+		Score:              ScoreLeading,
+		ReplayPortOffset:   1000,
+		PrefillTimeout:     30 * time.Second,
+		DecodeSilence:      120 * time.Second,
+		OriginErrThreshold: 3,
+		DecodeOnlyFallback: true,
+	}
+}
+
+// EffectiveColdStartMinBlocks reads a 0 minimum as 1 (strictly empty only).
+func (s Settings) EffectiveColdStartMinBlocks() int {
+	if s.ColdStartMinBlocks <= 0 {
+		return 1
+	}
+	return s.ColdStartMinBlocks
+}
+
+// EffectiveMaxPark is MaxPark, or PrefillTimeout when MaxPark is 0.
+func (s Settings) EffectiveMaxPark() time.Duration {
+	if s.MaxPark <= 0 {
+		return s.PrefillTimeout
+	}
+	return s.MaxPark
+}
+
+// SettingsFromOS parses the process environment.
+func SettingsFromOS() (Settings, error) { return SettingsFromLookup(os.LookupEnv) }
+
+// SettingsFromEnv parses the environment through getenv. getenv cannot tell
+// an unset variable from an empty one, so an empty LLB_KV_NONE_HASH_SEED reads
+// as unset here; use SettingsFromLookup (os.LookupEnv) to keep them apart.
+func SettingsFromEnv(getenv func(string) string) (Settings, error) {
+	return SettingsFromLookup(func(k string) (string, bool) {
+		v := getenv(k)
+		return v, v != ""
+	})
+}
+
+// SettingsFromLookup parses the environment through lookup (os.LookupEnv).
+// Every invalid variable is reported; each error names its variable.
+func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
+	s := DefaultSettings()
+	p := envParser{lookup: lookup}
+
+	s.NoneHashSeed, s.NoneHashSeedSet = lookup("LLB_KV_NONE_HASH_SEED")
+	if len(s.NoneHashSeed) > maxSeedLen {
+		p.fail("LLB_KV_NONE_HASH_SEED", s.NoneHashSeed, fmt.Sprintf("longer than %d bytes", maxSeedLen))
+	}
+	p.boolean("LLB_KV_HASH_DEBUG", &s.HashDebug)
+	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, 4096)
+	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
+
+	if v, ok := p.get("LOXILB_KV_LB_MODE"); ok {
+		switch m := LBMode(strings.ToLower(v)); m {
+		case LBModeOff, LBModeHard, LBModeSoft, LBModeAdaptive, LBModeAdaptiveSoft:
+			s.LBMode = m
+		default:
+			p.fail("LOXILB_KV_LB_MODE", v, "allowed values: off, hard, soft, adaptive, adaptive-soft")
+		}
+	} else if v, ok := p.get("LOXILB_KV_UNIFIED_MODE"); ok {
+		// Legacy switch: an off spelling turns the blend off, anything else is hard.
+		if isOffWord(v) {
+			s.LBMode = LBModeOff
+		}
+	}
+	p.integer("LOXILB_KV_MEAN_LOAD_FACTOR", &s.MeanLoadFactor, 100, 1000)
+	p.integer("LOXILB_KV_LOAD_PENALTY", &s.LoadPenalty, 1, 100000)
+	if v, ok := p.get("LOXILB_KV_SPILL_RELIEF"); ok {
+		switch {
+		case strings.EqualFold(v, "auto"):
+			s.SpillRelief = SpillReliefAuto
+		case isOnWord(v):
+			s.SpillRelief = SpillReliefOn
+		case isOffWord(v):
+			s.SpillRelief = SpillReliefOff
+		default:
+			p.fail("LOXILB_KV_SPILL_RELIEF", v, "allowed values: auto, on (1, true, yes), off (0, false, no)")
+		}
+	}
+	p.integer("LOXILB_KV_COLDSTART_SEED_N", &s.ColdStartSeedN, 0, 1_000_000_000)
+	p.integer("LOXILB_KV_COLDSTART_MIN_BLOCKS", &s.ColdStartMinBlocks, 0, 1_000_000_000)
+	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, 1000, 100_000_000)
+	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1_000_000_000)
+	if v, ok := p.get("LOXILB_KV_SCORE"); ok {
+		switch strings.ToLower(v) {
+		case "leading", "leading-run", "leading_run":
+			s.Score = ScoreLeading
+		case "overlap":
+			s.Score = ScoreOverlap
+		default:
+			p.fail("LOXILB_KV_SCORE", v, "allowed values: leading, overlap")
+		}
+	}
+	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
+
+	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)
+	p.seconds("LLB_PD_DECODE_SILENCE_SEC", &s.DecodeSilence, 1, 99999)
+	p.integer("LLB_PD_MAX_INFLIGHT_PER_EP", &s.MaxInflightPerEP, 0, 99999)
+	p.integer("LLB_PD_QUEUE_DEPTH_PER_EP", &s.QueueDepthPerEP, 0, 65536)
+	p.seconds("LLB_PD_MAX_PARK_SEC", &s.MaxPark, 0, 99999)
+	p.integer("LLB_PD_MAX_TOTAL_INFLIGHT", &s.MaxTotalInflight, 0, 2_000_000_000)
+	p.integer("LLB_PD_ORIGIN_ERR_THRESHOLD", &s.OriginErrThreshold, 0, 1_000_000)
+	p.boolean("LLB_PD_DECODE_ONLY_FALLBACK", &s.DecodeOnlyFallback)
+
+	if len(p.errs) > 0 {
+		return s, errors.Join(p.errs...)
+	}
+	return s, nil
+}
+
+// envParser collects one error per bad variable.
+type envParser struct {
+	lookup func(string) (string, bool)
+	errs   []error
+}
+
+// get returns a variable's trimmed value; an empty value counts as unset.
+func (p *envParser) get(name string) (string, bool) {
+	v, ok := p.lookup(name)
+	v = strings.TrimSpace(v)
+	return v, ok && v != ""
+}
+
+func (p *envParser) fail(name, value, why string) {
+	p.errs = append(p.errs, fmt.Errorf("environment variable %s=%q is invalid: %s", name, value, why))
+}
+
+func (p *envParser) integer(name string, dst *int, lo, hi int) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		p.fail(name, v, fmt.Sprintf("want an integer in %d..%d", lo, hi))
+		return
+	}
+	*dst = n
+}
+
+func (p *envParser) seconds(name string, dst *time.Duration, lo, hi int) {
+	n := -1
+	p.integer(name, &n, lo, hi)
+	if n >= 0 {
+		*dst = time.Duration(n) * time.Second
+	}
+}
+
+func (p *envParser) boolean(name string, dst *bool) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	switch {
+	case isOnWord(v):
+		*dst = true
+	case isOffWord(v):
+		*dst = false
+	default:
+		p.fail(name, v, "want 1, true, on or yes; or 0, false, off or no")
+	}
+}
+
+func isOnWord(v string) bool {
+	switch strings.ToLower(v) {
+	case "1", "true", "on", "yes":
+		return true
+	}
+	return false
+}
+
+func isOffWord(v string) bool {
+	switch strings.ToLower(v) {
+	case "0", "false", "off", "no":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,130 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func lookupOf(env map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+}
+
+func TestSettingsDefaults(t *testing.T) {
+	s, err := SettingsFromLookup(lookupOf(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s != DefaultSettings() {
+		t.Fatalf("empty env %+v != defaults %+v", s, DefaultSettings())
+	}
+	if s.LBMode != LBModeHard || s.MeanLoadFactor != 175 || s.LoadPenalty != 32 || s.MinMatchTokens != 16 ||
+		s.ColdStartSeedN != 16 || s.ColdStartMinBlocks != 16 || s.MaxBlocks != 1_000_000 || s.ZeroHitN != 50 ||
+		s.Score != ScoreLeading || s.ReplayPortOffset != 1000 || s.PrefillTimeout != 30*time.Second ||
+		s.DecodeSilence != 120*time.Second || s.OriginErrThreshold != 3 || !s.DecodeOnlyFallback || s.NoneHashSeedSet {
+		t.Fatalf("defaults wrong: %+v", s)
+	}
+	if s.EffectiveMaxPark() != 30*time.Second {
+		t.Error("MaxPark 0 means the prefill timeout")
+	}
+}
+
+func TestSettingsValues(t *testing.T) {
+	cases := []struct {
+		env   map[string]string
+		check func(Settings) bool
+	}{
+		{map[string]string{"LLB_KV_NONE_HASH_SEED": ""}, func(s Settings) bool { return s.NoneHashSeedSet && s.NoneHashSeed == "" }},
+		{map[string]string{"LLB_KV_NONE_HASH_SEED": "0"}, func(s Settings) bool { return s.NoneHashSeedSet && s.NoneHashSeed == "0" }},
+		{map[string]string{"LLB_KV_HASH_DEBUG": "1"}, func(s Settings) bool { return s.HashDebug }},
+		{map[string]string{"LLB_KV_MIN_MATCH_TOKENS": "0"}, func(s Settings) bool { return s.MinMatchTokens == 0 }},
+		{map[string]string{"LLB_KV_MIN_MATCH_TOKENS": "4096"}, func(s Settings) bool { return s.MinMatchTokens == 4096 }},
+		{map[string]string{"LLB_KV_LOADGUARD": "1"}, func(s Settings) bool { return s.LoadGuard }},
+		{map[string]string{"LOXILB_KV_LB_MODE": "adaptive-soft"}, func(s Settings) bool { return s.LBMode == LBModeAdaptiveSoft }},
+		{map[string]string{"LOXILB_KV_LB_MODE": "off", "LOXILB_KV_UNIFIED_MODE": "1"}, func(s Settings) bool { return s.LBMode == LBModeOff }},
+		{map[string]string{"LOXILB_KV_UNIFIED_MODE": "No"}, func(s Settings) bool { return s.LBMode == LBModeOff }},
+		{map[string]string{"LOXILB_KV_UNIFIED_MODE": "whatever"}, func(s Settings) bool { return s.LBMode == LBModeHard }},
+		{map[string]string{"LOXILB_KV_MEAN_LOAD_FACTOR": "1000"}, func(s Settings) bool { return s.MeanLoadFactor == 1000 }},
+		{map[string]string{"LOXILB_KV_LOAD_PENALTY": "100000"}, func(s Settings) bool { return s.LoadPenalty == 100000 }},
+		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "Yes"}, func(s Settings) bool { return s.SpillRelief == SpillReliefOn }},
+		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "FALSE"}, func(s Settings) bool { return s.SpillRelief == SpillReliefOff }},
+		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "auto"}, func(s Settings) bool {
+			return s.SpillRelief == SpillReliefAuto && s.SpillRelief.Enabled(3) && !s.SpillRelief.Enabled(1)
+		}},
+		{map[string]string{"LOXILB_KV_COLDSTART_SEED_N": "0"}, func(s Settings) bool { return s.ColdStartSeedN == 0 }},
+		{map[string]string{"LOXILB_KV_COLDSTART_MIN_BLOCKS": "0"}, func(s Settings) bool { return s.EffectiveColdStartMinBlocks() == 1 }},
+		{map[string]string{"LOXILB_KV_MAX_BLOCKS": "1000"}, func(s Settings) bool { return s.MaxBlocks == 1000 }},
+		{map[string]string{"LOXILB_KV_ZERO_HIT_N": "1"}, func(s Settings) bool { return s.ZeroHitN == 1 }},
+		{map[string]string{"LOXILB_KV_SCORE": "overlap"}, func(s Settings) bool { return s.Score == ScoreOverlap }},
+		{map[string]string{"LLB_KV_REPLAY_PORT_OFFSET": "0"}, func(s Settings) bool { return s.ReplayPortOffset == 0 }},
+		{map[string]string{"LLB_PD_PREFILL_TIMEOUT_SEC": "600"}, func(s Settings) bool { return s.PrefillTimeout == 600*time.Second }},
+		{map[string]string{"LLB_PD_DECODE_SILENCE_SEC": "5"}, func(s Settings) bool { return s.DecodeSilence == 5*time.Second }},
+		{map[string]string{"LLB_PD_MAX_INFLIGHT_PER_EP": "8", "LLB_PD_QUEUE_DEPTH_PER_EP": "4", "LLB_PD_MAX_PARK_SEC": "2", "LLB_PD_MAX_TOTAL_INFLIGHT": "100"},
+			func(s Settings) bool {
+				return s.MaxInflightPerEP == 8 && s.QueueDepthPerEP == 4 && s.EffectiveMaxPark() == 2*time.Second && s.MaxTotalInflight == 100
+			}},
+		{map[string]string{"LLB_PD_ORIGIN_ERR_THRESHOLD": "0"}, func(s Settings) bool { return s.OriginErrThreshold == 0 }},
+		{map[string]string{"LLB_PD_DECODE_ONLY_FALLBACK": "0"}, func(s Settings) bool { return !s.DecodeOnlyFallback }},
+	}
+	for _, c := range cases {
+		s, err := SettingsFromLookup(lookupOf(c.env))
+		if err != nil {
+			t.Errorf("%v: %v", c.env, err)
+			continue
+		}
+		if !c.check(s) {
+			t.Errorf("%v: got %+v", c.env, s)
+		}
+	}
+}
+
+func TestSettingsErrorsNameVariable(t *testing.T) {
+	bad := map[string]string{
+		"LLB_KV_HASH_DEBUG":              "maybe",
+		"LLB_KV_MIN_MATCH_TOKENS":        "4097",
+		"LLB_KV_LOADGUARD":               "x",
+		"LOXILB_KV_LB_MODE":              "medium",
+		"LOXILB_KV_MEAN_LOAD_FACTOR":     "99",
+		"LOXILB_KV_LOAD_PENALTY":         "0",
+		"LOXILB_KV_SPILL_RELIEF":         "sometimes",
+		"LOXILB_KV_COLDSTART_SEED_N":     "-1",
+		"LOXILB_KV_COLDSTART_MIN_BLOCKS": "abc",
+		"LOXILB_KV_MAX_BLOCKS":           "999",
+		"LOXILB_KV_ZERO_HIT_N":           "0",
+		"LOXILB_KV_SCORE":                "best",
+		"LLB_KV_REPLAY_PORT_OFFSET":      "1e3",
+		"LLB_PD_PREFILL_TIMEOUT_SEC":     "0",
+		"LLB_PD_DECODE_SILENCE_SEC":      "100000",
+		"LLB_PD_MAX_INFLIGHT_PER_EP":     "-3",
+		"LLB_PD_QUEUE_DEPTH_PER_EP":      "many",
+		"LLB_PD_MAX_PARK_SEC":            "-1",
+		"LLB_PD_MAX_TOTAL_INFLIGHT":      "3000000000",
+		"LLB_PD_ORIGIN_ERR_THRESHOLD":    "-1",
+		"LLB_PD_DECODE_ONLY_FALLBACK":    "2",
+	}
+	for name, val := range bad {
+		_, err := SettingsFromLookup(lookupOf(map[string]string{name: val}))
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%s: error %v does not name the variable", name, val, err)
+		}
+	}
+	// All at once: every variable is reported.
+	_, err := SettingsFromLookup(lookupOf(bad))
+	for name := range bad {
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("joined error lacks %s", name)
+		}
+	}
+}
+
+func TestSettingsFromEnvGetenv(t *testing.T) {
+	s, err := SettingsFromEnv(func(k string) string {
+		if k == "LOXILB_KV_LB_MODE" {
+			return "soft"
+		}
+		return ""
+	})
+	if err != nil || s.LBMode != LBModeSoft {
+		t.Fatalf("%v %+v", err, s)
+	}
+}
