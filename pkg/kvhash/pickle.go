@@ -1,6 +1,9 @@
 package kvhash
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"unicode/utf8"
+)
 
 // Hand-written pickle protocol 5 (what CPython's C pickler emits for
 // pickle.dumps(obj, protocol=5)) for the values vLLM's default sha256 and
@@ -16,8 +19,11 @@ import "encoding/binary"
 //   - ints: BININT1 (0..0xff), BININT2 (..0xffff), BININT (signed 32-bit),
 //     else LONG1 with minimal little-endian two's complement.
 //   - tuples: EMPTY_TUPLE; TUPLE1..3 after the items; else MARK items TUPLE.
-//     Every non-empty tuple, str and bytes is followed by MEMOIZE. No object
-//     repeats inside a block tuple, so no memo GETs appear.
+//     Every non-empty tuple, str and bytes is followed by MEMOIZE.
+//   - Memo GETs: inside a block tuple an object can only repeat when the LoRA
+//     name and cache_salt are the same Python object. CPython caches every
+//     one-character string below U+0100, so equal strings of that kind repeat
+//     (BINGET); longer equal strings are distinct objects in vLLM.
 
 const (
 	pkProto           = 0x80
@@ -31,6 +37,8 @@ const (
 	pkTuple3          = 0x87
 	pkNone            = 'N'
 	pkMemoize         = 0x94
+	pkBinGet          = 'h'
+	pkLongBinGet      = 'j'
 	pkBinInt          = 'J'
 	pkBinInt1         = 'K'
 	pkBinInt2         = 'M'
@@ -54,6 +62,7 @@ const (
 type pickler struct {
 	buf        []byte
 	frameStart int
+	memo       int // number of MEMOIZE opcodes written: the next memo index
 }
 
 func (p *pickler) begin(dst []byte) {
@@ -131,7 +140,30 @@ func (p *pickler) saveBytes(b []byte) {
 		p.buf = binary.LittleEndian.AppendUint32(p.buf, uint32(n))
 		p.buf = append(p.buf, b...)
 	}
+	p.memoize()
+}
+
+func (p *pickler) memoize() {
 	p.buf = append(p.buf, pkMemoize)
+	p.memo++
+}
+
+// memoGet appends the opcode that fetches memo entry i.
+func (p *pickler) memoGet(i int) {
+	p.boundary()
+	if i < 256 {
+		p.buf = append(p.buf, pkBinGet, byte(i))
+		return
+	}
+	p.buf = append(p.buf, pkLongBinGet)
+	p.buf = binary.LittleEndian.AppendUint32(p.buf, uint32(i))
+}
+
+// cpythonSingleton reports whether CPython represents s by a cached
+// singleton object: a one-character string below U+0100.
+func cpythonSingleton(s string) bool {
+	r, size := utf8.DecodeRuneInString(s)
+	return size == len(s) && r != utf8.RuneError && r < 0x100
 }
 
 func (p *pickler) saveStr(s string) {
@@ -157,7 +189,7 @@ func (p *pickler) saveStr(s string) {
 		p.buf = binary.LittleEndian.AppendUint32(p.buf, uint32(n))
 		p.buf = append(p.buf, s...)
 	}
-	p.buf = append(p.buf, pkMemoize)
+	p.memoize()
 }
 
 // appendPickleInt appends a non-negative int below 2^32 the way save_long does.
@@ -196,7 +228,8 @@ func (p *pickler) saveTokens(tokens []uint32) {
 			p.buf = appendPickleInt(p.buf, t)
 		}
 	}
-	p.buf = append(p.buf, tupleOpcode(n), pkMemoize)
+	p.buf = append(p.buf, tupleOpcode(n))
+	p.memoize()
 }
 
 func tupleOpcode(n int) byte {
@@ -224,13 +257,20 @@ func (p *pickler) saveExtra(lora, salt string) {
 		p.buf = append(p.buf, pkNone)
 		return
 	}
+	loraMemo := -1
 	if lora != "" {
+		loraMemo = p.memo
 		p.saveStr(lora)
 	}
 	if salt != "" {
-		p.saveStr(salt)
+		if salt == lora && cpythonSingleton(salt) {
+			p.memoGet(loraMemo)
+		} else {
+			p.saveStr(salt)
+		}
 	}
-	p.buf = append(p.buf, tupleOpcode(n), pkMemoize)
+	p.buf = append(p.buf, tupleOpcode(n))
+	p.memoize()
 }
 
 // appendPickleBlock appends pickle.dumps((parent, tuple(tokens), extra_keys), protocol=5).
@@ -241,7 +281,8 @@ func appendPickleBlock(dst, parent []byte, tokens []uint32, lora, salt string) [
 	p.saveBytes(parent)
 	p.saveTokens(tokens)
 	p.saveExtra(lora, salt)
-	p.buf = append(p.buf, pkTuple3, pkMemoize)
+	p.buf = append(p.buf, pkTuple3)
+	p.memoize()
 	return p.finish()
 }
 
