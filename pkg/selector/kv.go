@@ -1,0 +1,311 @@
+package selector
+
+import (
+	"math/bits"
+
+	"github.com/kvgate/kvgate/pkg/epset"
+)
+
+// minBlocks is the shallow threshold: ceil(LLB_KV_MIN_MATCH_TOKENS / block
+// size), capped at the request's block count, at least 1; 0 when the guard
+// is off.
+func minBlocks(minTokens, blockSize, nHashes int) int {
+	if minTokens <= 0 {
+		return 0
+	}
+	m := (minTokens + blockSize - 1) / blockSize
+	if m > nHashes {
+		m = nHashes
+	}
+	if m < 1 {
+		m = 1
+	}
+	return m
+}
+
+// capacity is ĉ_i: num_gpu_blocks × controller weight / 100, clamped to
+// [1, 8,000,000]; 1 while unknown.
+func (s *Selector) capacity(c *compiled, ep int) int64 {
+	blocks, known := s.engine.GPUBlocks(ep)
+	if !known || blocks <= 0 {
+		return 1
+	}
+	if blocks > maxCapacity*100 {
+		blocks = maxCapacity * 100
+	}
+	v := blocks * c.capWeight[ep] / 100
+	return max(1, min(v, maxCapacity))
+}
+
+// capFor is cap_i = max(1, ceil(mlf · L · ĉ_i / (100 · Σĉ))), exact in 128 bits.
+func capFor(mlf, total, ci, sum int64) int64 {
+	if sum <= 0 {
+		return 1
+	}
+	hi, lo := bits.Mul64(uint64(mlf*total), uint64(ci))
+	den := uint64(100 * sum)
+	if hi >= den { // cannot happen with clamped inputs; saturate rather than panic
+		return 1 << 62
+	}
+	q, r := bits.Div64(hi, lo, den)
+	if r != 0 {
+		q++
+	}
+	if q > 1<<62 {
+		q = 1 << 62
+	}
+	return max(1, int64(q))
+}
+
+// adaptiveMLF: 175 at L ≤ 16, 300 at L ≥ 26, linear (floored) in between.
+func adaptiveMLF(total int64) int64 {
+	switch {
+	case total <= 16:
+		return 175
+	case total >= 26:
+		return 300
+	}
+	return 175 + 125*(total-16)/10
+}
+
+// adaptiveLambda: 50,000 at L ≤ 16, 100,000 at L ≥ 26, linear in between.
+func adaptiveLambda(total int64) int64 {
+	switch {
+	case total <= 16:
+		return 50000
+	case total >= 26:
+		return 100000
+	}
+	return 50000 + 5000*(total-16)
+}
+
+// tier15 runs the guard ladder and the selection. It fills d and reports a
+// hit; on a miss d.Reason holds exactly one miss reason.
+func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, d *Decision) bool {
+	req := a.req
+	switch {
+	case c.rule.KVExactMode != 1 && c.rule.KVExactMode != 3:
+		d.Reason = ReasonModeOff
+		return false
+	// Guard B (warmup) is inert: kvWarmupSec is stored but never arms a timer.
+	case !req.HasText || req.Upstream == ReasonTextEmpty:
+		d.Reason = ReasonTextEmpty
+		return false
+	case req.Model == "" || req.Upstream == ReasonModelEmpty:
+		d.Reason = ReasonModelEmpty
+		return false
+	case req.Upstream == ReasonTokenize:
+		d.Reason = ReasonTokenize
+		return false
+	case req.Upstream != ReasonNone:
+		d.Reason = ReasonHashes
+		return false
+	}
+	nh := len(req.Hashes)
+	mb := minBlocks(s.opts.MinMatchTokens, c.blockSize, nh)
+	d.MinBlocks = mb
+	if nh == 0 {
+		// A prompt shorter than one block has no hashes.
+		if mb > 0 {
+			d.Reason = ReasonShallow
+		} else {
+			d.Reason = ReasonNoWorker
+		}
+		return false
+	}
+
+	counts := &sc.counts
+	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+		counts[ep] = 0
+	}
+	if !elig.Empty() {
+		s.scorer.Score(req.Hashes, elig, s.opts.Score == ScorePrefix, counts)
+	}
+	best, arg := uint32(0), -1
+	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+		if counts[ep] > best {
+			best, arg = counts[ep], ep
+		}
+	}
+	d.BestScore, d.Argmax = int(best), arg
+	s.watchdog(c, elig, best)
+	if best == 0 {
+		d.Reason = ReasonNoWorker
+		return false
+	}
+	if mb > 0 && int(best) < mb {
+		d.Reason = ReasonShallow
+		return false
+	}
+
+	w, spilled, mlf := s.blend(c, elig, sc, int64(best), arg)
+	if !spilled && s.opts.LBMode != LBOff && c.relief {
+		if r := s.relief(c, elig, sc, w, mlf); r != w {
+			w, spilled = r, true
+		}
+	}
+	score := int(counts[w])
+
+	// Cold-start seeding: every Nth tier-1.5 hit of the rule goes to the
+	// lowest-index eligible endpoint whose inventory is still cold.
+	seeded := false
+	if n := uint64(s.opts.ColdStartSeedN); n > 0 {
+		if a.tick == 0 {
+			a.tick = s.coldTick.Add(1)
+		}
+		if a.tick%n == 0 {
+			minB := max(1, s.opts.ColdStartMinBlocks)
+			for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+				if ep != w && s.scorer.Blocks(ep) < minB {
+					w, seeded = ep, true
+					break
+				}
+			}
+		}
+	}
+
+	// Post-filter on a fresh read of the state: a transition since the
+	// exclusion mask was seeded misses as excluded.
+	st := s.states.States()
+	bad := st.Unavailable().Or(a.excluded)
+	if c.rule.PD {
+		bad = bad.Or(st.Saturated)
+	}
+	if bad.Has(w) || !elig.Has(w) {
+		d.Reason = ReasonExcluded
+		return false
+	}
+	d.Endpoint, d.Tier, d.Reason = w, TierKV, ReasonHit
+	d.Score, d.Spilled, d.ColdSeed = score, spilled, seeded
+	return true
+}
+
+// blend applies LOXILB_KV_LB_MODE to the positive-overlap candidates. It
+// returns the winner, whether it spilled off the argmax, and the mlf used
+// (for spill relief).
+func (s *Selector) blend(c *compiled, elig epset.Set, sc *scratch, best int64, arg int) (int, bool, int64) {
+	mode := s.opts.LBMode
+	if mode == LBOff {
+		return arg, false, int64(s.opts.MeanLoadFactor)
+	}
+	n := 0
+	var total, sum int64
+	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+		if sc.counts[ep] == 0 {
+			continue
+		}
+		sc.cands[n] = int16(ep)
+		n++
+		total += sc.load[ep]
+		ci := s.capacity(c, ep)
+		sc.capc[ep] = ci
+		sum += ci
+	}
+	mlf := int64(s.opts.MeanLoadFactor)
+	if mode == LBAdaptive || mode == LBAdaptiveSoft {
+		mlf = adaptiveMLF(total)
+	}
+	w := -1
+	switch mode {
+	case LBHard, LBAdaptive:
+		// Best overlap under its cap; ties to the least loaded, then lowest ep_idx.
+		for _, e := range sc.cands[:n] {
+			ep := int(e)
+			if sc.load[ep] >= capFor(mlf, total, sc.capc[ep], sum) {
+				continue
+			}
+			if w < 0 || sc.counts[ep] > sc.counts[w] || (sc.counts[ep] == sc.counts[w] && sc.load[ep] < sc.load[w]) {
+				w = ep
+			}
+		}
+		if w < 0 {
+			// Everyone at or over cap: least loaded, then best overlap, then lowest ep_idx.
+			for _, e := range sc.cands[:n] {
+				ep := int(e)
+				if w < 0 || sc.load[ep] < sc.load[w] || (sc.load[ep] == sc.load[w] && sc.counts[ep] > sc.counts[w]) {
+					w = ep
+				}
+			}
+		}
+	case LBSoft, LBAdaptiveSoft:
+		lambda := int64(s.opts.LoadPenalty)
+		if mode == LBAdaptiveSoft {
+			lambda = adaptiveLambda(total)
+		}
+		var wc int64
+		for _, e := range sc.cands[:n] {
+			ep := int(e)
+			cost := (best-int64(sc.counts[ep]))*1000 + lambda*sc.load[ep]/sc.capc[ep]
+			if w < 0 || cost < wc ||
+				(cost == wc && (sc.counts[ep] > sc.counts[w] || (sc.counts[ep] == sc.counts[w] && sc.load[ep] < sc.load[w]))) {
+				w, wc = ep, cost
+			}
+		}
+	}
+	if w < 0 {
+		return arg, false, mlf
+	}
+	return w, w != arg, mlf
+}
+
+// relief is spill relief: when the chosen endpoint is at or over its cap
+// computed over the whole eligible fleet, move to the least-loaded endpoint
+// under its fleet cap (ties to the lowest ep_idx), overlap ignored.
+func (s *Selector) relief(c *compiled, elig epset.Set, sc *scratch, w int, mlf int64) int {
+	if elig.Len() < 2 {
+		return w
+	}
+	var total, sum int64
+	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+		total += sc.load[ep]
+		ci := s.capacity(c, ep)
+		sc.capc[ep] = ci
+		sum += ci
+	}
+	if sc.load[w] < capFor(mlf, total, sc.capc[w], sum) {
+		return w
+	}
+	to := -1
+	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+		if sc.load[ep] >= capFor(mlf, total, sc.capc[ep], sum) {
+			continue
+		}
+		if to < 0 || sc.load[ep] < sc.load[to] {
+			to = ep
+		}
+	}
+	if to < 0 {
+		return w
+	}
+	return to
+}
+
+// watchdog tracks consecutive zero-overlap lookups against a non-empty
+// inventory. At LOXILB_KV_ZERO_HIT_N in a row it counts every further one
+// and warns once per transition.
+func (s *Selector) watchdog(c *compiled, elig epset.Set, best uint32) {
+	if best > 0 {
+		s.zeroStreak.Store(0)
+		return
+	}
+	nonEmpty := false
+	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+		if s.scorer.Blocks(ep) > 0 {
+			nonEmpty = true
+			break
+		}
+	}
+	if !nonEmpty {
+		return
+	}
+	n := s.zeroStreak.Add(1)
+	if n < int64(s.opts.ZeroHitN) {
+		return
+	}
+	s.obs.ZeroHitWatchdog(c.rule.ServiceID)
+	if n == int64(s.opts.ZeroHitN) {
+		s.log.Warn("kv zero-hit watchdog: consecutive zero-overlap lookups against a non-empty inventory; block-hash parity is probably broken",
+			"service_id", c.rule.ServiceID, "lookups", n,
+			"check", "LLB_KV_NONE_HASH_SEED must equal vLLM PYTHONHASHSEED; kvBlockSize must equal vLLM --block-size; kvHashAlgo must match --prefix-caching-hash-algo; the staged tokenizer must be the model's")
+	}
+}

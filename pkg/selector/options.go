@@ -1,0 +1,287 @@
+package selector
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// LBMode is LOXILB_KV_LB_MODE, the load-blend policy of tier 1.5.
+type LBMode uint8
+
+const (
+	LBHard         LBMode = iota // best overlap under its cap (default)
+	LBOff                        // pure argmax
+	LBSoft                       // lowest cost (P-o)*1000 + floor(λ·L/ĉ)
+	LBAdaptive                   // hard with mlf following the load
+	LBAdaptiveSoft               // soft with λ following the load
+)
+
+var lbModeNames = [...]string{"hard", "off", "soft", "adaptive", "adaptive-soft"}
+
+func (m LBMode) String() string {
+	if int(m) < len(lbModeNames) {
+		return lbModeNames[m]
+	}
+	return "unknown"
+}
+
+// ParseLBMode parses LOXILB_KV_LB_MODE; empty means hard.
+func ParseLBMode(s string) (LBMode, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return LBHard, nil
+	}
+	for i, n := range lbModeNames {
+		if strings.EqualFold(s, n) {
+			return LBMode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("LOXILB_KV_LB_MODE=%q: want off, hard, soft, adaptive or adaptive-soft", s)
+}
+
+// Relief is LOXILB_KV_SPILL_RELIEF.
+type Relief uint8
+
+const (
+	ReliefAuto Relief = iota // on for single-pool rules, off for P/D
+	ReliefOn
+	ReliefOff
+)
+
+func (r Relief) String() string {
+	switch r {
+	case ReliefOn:
+		return "on"
+	case ReliefOff:
+		return "off"
+	}
+	return "auto"
+}
+
+// ParseRelief parses LOXILB_KV_SPILL_RELIEF: auto (or empty), or a boolean word.
+func ParseRelief(s string) (Relief, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || strings.EqualFold(s, "auto") {
+		return ReliefAuto, nil
+	}
+	b, err := parseBool(s)
+	if err != nil {
+		return 0, fmt.Errorf("LOXILB_KV_SPILL_RELIEF=%q: want auto, on or off", s)
+	}
+	if b {
+		return ReliefOn, nil
+	}
+	return ReliefOff, nil
+}
+
+// ScoreMode is LOXILB_KV_SCORE.
+type ScoreMode uint8
+
+const (
+	ScorePrefix  ScoreMode = iota // leading run of consecutive matched blocks (default)
+	ScoreOverlap                  // the spec's literal count of matched blocks
+)
+
+func (m ScoreMode) String() string {
+	if m == ScoreOverlap {
+		return "overlap"
+	}
+	return "prefix"
+}
+
+// ParseScoreMode parses LOXILB_KV_SCORE: prefix (or empty) or overlap.
+func ParseScoreMode(s string) (ScoreMode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "prefix":
+		return ScorePrefix, nil
+	case "overlap":
+		return ScoreOverlap, nil
+	}
+	return 0, fmt.Errorf("LOXILB_KV_SCORE=%q: want prefix or overlap", s)
+}
+
+func parseBool(s string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "1", "true", "on", "yes":
+		return true, nil
+	case "0", "false", "off", "no":
+		return false, nil
+	}
+	return false, fmt.Errorf("not a boolean: %q", s)
+}
+
+// Limits and defaults of the options.
+const (
+	DefaultMinMatchTokens     = 16
+	MaxMinMatchTokens         = 4096
+	DefaultMeanLoadFactor     = 175
+	MinMeanLoadFactor         = 100
+	MaxMeanLoadFactor         = 1000
+	DefaultLoadPenalty        = 32
+	MaxLoadPenalty            = 100000
+	DefaultColdStartSeedN     = 16
+	DefaultColdStartMinBlocks = 16
+	DefaultZeroHitN           = 50
+	DefaultMaxSessions        = 4096
+	DefaultTrieMaxNodes       = 8192
+	DefaultQueueStaleAfter    = 30 * time.Second
+	DefaultSessionTTL         = 300 * time.Second
+	// TrieKeyMax bounds the bytes of request text the trie keys on.
+	TrieKeyMax = 511
+	// SessionKeyMax bounds a session key; longer keys are ignored.
+	SessionKeyMax = 127
+	maxCountLimit = 1 << 20
+)
+
+// Options holds every process-wide knob of selection. Start from
+// DefaultOptions; New rejects an Options that fails Validate.
+type Options struct {
+	MinMatchTokens     int       // LLB_KV_MIN_MATCH_TOKENS: 0..4096, default 16, 0 disables shallow
+	LBMode             LBMode    // LOXILB_KV_LB_MODE: default hard
+	MeanLoadFactor     int       // LOXILB_KV_MEAN_LOAD_FACTOR: percent 100..1000, default 175 (ε = 0.75)
+	LoadPenalty        int       // LOXILB_KV_LOAD_PENALTY: λ for soft, 1..100000, default 32
+	SpillRelief        Relief    // LOXILB_KV_SPILL_RELIEF: auto|on|off, default auto
+	ColdStartSeedN     int       // LOXILB_KV_COLDSTART_SEED_N: ≥0, default 16, 0 disables
+	ColdStartMinBlocks int       // LOXILB_KV_COLDSTART_MIN_BLOCKS: ≥0, default 16, 0 treated as 1
+	ZeroHitN           int       // LOXILB_KV_ZERO_HIT_N: ≥1, default 50
+	Score              ScoreMode // LOXILB_KV_SCORE: prefix|overlap, default prefix
+	LoadGuard          bool      // LLB_KV_LOADGUARD: default off
+	// SessionHeaders are the request headers that carry a conversation key,
+	// in priority order (default X-Conversation-ID, X-Session-ID).
+	SessionHeaders []string
+	// MaxSessions bounds the session table of each rule (default 4096).
+	MaxSessions int
+	// TrieMaxNodes bounds the trie of each rule (default 8192).
+	TrieMaxNodes int
+	// QueueStaleAfter: a vllm:num_requests_waiting sample older than this is
+	// replaced by the fleet mean (default 30 s).
+	QueueStaleAfter time.Duration
+}
+
+// DefaultOptions returns the documented defaults.
+func DefaultOptions() Options {
+	return Options{
+		MinMatchTokens:     DefaultMinMatchTokens,
+		LBMode:             LBHard,
+		MeanLoadFactor:     DefaultMeanLoadFactor,
+		LoadPenalty:        DefaultLoadPenalty,
+		SpillRelief:        ReliefAuto,
+		ColdStartSeedN:     DefaultColdStartSeedN,
+		ColdStartMinBlocks: DefaultColdStartMinBlocks,
+		ZeroHitN:           DefaultZeroHitN,
+		Score:              ScorePrefix,
+		SessionHeaders:     []string{"X-Conversation-ID", "X-Session-ID"},
+		MaxSessions:        DefaultMaxSessions,
+		TrieMaxNodes:       DefaultTrieMaxNodes,
+		QueueStaleAfter:    DefaultQueueStaleAfter,
+	}
+}
+
+// Validate checks every field and names the variable of the first bad one.
+func (o Options) Validate() error {
+	switch {
+	case o.MinMatchTokens < 0 || o.MinMatchTokens > MaxMinMatchTokens:
+		return fmt.Errorf("LLB_KV_MIN_MATCH_TOKENS=%d: want 0..%d", o.MinMatchTokens, MaxMinMatchTokens)
+	case o.LBMode > LBAdaptiveSoft:
+		return fmt.Errorf("LOXILB_KV_LB_MODE: unknown mode %d", o.LBMode)
+	case o.MeanLoadFactor < MinMeanLoadFactor || o.MeanLoadFactor > MaxMeanLoadFactor:
+		return fmt.Errorf("LOXILB_KV_MEAN_LOAD_FACTOR=%d: want %d..%d", o.MeanLoadFactor, MinMeanLoadFactor, MaxMeanLoadFactor)
+	case o.LoadPenalty < 1 || o.LoadPenalty > MaxLoadPenalty:
+		return fmt.Errorf("LOXILB_KV_LOAD_PENALTY=%d: want 1..%d", o.LoadPenalty, MaxLoadPenalty)
+	case o.SpillRelief > ReliefOff:
+		return fmt.Errorf("LOXILB_KV_SPILL_RELIEF: unknown value %d", o.SpillRelief)
+	case o.ColdStartSeedN < 0 || o.ColdStartSeedN > maxCountLimit:
+		return fmt.Errorf("LOXILB_KV_COLDSTART_SEED_N=%d: want 0..%d", o.ColdStartSeedN, maxCountLimit)
+	case o.ColdStartMinBlocks < 0 || o.ColdStartMinBlocks > 1<<30:
+		return fmt.Errorf("LOXILB_KV_COLDSTART_MIN_BLOCKS=%d: want 0..%d", o.ColdStartMinBlocks, 1<<30)
+	case o.ZeroHitN < 1 || o.ZeroHitN > maxCountLimit:
+		return fmt.Errorf("LOXILB_KV_ZERO_HIT_N=%d: want 1..%d", o.ZeroHitN, maxCountLimit)
+	case o.Score > ScoreOverlap:
+		return fmt.Errorf("LOXILB_KV_SCORE: unknown value %d", o.Score)
+	case o.MaxSessions < 1 || o.MaxSessions > maxCountLimit:
+		return fmt.Errorf("selector: MaxSessions=%d: want 1..%d", o.MaxSessions, maxCountLimit)
+	case o.TrieMaxNodes < 16 || o.TrieMaxNodes > maxCountLimit:
+		return fmt.Errorf("selector: TrieMaxNodes=%d: want 16..%d", o.TrieMaxNodes, maxCountLimit)
+	case o.QueueStaleAfter <= 0:
+		return fmt.Errorf("selector: QueueStaleAfter=%v: want > 0", o.QueueStaleAfter)
+	}
+	for _, h := range o.SessionHeaders {
+		if strings.TrimSpace(h) == "" {
+			return fmt.Errorf("selector: empty session header name")
+		}
+	}
+	return nil
+}
+
+// OptionsFromEnv reads the environment variables of selection through
+// lookup (os.LookupEnv in the daemon), starting from DefaultOptions. An unset
+// variable keeps its default; a set but invalid one is an error naming it.
+func OptionsFromEnv(lookup func(string) (string, bool)) (Options, error) {
+	o := DefaultOptions()
+	intVar := func(name string, dst *int) error {
+		v, ok := lookup(name)
+		if !ok || strings.TrimSpace(v) == "" {
+			return nil
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%s=%q: not an integer", name, v)
+		}
+		*dst = n
+		return nil
+	}
+	for _, iv := range []struct {
+		name string
+		dst  *int
+	}{
+		{"LLB_KV_MIN_MATCH_TOKENS", &o.MinMatchTokens},
+		{"LOXILB_KV_MEAN_LOAD_FACTOR", &o.MeanLoadFactor},
+		{"LOXILB_KV_LOAD_PENALTY", &o.LoadPenalty},
+		{"LOXILB_KV_COLDSTART_SEED_N", &o.ColdStartSeedN},
+		{"LOXILB_KV_COLDSTART_MIN_BLOCKS", &o.ColdStartMinBlocks},
+		{"LOXILB_KV_ZERO_HIT_N", &o.ZeroHitN},
+	} {
+		if err := intVar(iv.name, iv.dst); err != nil {
+			return o, err
+		}
+	}
+	var err error
+	if v, ok := lookup("LOXILB_KV_LB_MODE"); ok {
+		if o.LBMode, err = ParseLBMode(v); err != nil {
+			return o, err
+		}
+	}
+	if v, ok := lookup("LOXILB_KV_SPILL_RELIEF"); ok {
+		if o.SpillRelief, err = ParseRelief(v); err != nil {
+			return o, err
+		}
+	}
+	if v, ok := lookup("LOXILB_KV_SCORE"); ok {
+		if o.Score, err = ParseScoreMode(v); err != nil {
+			return o, err
+		}
+	}
+	if v, ok := lookup("LLB_KV_LOADGUARD"); ok && strings.TrimSpace(v) != "" {
+		if o.LoadGuard, err = parseBool(v); err != nil {
+			return o, fmt.Errorf("LLB_KV_LOADGUARD=%q: want 0/1, true/false, on/off or yes/no", v)
+		}
+	}
+	return o, o.Validate()
+}
+
+// SessionKey picks the tier-1 conversation key: the first configured
+// header present (header returns "" when absent), else the body's top-level
+// user. Keys longer than SessionKeyMax bytes are ignored.
+func (o Options) SessionKey(header func(name string) string, bodyUser string) string {
+	for _, h := range o.SessionHeaders {
+		if v := strings.TrimSpace(header(h)); v != "" && len(v) <= SessionKeyMax {
+			return v
+		}
+	}
+	if len(bodyUser) <= SessionKeyMax {
+		return bodyUser
+	}
+	return ""
+}
