@@ -1,0 +1,105 @@
+package tokenizer
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// loadTestTokenizer loads testdata/<name> once per test binary.
+var testTokenizers sync.Map // name -> *Tokenizer
+
+func testTokenizer(t testing.TB, name string) *Tokenizer {
+	t.Helper()
+	if v, ok := testTokenizers.Load(name); ok {
+		return v.(*Tokenizer)
+	}
+	tk, err := Load(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatalf("load %s: %v", name, err)
+	}
+	v, _ := testTokenizers.LoadOrStore(name, tk)
+	return v.(*Tokenizer)
+}
+
+// readJSONLines decodes one JSON value per line of path into a slice of T.
+func readJSONLines[T any](t testing.TB, path string) []T {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []T
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("%s line %d: %v", path, len(out)+1, err)
+		}
+		out = append(out, v)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestCorpusExact checks ids against HuggingFace's (@huggingface/tokenizers
+// 0.2.0, add_special_tokens=false) for every string of every corpus.
+func TestCorpusExact(t *testing.T) {
+	cases := []struct{ corpus, tokenizer, ids string }{
+		{"corpus.jsonl", "qwen3", "corpus.qwen3.ids"},
+		{"corpus.jsonl", "llama3", "corpus.llama3.ids"},
+		{"extra.jsonl", "qwen3", "extra.qwen3.ids"},
+		{"extra.jsonl", "llama3", "extra.llama3.ids"},
+	}
+	for _, c := range cases {
+		t.Run(c.ids, func(t *testing.T) {
+			if _, err := os.Stat(filepath.Join("testdata", c.ids)); err != nil {
+				t.Skipf("no %s", c.ids)
+			}
+			tk := testTokenizer(t, c.tokenizer)
+			texts := readJSONLines[string](t, filepath.Join("testdata", c.corpus))
+			want := readJSONLines[[]uint32](t, filepath.Join("testdata", c.ids))
+			if len(texts) != len(want) {
+				t.Fatalf("%d texts, %d id lines", len(texts), len(want))
+			}
+			bad := 0
+			for i, text := range texts {
+				got, err := tk.Encode(text, false)
+				if err != nil {
+					t.Fatalf("line %d: %v", i+1, err)
+				}
+				if !slices.Equal(got, want[i]) {
+					bad++
+					if bad <= 5 {
+						t.Errorf("line %d %q:\n got %v\nwant %v", i+1, truncate(text, 200), truncateIDs(got), truncateIDs(want[i]))
+					}
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%d of %d lines differ", bad, len(texts))
+			}
+		})
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func truncateIDs(ids []uint32) []uint32 {
+	if len(ids) > 40 {
+		return ids[:40]
+	}
+	return ids
+}
