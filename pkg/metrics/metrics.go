@@ -1,0 +1,288 @@
+// Package metrics holds every Prometheus metric name, label and collector of
+// kvgate, registered against one *prometheus.Registry that the management API
+// serves on GET /netlox/v1/metrics and /metrics.
+//
+// Names and labels follow the spec (§10.2) and the reference gateway
+// (LOXILB_REFERENCE.md §3), so dashboards and the spec's §9 go/no-go checks
+// work unchanged. Where kvgate adds a label to a reference series it says so;
+// series of kvgate's own use the kvgate_ prefix.
+//
+// Other packages do not import this one: each defines a small observer
+// interface, and the daemon adapts *Metrics to it with the helper methods
+// below. Label values for service, service_id, ep_idx and the subscriber's
+// ep are decimal strings, as in the reference.
+package metrics
+
+import (
+	"runtime"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// MissReasons are the nine Tier-1.5 guard reasons, in ladder order. Each is
+// pre-created at 0 for every rule (InitRule).
+var MissReasons = []string{"mode_off", "warmup", "text_empty", "model_empty", "tokenize", "hashes", "no_worker", "excluded", "shallow"}
+
+// DecisionStages are the stages timed by kvgate_decision_stage_seconds.
+var DecisionStages = []string{"extract", "tokenize", "hash", "score", "select"}
+
+// Options configure New.
+type Options struct {
+	// Version and Revision label kvgate_build_info.
+	Version, Revision string
+	// NoProcessCollectors leaves out the Go runtime and process collectors
+	// (tests that compare the full exposition set it).
+	NoProcessCollectors bool
+}
+
+// Metrics is the set of kvgate's collectors, all registered on Registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	// KV tier (spec §10.2; reference §3.1). kvgate adds the service label to
+	// the hit, miss, fallthrough, spill and cold-seed counters so that several
+	// rules do not collide; queries by ep_idx or reason keep working.
+	Tier15Hits        *prometheus.CounterVec // loxilb_pd_kv_tier15_hits_total{service,ep_idx}
+	Tier15MissReason  *prometheus.CounterVec // loxilb_pd_kv_tier15_miss_reason_total{service,reason}
+	Tier15Fallthrough *prometheus.CounterVec // loxilb_pd_kv_tier15_fallthrough_total{service}
+	Tier15Spills      *prometheus.CounterVec // loxilb_pd_kv_tier15_spills_total{service,ep_idx}
+	Tier15ColdSeeds   *prometheus.CounterVec // loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx}
+	ZeroHitWatchdog   *prometheus.CounterVec // loxilb_pd_kv_zero_hit_watchdog_total{service_id}
+	Tier1SessionHits  *prometheus.CounterVec // kvgate_tier1_session_hits_total{service}
+	Tier1TrieHits     *prometheus.CounterVec // kvgate_tier1_trie_hits_total{service}
+
+	// Inventory and subscribers (reference §3.1, plus kvgate's own).
+	KVBlocks             *prometheus.GaugeVec   // loxilb_pd_kv_blocks{service,ep_idx}
+	KVBlocksOtherMedium  *prometheus.GaugeVec   // kvgate_kv_blocks_other_medium{service,ep_idx}
+	EPInfo               *prometheus.GaugeVec   // loxilb_pd_ep_info{service,ep_idx,ep,addr}
+	SubscriberConnected  *prometheus.GaugeVec   // loxilb_kv_subscriber_connected{service,ep}
+	SubscriberReconnects *prometheus.CounterVec // loxilb_kv_subscriber_reconnect_total{service,ep}
+	SubscriberRecvErrors *prometheus.CounterVec // loxilb_kv_subscriber_recv_error_total{service,ep}
+	InvCapEvictions      *prometheus.CounterVec // loxilb_kv_inv_cap_evictions_total{service,ep}
+	RankConnected        *prometheus.GaugeVec   // kvgate_kv_subscriber_rank_connected{service,ep,rank}
+	SubscriberGaps       *prometheus.CounterVec // kvgate_kv_subscriber_gaps_total{service,ep,kind}
+	SubscriberClears     *prometheus.CounterVec // kvgate_kv_subscriber_clears_total{service,ep,reason}
+	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
+	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
+	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
+
+	// Proxy (issue 8).
+	TTFB             *prometheus.HistogramVec // loxilb_proxy_http_ttfb_seconds{service}
+	Requests         *prometheus.CounterVec   // kvgate_requests_total{service,ep_idx,outcome}
+	RequestDuration  *prometheus.HistogramVec // kvgate_request_duration_seconds{service,ep_idx,outcome}
+	Inflight         *prometheus.GaugeVec     // kvgate_endpoint_inflight{service,ep_idx}
+	ConnectFailures  *prometheus.CounterVec   // kvgate_backend_connect_failures_total{service,ep_idx}
+	DecisionStage    *prometheus.HistogramVec // kvgate_decision_stage_seconds{service,stage}
+	DecisionTier     *prometheus.CounterVec   // kvgate_decisions_total{service,tier}
+	SelectFailures   *prometheus.CounterVec   // loxilb_lb_select_failure_shutdown_total{service}
+	AIRequests       *prometheus.CounterVec   // loxilb_ai_requests_total{model,tenant,status}
+	AIRequestSeconds *prometheus.HistogramVec // loxilb_ai_request_duration_seconds{model,tenant}
+	AIActiveStreams  *prometheus.GaugeVec     // loxilb_ai_active_streams{model}
+
+	// P/D (issue 9; reference §3.2 and §3.3).
+	PDSessionsActive   *prometheus.GaugeVec     // loxilb_pd_sessions_active{service}
+	PDTrieNodes        *prometheus.GaugeVec     // loxilb_pd_trie_nodes{service}
+	PDCBFlips          *prometheus.CounterVec   // loxilb_pd_cb_flips_total{service,ep_idx}
+	CBState            *prometheus.GaugeVec     // kvgate_circuit_breaker_state{service,ep_idx}
+	PDFallbackToNormal *prometheus.CounterVec   // loxilb_pd_fallback_to_normal_total{service}
+	PDAdmissionShed    *prometheus.CounterVec   // loxilb_pd_admission_shed_total{service}
+	PDAdmissionQueued  *prometheus.CounterVec   // loxilb_pd_admission_queued_total{service}
+	PDParkTimeouts     *prometheus.CounterVec   // kvgate_pd_admission_park_timeout_total{service}
+	PDPrefillEPDied    *prometheus.CounterVec   // loxilb_pd_prefill_ep_died_total{service}
+	PDDecodeEPDied     *prometheus.CounterVec   // loxilb_pd_decode_ep_died_total{service}
+	PDDecodeZeroByte   *prometheus.CounterVec   // loxilb_pd_decode_zero_byte_eof_total{service}
+	PDConnectFailover  *prometheus.CounterVec   // loxilb_pd_connect_failover_total{service}
+	PDTimeouts         *prometheus.CounterVec   // kvgate_pd_timeouts_total{service,kind}
+	PDRetries          *prometheus.CounterVec   // kvgate_pd_retries_total{service,leg}
+	PDLegDuration      *prometheus.HistogramVec // kvgate_pd_leg_duration_seconds{service,leg}
+	AIPDPrefillSeconds *prometheus.HistogramVec // loxilb_ai_pd_prefill_duration_seconds{model}
+	AIPDDecodeTTFT     *prometheus.HistogramVec // loxilb_ai_pd_decode_ttft_seconds{model}
+	AIPDRequests       *prometheus.CounterVec   // loxilb_ai_pd_requests_total{model,phase,status}
+	AIPDKVParamsFound  *prometheus.CounterVec   // loxilb_ai_pd_kv_params_found_total{model}
+	AIPDKVParamsMiss   *prometheus.CounterVec   // loxilb_ai_pd_kv_params_missing_total{model}
+	AIPDSessionHits    *prometheus.CounterVec   // loxilb_ai_pd_session_hits_total{model}
+
+	// Health (issue 9).
+	ProbeUp          *prometheus.GaugeVec   // kvgate_endpoint_probe_up{service,ep_idx}
+	ProbeTransitions *prometheus.CounterVec // kvgate_endpoint_probe_transitions_total{service,ep_idx,to}
+	AdminDown        *prometheus.GaugeVec   // kvgate_endpoint_admin_down{service,ep_idx}
+	EngineQueued     *prometheus.GaugeVec   // kvgate_endpoint_engine_waiting{service,ep_idx}
+	EngineCapacity   *prometheus.GaugeVec   // kvgate_endpoint_capacity_blocks{service,ep_idx}
+
+	// Data path (issue 10).
+	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
+	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
+
+	// Control plane.
+	Rules     prometheus.Gauge // kvgate_rules
+	BuildInfo *prometheus.GaugeVec
+
+	models    modelLabels
+	scopeOnce sync.Once
+	scope     *scoped
+}
+
+var (
+	// Latency buckets for one decision stage: 1 µs to ~1 s.
+	stageBuckets = prometheus.ExponentialBuckets(1e-6, 4, 11)
+	// TTFB and leg buckets, as the reference's 0.001..10 s, stretched to 300 s for long prefill.
+	ttfbBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180, 600}
+	// Whole-request buckets, as the reference's 0.001..300 s.
+	requestBuckets = []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+)
+
+// New creates every collector and registers it on a new registry.
+func New(opts Options) *Metrics {
+	reg := prometheus.NewRegistry()
+	m := &Metrics{Registry: reg, models: modelLabels{seen: map[string]bool{}}}
+	f := factory{reg: reg}
+
+	m.Tier15Hits = f.counter("loxilb_pd_kv_tier15_hits_total", "Requests routed by the KV-overlap tier (Tier 1.5) to this endpoint: the decision proof.", "service", "ep_idx")
+	m.Tier15MissReason = f.counter("loxilb_pd_kv_tier15_miss_reason_total", "Tier-1.5 guard misses by reason (mode_off, warmup, text_empty, model_empty, tokenize, hashes, no_worker, excluded, shallow).", "service", "reason")
+	m.Tier15Fallthrough = f.counter("loxilb_pd_kv_tier15_fallthrough_total", "Requests that left the KV tier for the topology fallback (P/D min-load in mode 1, the rule's selector in mode 3).", "service")
+	m.Tier15Spills = f.counter("loxilb_pd_kv_tier15_spills_total", "Tier-1.5 decisions that the load blend moved off the best-overlap endpoint, by the endpoint spilled to.", "service", "ep_idx")
+	m.Tier15ColdSeeds = f.counter("loxilb_pd_kv_tier15_cold_seeds_total", "Tier-1.5 hits redirected to a cold endpoint by cold-start seeding, by the endpoint seeded.", "service", "ep_idx")
+	m.ZeroHitWatchdog = f.counter("loxilb_pd_kv_zero_hit_watchdog_total", "Lookups made after LOXILB_KV_ZERO_HIT_N consecutive zero-overlap lookups against a non-empty inventory (a parity alarm).", "service_id")
+	m.Tier1SessionHits = f.counter("kvgate_tier1_session_hits_total", "Requests routed by Tier-1 conversation affinity.", "service")
+	m.Tier1TrieHits = f.counter("kvgate_tier1_trie_hits_total", "Requests routed by Tier-1 trie affinity (pd_cache_aware_mode).", "service")
+
+	m.KVBlocks = f.gauge("loxilb_pd_kv_blocks", "Blocks in the endpoint's mirrored KV inventory (GPU medium).", "service", "ep_idx")
+	m.KVBlocksOtherMedium = f.gauge("kvgate_kv_blocks_other_medium", "Blocks the endpoint reported on a non-GPU medium (not scored).", "service", "ep_idx")
+	m.EPInfo = f.gauge("loxilb_pd_ep_info", "Always 1: joins ep_idx to the endpoint IP (ep) and its ip:port (addr).", "service", "ep_idx", "ep", "addr")
+	m.SubscriberConnected = f.gauge("loxilb_kv_subscriber_connected", "1 when every rank of the endpoint's KV-event subscriber is connected; ep holds the ep_idx.", "service", "ep")
+	m.SubscriberReconnects = f.counter("loxilb_kv_subscriber_reconnect_total", "Successful KV-event socket rebuilds after receive errors.", "service", "ep")
+	m.SubscriberRecvErrors = f.counter("loxilb_kv_subscriber_recv_error_total", "KV-event receive errors.", "service", "ep")
+	m.InvCapEvictions = f.counter("loxilb_kv_inv_cap_evictions_total", "Blocks evicted by the per-endpoint inventory cap (LOXILB_KV_MAX_BLOCKS).", "service", "ep")
+	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
+	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
+	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
+	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
+	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
+	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
+
+	m.TTFB = f.histogram("loxilb_proxy_http_ttfb_seconds", "Time from forwarding the request to the backend's first response byte.", ttfbBuckets, "service")
+	m.Requests = f.counter("kvgate_requests_total", "Proxied requests by endpoint and outcome.", "service", "ep_idx", "outcome")
+	m.RequestDuration = f.histogram("kvgate_request_duration_seconds", "Proxied request duration, from the request head to the end of the response.", requestBuckets, "service", "ep_idx", "outcome")
+	m.Inflight = f.gauge("kvgate_endpoint_inflight", "In-flight requests on the endpoint (the bounded-load cap's input).", "service", "ep_idx")
+	m.ConnectFailures = f.counter("kvgate_backend_connect_failures_total", "Backend connect failures (each re-enters selection with the endpoint excluded).", "service", "ep_idx")
+	m.DecisionStage = f.histogram("kvgate_decision_stage_seconds", "Time spent per routing-decision stage (extract, tokenize, hash, score, select).", stageBuckets, "service", "stage")
+	m.DecisionTier = f.counter("kvgate_decisions_total", "Routing decisions by the tier that made them (1-session, 1-trie, 1.5, 2, selector, decode-only).", "service", "tier")
+	m.SelectFailures = f.counter("loxilb_lb_select_failure_shutdown_total", "Client connections closed because no endpoint could be selected.", "service")
+	m.AIRequests = f.counter("loxilb_ai_requests_total", "AI-gateway requests by model, tenant and HTTP status.", "model", "tenant", "status")
+	m.AIRequestSeconds = f.histogram("loxilb_ai_request_duration_seconds", "AI-gateway request duration by model and tenant.", requestBuckets, "model", "tenant")
+	m.AIActiveStreams = f.gauge("loxilb_ai_active_streams", "Responses streaming now, by model.", "model")
+
+	m.PDSessionsActive = f.gauge("loxilb_pd_sessions_active", "Tier-1 sessions held.", "service")
+	m.PDTrieNodes = f.gauge("loxilb_pd_trie_nodes", "Nodes in the Tier-1 radix trie.", "service")
+	m.PDCBFlips = f.counter("loxilb_pd_cb_flips_total", "Circuit-breaker state changes.", "service", "ep_idx")
+	m.CBState = f.gauge("kvgate_circuit_breaker_state", "Circuit-breaker state: 0 closed, 1 open, 2 half-open.", "service", "ep_idx")
+	m.PDFallbackToNormal = f.counter("loxilb_pd_fallback_to_normal_total", "P/D requests sent decode-only because every prefill endpoint failed.", "service")
+	m.PDAdmissionShed = f.counter("loxilb_pd_admission_shed_total", "P/D requests refused with 429 pd_overloaded.", "service")
+	m.PDAdmissionQueued = f.counter("loxilb_pd_admission_queued_total", "P/D requests parked in an admission queue.", "service")
+	m.PDParkTimeouts = f.counter("kvgate_pd_admission_park_timeout_total", "Parked P/D requests answered 504 pd_admission_park_timeout.", "service")
+	m.PDPrefillEPDied = f.counter("loxilb_pd_prefill_ep_died_total", "Prefill endpoints that failed (connect, 5xx, reset) during a P/D request.", "service")
+	m.PDDecodeEPDied = f.counter("loxilb_pd_decode_ep_died_total", "Decode endpoints that failed during a P/D request.", "service")
+	m.PDDecodeZeroByte = f.counter("loxilb_pd_decode_zero_byte_eof_total", "Decode legs that ended before their first byte (502 pd_decode_backend_died).", "service")
+	m.PDConnectFailover = f.counter("loxilb_pd_connect_failover_total", "Prefill retries on the next endpoint after a connect failure or 5xx.", "service")
+	m.PDTimeouts = f.counter("kvgate_pd_timeouts_total", "P/D timeouts by kind (pd_prefill_timeout, pd_decode_timeout, pd_decode_stream_timeout).", "service", "kind")
+	m.PDRetries = f.counter("kvgate_pd_retries_total", "P/D leg retries by leg (prefill, decode).", "service", "leg")
+	m.PDLegDuration = f.histogram("kvgate_pd_leg_duration_seconds", "P/D leg latency: prefill to its response, decode to its first byte.", ttfbBuckets, "service", "leg")
+	m.AIPDPrefillSeconds = f.histogram("loxilb_ai_pd_prefill_duration_seconds", "P/D prefill leg duration by model.", ttfbBuckets, "model")
+	m.AIPDDecodeTTFT = f.histogram("loxilb_ai_pd_decode_ttft_seconds", "P/D decode leg time to first byte by model.", ttfbBuckets, "model")
+	m.AIPDRequests = f.counter("loxilb_ai_pd_requests_total", "P/D requests by model, phase and status: (complete, success), (prefill, timeout), (decode, error).", "model", "phase", "status")
+	m.AIPDKVParamsFound = f.counter("loxilb_ai_pd_kv_params_found_total", "Prefill responses carrying kv_transfer_params.", "model")
+	m.AIPDKVParamsMiss = f.counter("loxilb_ai_pd_kv_params_missing_total", "Prefill responses without kv_transfer_params.", "model")
+	m.AIPDSessionHits = f.counter("loxilb_ai_pd_session_hits_total", "Tier-0/Tier-1 session hits by model.", "model")
+
+	m.ProbeUp = f.gauge("kvgate_endpoint_probe_up", "1 when the endpoint's health probe passes.", "service", "ep_idx")
+	m.ProbeTransitions = f.counter("kvgate_endpoint_probe_transitions_total", "Health-probe state changes by new state (up, down).", "service", "ep_idx", "to")
+	m.AdminDown = f.gauge("kvgate_endpoint_admin_down", "1 when the endpoint is administratively down.", "service", "ep_idx")
+	m.EngineQueued = f.gauge("kvgate_endpoint_engine_waiting", "The engine's vllm:num_requests_waiting, as last scraped.", "service", "ep_idx")
+	m.EngineCapacity = f.gauge("kvgate_endpoint_capacity_blocks", "The engine's num_gpu_blocks (vllm:cache_config_info), the capacity weight.", "service", "ep_idx")
+
+	m.DatapathInfo = f.gauge("kvgate_datapath_info", "Always 1 for the response body path in use (sockmap or userspace).", "path")
+	m.spliced = newSplicedBytes()
+	reg.MustRegister(m.spliced)
+
+	m.Rules = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_rules", Help: "Load-balancer rules configured."})
+	reg.MustRegister(m.Rules)
+	m.BuildInfo = f.gauge("kvgate_build_info", "Always 1: the running kvgate build.", "version", "revision", "goversion")
+	m.BuildInfo.WithLabelValues(orUnknown(opts.Version), orUnknown(opts.Revision), runtime.Version()).Set(1)
+
+	if !opts.NoProcessCollectors {
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	return m
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+type factory struct{ reg *prometheus.Registry }
+
+func (f factory) counter(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f factory) gauge(name, help string, labels ...string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	f.reg.MustRegister(g)
+	return g
+}
+
+func (f factory) histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	f.reg.MustRegister(h)
+	return h
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// modelLabels bounds the model label as the reference does: characters
+// outside [a-zA-Z0-9._-] become _, values are cut to 64 bytes, and after 64
+// distinct models new ones read "other".
+type modelLabels struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+const maxModelLabels = 64
+
+func (l *modelLabels) label(model string) string {
+	b := []byte(model)
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	for i, c := range b {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+		if !ok {
+			b[i] = '_'
+		}
+	}
+	s := string(b)
+	if s == "" {
+		s = "unknown"
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[s] {
+		return s
+	}
+	if len(l.seen) >= maxModelLabels {
+		return "other"
+	}
+	l.seen[s] = true
+	return s
+}
+
+// ModelLabel returns the bounded model label for a client-supplied model name.
+func (m *Metrics) ModelLabel(model string) string { return m.models.label(model) }
