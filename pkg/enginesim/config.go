@@ -1,0 +1,235 @@
+package enginesim
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Role is the engine's part in prefill/decode disaggregation.
+type Role string
+
+// Roles, as --role spells them.
+const (
+	RoleBoth    Role = "both"
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+)
+
+// Defaults: a small model (about 1B parameters) served by vLLM on one
+// mid-range GPU. Prefill runs at roughly 16k tokens/s, a sequence decodes at
+// about 80 tokens/s, and each request pays a 15 ms scheduling/launch floor
+// before its first token.
+const (
+	DefaultHost              = "127.0.0.1"
+	DefaultPort              = 8000
+	DefaultModel             = "Qwen/Qwen3-0.6B"
+	DefaultBlockSize         = 16
+	DefaultHashAlgo          = "sha256_cbor"
+	DefaultNumGPUBlocks      = 8192
+	DefaultKVEventsPort      = 5557
+	DefaultReplayPortOffset  = 1000
+	DefaultEventLayout       = "map"
+	DefaultPrefillUsPerToken = 60.0
+	DefaultTTFTFloor         = 15 * time.Millisecond
+	DefaultDecodeTokensPerS  = 80.0
+	DefaultMaxNumSeqs        = 64
+	DefaultMaxWaiting        = 4096
+	DefaultMaxModelLen       = 32768
+	DefaultMaxTokens         = 16
+	DefaultReplayBufferSteps = 10000
+	DefaultKVEventsHWM       = 100000
+	DefaultNixlSideChannel   = 5600
+	DefaultKVTransferTimeout = 480 * time.Second // VLLM_NIXL_ABORT_REQUEST_TIMEOUT
+	DefaultMaxRequestBytes   = 8 << 20
+)
+
+// Config is everything an engine needs. The zero value of each field means
+// its default, so tests and `kvgate demo` set only what they care about.
+type Config struct {
+	Host  string // address to listen on (HTTP and, by default, KV events)
+	Port  int    // HTTP port; 0 picks a free one
+	ID    string // x-engine-id; default "<host>:<port>"
+	Model string // served model name
+
+	// Tokenizer turns text and chat into token ids. Nil means the built-in
+	// byte-level tokenizer, which matches no real model (token-id prompts are
+	// exact either way).
+	Tokenizer Tokenizer
+
+	BlockSize int
+	HashAlgo  string // sha256_cbor | xxhash_cbor | sha256 | xxhash
+	// PythonHashSeed is the PYTHONHASHSEED value; HashSeedSet false means
+	// unset (vLLM's fixed "vllm-none-hash" for sha256*, random for xxhash*).
+	PythonHashSeed string
+	HashSeedSet    bool
+
+	NumGPUBlocks int
+
+	KVEventsEndpoint string // "tcp://<host>:5557" by default; "none" disables
+	ReplayEndpoint   string // default PUB port + 1000; "none" disables
+	EventLayout      string // "map" (vLLM >= 0.26) or "array"
+	EventTopic       string // ZMQ topic frame; vLLM's default is ""
+	ReplayBuffer     int    // batches kept for replay (vLLM buffer_steps)
+	DataParallelRank int
+
+	Role Role
+
+	PrefillUsPerToken float64       // prefill time per uncached prompt token, µs
+	TTFTFloor         time.Duration // fixed part of every prefill
+	DecodeTokensPerS  float64       // per-sequence decode speed; 0 = instant
+	MaxNumSeqs        int           // running sequences; more wait FIFO
+	MaxWaiting        int           // waiting queue bound (503 beyond)
+	MaxModelLen       int           // prompt + completion tokens
+	DefaultMaxTokens  int           // completion length when the request gives none
+	MaxRequestBytes   int64         // HTTP body bound
+
+	NixlSideChannelPort int           // remote_port in kv_transfer_params
+	KVTransferTimeout   time.Duration // prefill role: how long blocks wait for the decoder
+
+	Logger *slog.Logger
+}
+
+// withDefaults fills zero fields.
+func (c Config) withDefaults() Config {
+	if c.Host == "" {
+		c.Host = DefaultHost
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.HashAlgo == "" {
+		c.HashAlgo = DefaultHashAlgo
+	}
+	if c.NumGPUBlocks == 0 {
+		c.NumGPUBlocks = DefaultNumGPUBlocks
+	}
+	if c.KVEventsEndpoint == "" {
+		c.KVEventsEndpoint = "tcp://" + net.JoinHostPort(c.Host, strconv.Itoa(DefaultKVEventsPort))
+	}
+	if c.EventLayout == "" {
+		c.EventLayout = DefaultEventLayout
+	}
+	if c.ReplayBuffer == 0 {
+		c.ReplayBuffer = DefaultReplayBufferSteps
+	}
+	if c.Role == "" {
+		c.Role = RoleBoth
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = DefaultMaxNumSeqs
+	}
+	if c.MaxWaiting == 0 {
+		c.MaxWaiting = DefaultMaxWaiting
+	}
+	if c.MaxModelLen == 0 {
+		c.MaxModelLen = DefaultMaxModelLen
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if c.NixlSideChannelPort == 0 {
+		c.NixlSideChannelPort = DefaultNixlSideChannel
+	}
+	if c.KVTransferTimeout == 0 {
+		c.KVTransferTimeout = DefaultKVTransferTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// DefaultConfig returns a Config with every default filled in, for flag
+// defaults and documentation.
+func DefaultConfig() Config {
+	c := Config{
+		Port:              DefaultPort,
+		PrefillUsPerToken: DefaultPrefillUsPerToken,
+		TTFTFloor:         DefaultTTFTFloor,
+		DecodeTokensPerS:  DefaultDecodeTokensPerS,
+	}
+	return c.withDefaults()
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Port < 0 || c.Port > 65535 {
+		errs = append(errs, fmt.Errorf("port %d out of range", c.Port))
+	}
+	if c.BlockSize < 1 || c.BlockSize > 4096 {
+		errs = append(errs, fmt.Errorf("block-size %d: want 1..4096", c.BlockSize))
+	}
+	if c.NumGPUBlocks < 2 || c.NumGPUBlocks > 1<<24 {
+		errs = append(errs, fmt.Errorf("num-gpu-blocks %d: want 2..16777216", c.NumGPUBlocks))
+	}
+	switch c.EventLayout {
+	case "map", "array":
+	default:
+		errs = append(errs, fmt.Errorf("event-layout %q: want map or array", c.EventLayout))
+	}
+	switch c.Role {
+	case RoleBoth, RolePrefill, RoleDecode:
+	default:
+		errs = append(errs, fmt.Errorf("role %q: want both, prefill or decode", c.Role))
+	}
+	if c.PrefillUsPerToken < 0 || c.TTFTFloor < 0 || c.DecodeTokensPerS < 0 {
+		errs = append(errs, errors.New("timing flags must not be negative"))
+	}
+	if c.MaxNumSeqs < 1 || c.MaxWaiting < 1 || c.MaxModelLen < 1 || c.DefaultMaxTokens < 1 || c.ReplayBuffer < 1 {
+		errs = append(errs, errors.New("max-num-seqs, max-waiting, max-model-len, default-max-tokens and the replay buffer must be positive"))
+	}
+	if c.DataParallelRank < 0 {
+		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
+	}
+	if c.KVEventsEndpoint != "none" {
+		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("kv-events-endpoint: %w", err))
+		}
+	}
+	if c.ReplayEndpoint != "" && c.ReplayEndpoint != "none" {
+		if err := checkTCPEndpoint(c.ReplayEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("kv-events-replay-endpoint: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkTCPEndpoint accepts tcp://host:port (vLLM's "*" host means all
+// interfaces).
+func checkTCPEndpoint(ep string) error {
+	u, err := url.Parse(ep)
+	if err != nil || u.Scheme != "tcp" || u.Host == "" {
+		return fmt.Errorf("%q: want tcp://HOST:PORT", ep)
+	}
+	if _, err := strconv.ParseUint(u.Port(), 10, 16); err != nil {
+		return fmt.Errorf("%q: bad port", ep)
+	}
+	return nil
+}
+
+// listenEndpoint turns vLLM's "tcp://*:5557" into something zmq4 can bind.
+func listenEndpoint(ep string) string {
+	return strings.Replace(ep, "tcp://*:", "tcp://0.0.0.0:", 1)
+}
+
+// replayEndpointFor derives the default replay endpoint: the PUB endpoint's
+// host with its port + 1000 (kvgate's default replay port).
+func replayEndpointFor(pub string, pubPort int) string {
+	u, err := url.Parse(pub)
+	if err != nil {
+		return "none"
+	}
+	return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(pubPort+DefaultReplayPortOffset))
+}
