@@ -8,7 +8,7 @@ func TestCapFor(t *testing.T) {
 		mlf, total, ci, sum int64
 		want                int64
 	}{
-		{"three equal candidates", 175, 5, 1, 3, 3},           // ceil(875/300)=ceil(2.92)
+		{"three equal candidates", 175, 5, 1, 3, 3},            // ceil(875/300)=ceil(2.92)
 		{"no load", 175, 0, 1, 3, 1},                           // max(1, 0)
 		{"weighted", 175, 10, 1000, 4000, 5},                   // ceil(1,750,000/400,000)=ceil(4.375)
 		{"exact division", 300, 26, 8_000_000, 16_000_000, 39}, // 62.4e9/1.6e9 = 39
