@@ -60,18 +60,7 @@ func (t byteTokenizer) EncodeChat(msgs []ChatMessage, opts ChatOptions) ([]uint3
 	if len(msgs) == 0 {
 		return nil, "", errors.New("messages must not be empty")
 	}
-	var b strings.Builder
-	for i, m := range msgs {
-		b.WriteString("<|im_start|>" + m.Role + "\n" + m.Content)
-		if opts.ContinueFinalMessage && i == len(msgs)-1 {
-			break
-		}
-		b.WriteString("<|im_end|>\n")
-	}
-	if opts.AddGenerationPrompt && !opts.ContinueFinalMessage {
-		b.WriteString("<|im_start|>assistant\n")
-	}
-	text := b.String()
+	text := renderChatML(msgs, opts)
 	ids, err := t.EncodePrompt(text, opts.AddSpecialTokensPrompts)
 	return ids, text, err
 }

@@ -1,0 +1,170 @@
+// Command enginesim is a vLLM stand-in for machines without a GPU: an
+// OpenAI-compatible server with vLLM's prefix cache, block hashes, ZeroMQ KV
+// events, P/D roles and metrics, and a timing model in which cached tokens
+// shorten time to first token. All logic lives in pkg/enginesim; this file
+// only maps flags and the environment onto enginesim.Config.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvgate/kvgate/pkg/enginesim"
+)
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "enginesim:", err)
+		os.Exit(2)
+	}
+}
+
+func newCommand() *cobra.Command {
+	def := enginesim.DefaultConfig()
+	cfg := enginesim.Config{}
+	var (
+		tokenizerPath string
+		role          string
+		logLevel      string
+		replicas      int
+	)
+	cmd := &cobra.Command{
+		Use:   "enginesim",
+		Short: "A vLLM-compatible engine simulator (no GPU) for kvgate's demo, tests and benchmarks",
+		Long: `enginesim serves vLLM's OpenAI API with a simulated GPU prefix cache. It is exact
+where a KV-cache-aware router looks: block hashes (PYTHONHASHSEED, --block-size,
+--prefix-caching-hash-algo), ZeroMQ KV events byte for byte (vLLM's msgpack
+layout, sequence numbers, replay socket), usage.prompt_tokens_details.cached_tokens,
+vLLM's metric families, and NixlConnector's P/D kv_transfer_params.
+
+Output text is synthetic (deterministic words from the vocabulary). Timing model:
+  TTFT = queueing + --ttft-floor + --prefill-us-per-token × uncached prompt tokens
+  inter-token time = 1 / --decode-tokens-per-s
+At most --max-num-seqs requests run; the rest wait in FIFO order (and for KV blocks).
+
+Environment: PYTHONHASHSEED (the NONE_HASH seed, exactly as vLLM reads it; unset
+means "vllm-none-hash" for sha256*, a random seed for xxhash*).
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version.
+Every response carries x-engine-id; responses also carry the model's own figures
+in x-enginesim-ttft-us, x-enginesim-queue-us and x-enginesim-cached-tokens.
+
+Example (three engines on separate loopback addresses, same ports):
+  for i in 11 12 13; do
+    PYTHONHASHSEED=0 enginesim --host 127.0.0.$i --port 8000 \
+      --tokenizer /path/to/qwen3 --prefix-caching-hash-algo sha256_cbor &
+  done`,
+		SilenceUsage: true,
+		Args:         cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Role = enginesim.Role(role)
+			if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
+				cfg.PythonHashSeed, cfg.HashSeedSet = v, true
+			}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			if tokenizerPath != "" {
+				tok, err := enginesim.LoadTokenizer(tokenizerPath)
+				if err != nil {
+					return fmt.Errorf("--tokenizer: %w", err)
+				}
+				cfg.Tokenizer = tok
+			} else {
+				cfg.Logger.Warn("no --tokenizer: text prompts use a byte-level tokenizer that matches no real model; token-id prompts are exact")
+			}
+			if replicas < 1 || replicas > 64 {
+				return errors.New("--replicas must be 1..64")
+			}
+			engines, err := startReplicas(cfg, replicas, cmd.Flags().Changed("kv-events-endpoint"))
+			if err != nil {
+				return err
+			}
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+			<-sig
+			for _, e := range engines {
+				e.Close()
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.SortFlags = false
+	f.StringVar(&cfg.Host, "host", def.Host, "address to listen on (HTTP, and the default KV-event endpoints)")
+	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")
+	f.StringVar(&cfg.ID, "id", "", `engine id for the x-engine-id header (default "<host>:<port>")`)
+	f.StringVar(&cfg.Model, "model", def.Model, "served model name")
+	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")
+	f.IntVar(&cfg.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")
+	f.StringVar(&cfg.HashAlgo, "prefix-caching-hash-algo", def.HashAlgo, "block hash: sha256_cbor, xxhash_cbor, sha256 (pickle) or xxhash (pickle)")
+	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", def.NumGPUBlocks, "KV cache capacity in blocks (block 0 is reserved, as in vLLM)")
+	f.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", `ZMQ PUB endpoint to bind (default "tcp://<host>:5557"; "none" disables events)`)
+	f.StringVar(&cfg.ReplayEndpoint, "kv-events-replay-endpoint", "", `ZMQ ROUTER for replay (default: PUB port + 1000 on the PUB host; "none" disables)`)
+	f.StringVar(&cfg.EventLayout, "event-layout", def.EventLayout, "KV-event payload layout: map (vLLM >= 0.26) or array (the last array layout, before 0.26)")
+	f.StringVar(&cfg.EventTopic, "kv-events-topic", "", `ZMQ topic frame (vLLM's default is "")`)
+	f.IntVar(&cfg.ReplayBuffer, "kv-events-buffer-steps", def.ReplayBuffer, "batches kept for replay (vLLM buffer_steps)")
+	f.IntVar(&cfg.DataParallelRank, "data-parallel-rank", 0, "data_parallel_rank in event batches and the engine metric label")
+	f.StringVar(&role, "role", string(def.Role), "P/D role: both, prefill or decode (NixlConnector protocol)")
+	f.Float64Var(&cfg.PrefillUsPerToken, "prefill-us-per-token", def.PrefillUsPerToken, "prefill time per uncached prompt token, microseconds")
+	f.DurationVar(&cfg.TTFTFloor, "ttft-floor", def.TTFTFloor, "fixed part of every prefill (scheduling, launch)")
+	f.Float64Var(&cfg.DecodeTokensPerS, "decode-tokens-per-s", def.DecodeTokensPerS, "decode speed of one sequence, tokens/s (0 = instant)")
+	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", def.MaxNumSeqs, "running sequences; more wait in a FIFO queue")
+	f.IntVar(&cfg.MaxWaiting, "max-waiting", def.MaxWaiting, "waiting-queue bound; beyond it requests get 503")
+	f.IntVar(&cfg.MaxModelLen, "max-model-len", def.MaxModelLen, "prompt + completion tokens per request")
+	f.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", def.DefaultMaxTokens, "completion length when a request sets no max_tokens")
+	f.Int64Var(&cfg.MaxRequestBytes, "max-request-bytes", def.MaxRequestBytes, "request body bound")
+	f.IntVar(&cfg.NixlSideChannelPort, "nixl-side-channel-port", def.NixlSideChannelPort, "remote_port a prefill engine reports (VLLM_NIXL_SIDE_CHANNEL_PORT)")
+	f.DurationVar(&cfg.KVTransferTimeout, "kv-transfer-timeout", def.KVTransferTimeout, "prefill role: how long handed-off blocks stay pinned if no decoder reads them (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
+	f.IntVar(&replicas, "replicas", 1, "start this many engines on consecutive addresses from --host (127.0.0.11, .12, …), same ports")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+// startReplicas starts n engines on consecutive IPv4 addresses from
+// cfg.Host, all with the same ports, as separate hosts would run them.
+func startReplicas(cfg enginesim.Config, n int, explicitEvents bool) ([]*enginesim.Engine, error) {
+	if n == 1 {
+		e, err := enginesim.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return []*enginesim.Engine{e}, nil
+	}
+	addr, err := netip.ParseAddr(cfg.Host)
+	if err != nil || !addr.Is4() {
+		return nil, fmt.Errorf("--replicas needs an IPv4 --host, got %q", cfg.Host)
+	}
+	if explicitEvents {
+		return nil, errors.New("--replicas derives each engine's KV-event endpoints from its address; do not set --kv-events-endpoint")
+	}
+	var engines []*enginesim.Engine
+	for i := range n {
+		c := cfg
+		c.Host = addr.String()
+		if cfg.ID != "" {
+			c.ID = cfg.ID + "-" + strconv.Itoa(i)
+		}
+		e, err := enginesim.New(c)
+		if err != nil {
+			for _, started := range engines {
+				started.Close()
+			}
+			return nil, err
+		}
+		engines = append(engines, e)
+		addr = addr.Next()
+	}
+	return engines, nil
+}
