@@ -73,7 +73,7 @@ type Config struct {
 
 	KVEventsEndpoint string // "tcp://<host>:5557" by default; "none" disables
 	ReplayEndpoint   string // default PUB port + 1000; "none" disables
-	EventLayout      string // "map" (vLLM >= 0.26) or "array"
+	EventLayout      string // "map" (vLLM >= 0.26), "array" (the last array layout) or "array-v0.15|v0.11|v0.9"
 	EventTopic       string // ZMQ topic frame; vLLM's default is ""
 	ReplayBuffer     int    // batches kept for replay (vLLM buffer_steps)
 	DataParallelRank int
@@ -174,10 +174,8 @@ func (c Config) validate() error {
 	if c.NumGPUBlocks < 2 || c.NumGPUBlocks > 1<<24 {
 		errs = append(errs, fmt.Errorf("num-gpu-blocks %d: want 2..16777216", c.NumGPUBlocks))
 	}
-	switch c.EventLayout {
-	case "map", "array":
-	default:
-		errs = append(errs, fmt.Errorf("event-layout %q: want map or array", c.EventLayout))
+	if _, err := parseEventLayout(c.EventLayout); err != nil {
+		errs = append(errs, err)
 	}
 	switch c.Role {
 	case RoleBoth, RolePrefill, RoleDecode:

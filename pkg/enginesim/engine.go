@@ -352,7 +352,7 @@ func (e *Engine) cacheComputed(st *loopState, r *request, computed int) {
 	if r.numCached > 0 {
 		parent = &r.chain[r.numCached-1]
 	}
-	st.pool.cacheFull(r.blocks[r.numCached:full], r.chain[r.numCached:full], parent, r.tokens(r.numCached*bs, full*bs))
+	st.pool.cacheFull(r.blocks[r.numCached:full], r.chain[r.numCached:full], parent, r.tokens(r.numCached*bs, full*bs), r.extra, r.numCached)
 	r.numCached = full
 }
 

@@ -1,12 +1,115 @@
 package enginesim
 
-import "time"
+import (
+	"fmt"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/kvhash"
+)
+
+// parseEventLayout maps --event-layout to the codec's layouts: "map" is
+// vLLM >= 0.26, "array" the last array layout before it; the versioned
+// names select older releases.
+func parseEventLayout(s string) (kvevents.Layout, error) {
+	switch s {
+	case "map":
+		return kvevents.LayoutMap, nil
+	case "array", "array-v0.25":
+		return kvevents.LayoutArrayV0_25, nil
+	case "array-v0.15":
+		return kvevents.LayoutArrayV0_15, nil
+	case "array-v0.11":
+		return kvevents.LayoutArrayV0_11, nil
+	case "array-v0.9":
+		return kvevents.LayoutArrayV0_9, nil
+	}
+	return 0, fmt.Errorf("event-layout %q: want map, array, array-v0.25, array-v0.15, array-v0.11 or array-v0.9", s)
+}
+
+// toWireEvents converts one step's pool events into the codec's events as
+// vLLM's GPU block pool fills them: medium "GPU", group_idx 0,
+// kv_cache_spec_kind "full_attention", extra_keys one entry per block.
+func toWireEvents(evs []poolEvent, blockSize int) []kvevents.Event {
+	out := make([]kvevents.Event, 0, len(evs))
+	for _, ev := range evs {
+		switch ev.kind {
+		case eventStored:
+			out = append(out, kvevents.Event{
+				Type:            kvevents.BlockStored,
+				BlockHashes:     ev.hashes,
+				ParentBlockHash: ev.parent,
+				HasParent:       ev.hasParent,
+				TokenIDs:        ev.tokens,
+				BlockSize:       blockSize,
+				Medium:          "GPU",
+				LoRAName:        ev.extra.LoRAName,
+				ExtraKeys:       extraKeysMsgpack(ev.extra, ev.firstBlock, len(ev.hashes)),
+				HasGroupIdx:     true,
+				KVCacheSpecKind: "full_attention",
+			})
+		case eventRemoved:
+			out = append(out, kvevents.Event{
+				Type:        kvevents.BlockRemoved,
+				BlockHashes: ev.hashes,
+				Medium:      "GPU",
+				HasGroupIdx: true,
+			})
+		case eventCleared:
+			out = append(out, kvevents.Event{Type: kvevents.AllBlocksCleared})
+		}
+	}
+	return out
+}
+
+// extraKeysMsgpack is the raw msgpack value of BlockStored.extra_keys: per
+// block the block's extra-keys tuple (LoRA name on every block, cache_salt on
+// block 0) or nil. The codec takes this field pre-encoded.
+func extraKeysMsgpack(extra kvhash.Extra, firstBlock, n int) []byte {
+	keys := make([]any, n)
+	for i := range keys {
+		var k []any
+		if extra.LoRAName != "" {
+			k = append(k, extra.LoRAName)
+		}
+		if firstBlock+i == 0 && extra.CacheSalt != "" {
+			k = append(k, extra.CacheSalt)
+		}
+		if k != nil {
+			keys[i] = k
+		}
+	}
+	b, err := msgpack.Marshal(keys)
+	if err != nil {
+		return nil
+	}
+	return b
+}
 
 // publishStep encodes one engine step's events as one batch and publishes it.
-// TEMPORARY: waits for the pkg/kvevents codec.
+// Steps without events publish nothing, as in vLLM.
 func (e *Engine) publishStep(evs []poolEvent, now time.Time) {
 	if e.pub == nil || len(evs) == 0 {
 		return
 	}
-	_ = now
+	payload, err := encodeBatch(evs, e.cfg.BlockSize, float64(now.UnixNano())/1e9, e.cfg.DataParallelRank, e.layout)
+	if err != nil {
+		e.cfg.Logger.Error("kv events: encode failed", "err", err)
+		return
+	}
+	e.pub.publish(payload)
+}
+
+// encodeBatch is one KVEventBatch's payload: [ts, events, data_parallel_rank]
+// (vLLM's publisher always fills the rank).
+func encodeBatch(evs []poolEvent, blockSize int, ts float64, rank int, layout kvevents.Layout) ([]byte, error) {
+	batch := kvevents.Batch{
+		TS:               ts,
+		Events:           toWireEvents(evs, blockSize),
+		DataParallelRank: rank,
+		HasRank:          true,
+	}
+	return kvevents.AppendEncode(nil, &batch, layout)
 }

@@ -3,6 +3,8 @@ package enginesim
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvgate/kvgate/pkg/kvhash"
 )
 
 // blockID names a physical KV block of the simulated GPU. Like vLLM, block 0
@@ -38,6 +40,10 @@ type poolEvent struct {
 	parent    uint64
 	hasParent bool
 	tokens    []uint32
+	// For BlockStored: the request's extra hash keys and the index of the
+	// first stored block in the request, which decide extra_keys per block.
+	extra      kvhash.Extra
+	firstBlock int
 }
 
 type eventKind uint8
@@ -218,11 +224,11 @@ func (p *blockPool) dropHash(b *physBlock) {
 // wire hash of the block before them as parent. tokens are the blocks'
 // token ids concatenated. Like vLLM, a hash that is already cached in another
 // block is indexed (and announced) again.
-func (p *blockPool) cacheFull(ids []blockID, hashes []blockHash, parent *blockHash, tokens []uint32) {
+func (p *blockPool) cacheFull(ids []blockID, hashes []blockHash, parent *blockHash, tokens []uint32, extra kvhash.Extra, firstBlock int) {
 	if len(ids) == 0 {
 		return
 	}
-	ev := poolEvent{kind: eventStored, hashes: make([]uint64, 0, len(ids)), tokens: tokens}
+	ev := poolEvent{kind: eventStored, hashes: make([]uint64, 0, len(ids)), tokens: tokens, extra: extra, firstBlock: firstBlock}
 	if parent != nil {
 		ev.parent, ev.hasParent = parent.Wire, true
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/kvhash"
 )
 
 // fakeChain builds distinct block hashes for tests of the pool alone; the
@@ -49,7 +51,7 @@ func runRequest(t *testing.T, p *blockPool, chain []blockHash, keepPinned bool) 
 	if hit > 0 {
 		parent = &chain[hit-1]
 	}
-	p.cacheFull(ids[hit:], chain[hit:], parent, nil)
+	p.cacheFull(ids[hit:], chain[hit:], parent, nil, kvhash.Extra{}, hit)
 	if !keepPinned {
 		p.free(ids)
 	}
@@ -190,7 +192,7 @@ func TestPoolDuplicateHashes(t *testing.T) {
 		id, _ := p.allocate()
 		ids = append(ids, id)
 	}
-	p.cacheFull(ids, chain, nil, nil)
+	p.cacheFull(ids, chain, nil, nil, kvhash.Extra{}, 0)
 	if got := p.cachedBlocks(); got != 4 {
 		t.Fatalf("cached %d, want 4", got)
 	}

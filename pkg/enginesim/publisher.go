@@ -1,19 +1,16 @@
 package enginesim
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net"
 	"sync"
 
 	"github.com/go-zeromq/zmq4"
-)
 
-// replayEndMarker is the seq frame of the end-of-replay message (-1 signed).
-var replayEndMarker = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	"github.com/kvgate/kvgate/pkg/kvevents"
+)
 
 // bufferedBatch is one published batch kept for replay.
 type bufferedBatch struct {
@@ -97,10 +94,8 @@ func (p *publisher) publish(payload []byte) {
 		p.head = (p.head + 1) % len(p.ring)
 	}
 	p.mu.Unlock()
-	var seq8 [8]byte
-	binary.BigEndian.PutUint64(seq8[:], seq)
 	// PUB never blocks on subscribers (HWM drops, as in libzmq).
-	if err := p.pub.SendMulti(zmq4.NewMsgFrom(p.topic, seq8[:], payload)); err != nil {
+	if err := p.pub.SendMulti(zmq4.NewMsgFrom(kvevents.BuildMessage(p.topic, seq, payload)...)); err != nil {
 		p.log.Warn("kv events: publish failed", "seq", seq, "err", err)
 	}
 }
@@ -129,22 +124,22 @@ func (p *publisher) serveReplay() {
 		if err != nil {
 			return // socket closed
 		}
-		f := msg.Frames
-		if len(f) != 3 || len(f[1]) != 0 || len(f[2]) != 8 {
-			p.log.Debug("kv events replay: ignoring malformed request", "frames", len(f))
+		if len(msg.Frames) < 1 {
 			continue
 		}
-		id := f[0]
-		start := binary.BigEndian.Uint64(f[2])
+		id := msg.Frames[0]
+		start, err := kvevents.ParseReplayRequest(msg.Frames[1:])
+		if err != nil {
+			p.log.Debug("kv events replay: ignoring malformed request", "err", err)
+			continue
+		}
 		for _, b := range p.since(start) {
-			var seq8 [8]byte
-			binary.BigEndian.PutUint64(seq8[:], b.seq)
-			if err := p.rtr.SendMulti(zmq4.NewMsgFrom(id, nil, seq8[:], b.payload)); err != nil {
+			if err := p.rtr.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayReply(b.seq, b.payload)...)...)); err != nil {
 				p.log.Warn("kv events replay: send failed", "err", err)
 				break
 			}
 		}
-		if err := p.rtr.SendMulti(zmq4.NewMsgFrom(id, nil, bytes.Clone(replayEndMarker), nil)); err != nil {
+		if err := p.rtr.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayEnd()...)...)); err != nil {
 			p.log.Warn("kv events replay: send end marker failed", "err", err)
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvgate/kvgate/pkg/kvevents"
 	"github.com/kvgate/kvgate/pkg/kvhash"
 )
 
@@ -35,7 +36,7 @@ type Engine struct {
 	pool       *blockPool
 	metrics    *engineMetrics
 	pub        *publisher
-	encodeBuf  []byte // loop-owned scratch for event encoding
+	layout     kvevents.Layout
 	tok        Tokenizer
 	outVocab   []uint32
 	engineUUID string
@@ -83,6 +84,7 @@ func New(cfg Config) (*Engine, error) {
 		e.tok = byteTokenizer{}
 	}
 	e.outVocab = outputVocabulary(e.tok)
+	e.layout, _ = parseEventLayout(cfg.EventLayout) // validated above
 	hasher, err := newHasher(cfg)
 	if err != nil {
 		return nil, err
