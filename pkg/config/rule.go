@@ -225,7 +225,7 @@ func (e *Endpoint) UnmarshalJSON(b []byte) error {
 	case "down":
 		e.AdminDown = true
 	default:
-		return &ValidationError{Field: "endpoints[].admin", Msg: fmt.Sprintf("admin %q is invalid; allowed values: up, down", w.Admin)}
+		return &ValidationError{Field: "endpoints[].admin", Msg: fmt.Sprintf("endpoints[].admin: %q is invalid; allowed values: up, down", w.Admin)}
 	}
 	return nil
 }

@@ -1,0 +1,416 @@
+// Package api is kvgate's management HTTP API: LoxiLB's load-balancer REST
+// paths (spec §8.1; LOXILB_REFERENCE.md §1), the KV inventory endpoint and
+// the Prometheus exposition.
+//
+// The API owns the rule table: it validates posted rules, allocates
+// service_id and ep_idx, persists the table and tells the rest of the daemon
+// about every change through RuleSink. It reads runtime facts (endpoint
+// health, inventories) through small interfaces, so it runs and is tested on
+// its own.
+//
+// There is no authentication or TLS yet: listen on loopback (the default
+// 127.0.0.1:11111) and do not expose the port.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// DefaultAddr is the default --api listen address. Loopback only: the API has
+// no authentication or TLS yet.
+const DefaultAddr = "127.0.0.1:11111"
+
+// BasePath is LoxiLB's API prefix.
+const BasePath = "/netlox/v1"
+
+// Limits.
+const (
+	// MaxRules bounds the rule table.
+	MaxRules = 4096
+	// maxBody bounds a posted rule (256 endpoints take ~40 KiB).
+	maxBody = 4 << 20
+)
+
+// RuleSink is told about every change to the rule table, after validation and
+// before the change is persisted and answered. old is nil on create, updated
+// is nil on delete; on update both are set and endpoints are matched by
+// Endpoint.Key (ip:port) with stable Idx, so the daemon can keep the
+// subscribers and inventories of endpoints that stay and start or stop the
+// others. Admin changes (kvctl set endpoint) arrive as updates that differ
+// only in Endpoint.AdminDown.
+//
+// An error on create or update rejects the change (the client gets a 500
+// with the message, or a 409 for a *config.ConflictError, e.g. an address in
+// use); the sink must leave its own state as it was. Errors on delete are
+// logged and the rule is removed anyway. Calls are serialised; the sink must
+// not call back into the API. The rules passed are copies the sink may keep.
+type RuleSink interface {
+	RuleChanged(old, updated *config.Rule) error
+}
+
+// Persister stores the whole rule table (package state implements it).
+type Persister interface {
+	Save(rules []config.Rule) error
+}
+
+// InventorySource snapshots one endpoint's KV inventory for
+// GET /netlox/v1/config/ai/kv/inventory. algo is the effective hash algorithm
+// ("" reads as sha256_cbor); ok is false when the endpoint has no inventory.
+type InventorySource interface {
+	Snapshot(serviceID, epIdx int) (algo string, hashes []uint64, ok bool)
+}
+
+// HealthSource reports whether an endpoint is healthy (probe up): a false
+// answer shows as "state":"inactive" in GET. known false means no opinion.
+type HealthSource interface {
+	EndpointActive(serviceID, epIdx int) (active, known bool)
+}
+
+// Options configure a Server. Every interface may be nil.
+type Options struct {
+	// Settings are the process settings (the hash seed matters to validation).
+	Settings  config.Settings
+	Sink      RuleSink
+	Store     Persister
+	Inventory InventorySource
+	Health    HealthSource
+	// Gatherer is served on /netlox/v1/metrics and /metrics.
+	Gatherer prometheus.Gatherer
+	Log      *slog.Logger
+}
+
+// Server is the management API and the owner of the rule table.
+type Server struct {
+	opts Options
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	rules map[config.RuleKey]*config.Rule
+}
+
+// New returns a server with an empty rule table.
+func New(opts Options) *Server {
+	log := opts.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{opts: opts, log: log, rules: map[config.RuleKey]*config.Rule{}}
+}
+
+// Restore loads rules saved by an earlier run and tells the sink about each,
+// as creates. A rule the sink cannot start is kept (so state is never lost by
+// a restart) and the error is logged; restored rules are not re-validated
+// against today's environment, only checked for a usable identity.
+func (s *Server) Restore(rules []config.Rule) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	usedIDs := map[int]bool{}
+	for i := range rules {
+		r := rules[i].Clone()
+		k := r.Key()
+		if _, dup := s.rules[k]; dup || r.ServiceID < 1 || usedIDs[r.ServiceID] {
+			return fmt.Errorf("restore: rule %s (service_id %d) is a duplicate or has no service_id", k, r.ServiceID)
+		}
+		if len(r.Endpoints) > config.MaxEndpoints {
+			return fmt.Errorf("restore: rule %s has %d endpoints", k, len(r.Endpoints))
+		}
+		usedIDs[r.ServiceID] = true
+		s.rules[k] = r
+	}
+	for _, r := range s.sortedLocked() {
+		if s.opts.Sink != nil {
+			if err := s.opts.Sink.RuleChanged(nil, r.Clone()); err != nil {
+				s.log.Error("restored rule could not be started; it is kept", "rule", r.Key().String(), "service_id", r.ServiceID, "err", err)
+			}
+		}
+	}
+	return nil
+}
+
+// Rules returns copies of the rules, ordered by service_id.
+func (s *Server) Rules() []*config.Rule {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.sortedLocked()
+	for i := range out {
+		out[i] = out[i].Clone()
+	}
+	return out
+}
+
+// RuleByID returns a copy of the rule with that service_id.
+func (s *Server) RuleByID(serviceID int) (*config.Rule, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.rules {
+		if r.ServiceID == serviceID {
+			return r.Clone(), true
+		}
+	}
+	return nil, false
+}
+
+func (s *Server) sortedLocked() []*config.Rule {
+	out := make([]*config.Rule, 0, len(s.rules))
+	for _, r := range s.rules {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ServiceID < out[j].ServiceID })
+	return out
+}
+
+func (s *Server) snapshotLocked() []config.Rule {
+	rs := s.sortedLocked()
+	out := make([]config.Rule, len(rs))
+	for i, r := range rs {
+		out[i] = *r.Clone()
+	}
+	return out
+}
+
+// nextServiceIDLocked is the lowest unused service_id, from 1.
+func (s *Server) nextServiceIDLocked() int {
+	used := make(map[int]bool, len(s.rules))
+	for _, r := range s.rules {
+		used[r.ServiceID] = true
+	}
+	id := 1
+	for used[id] {
+		id++
+	}
+	return id
+}
+
+// apiError carries an HTTP status with the message for the client.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func statusOf(err error) (int, string) {
+	var ae *apiError
+	var ve *config.ValidationError
+	var ce *config.ConflictError
+	switch {
+	case errors.As(err, &ae):
+		return ae.status, ae.msg
+	case errors.As(err, &ve):
+		return http.StatusBadRequest, ve.Msg
+	case errors.As(err, &ce):
+		return http.StatusConflict, ce.Msg
+	}
+	return http.StatusInternalServerError, err.Error()
+}
+
+// Apply creates or updates a rule, as POST does, and returns its service_id.
+// posted is not modified. adminGiven reports whether posted endpoint i carried
+// an admin field; on an update an endpoint without one keeps its admin state,
+// so re-posting a LoxiLB script does not bring a drained endpoint back. A nil
+// adminGiven means every admin field was given.
+func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, error) {
+	r := posted.Clone()
+	if err := config.Validate(r, s.opts.Settings); err != nil {
+		return 0, err
+	}
+	r.Args.ExternalIP = r.Key().ExternalIP
+	r.Args.Protocol = r.Key().Protocol
+	for i := range r.Endpoints {
+		if ip := net.ParseIP(r.Endpoints[i].IP); ip != nil {
+			r.Endpoints[i].IP = ip.String()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := r.Key()
+	old := s.rules[key]
+	if old != nil {
+		if err := config.CheckUpdate(old, r); err != nil {
+			return 0, err
+		}
+		r.ServiceID = old.ServiceID
+		r.AssignIndices(old)
+		for i := range r.Endpoints {
+			if adminGiven != nil && !adminGiven(i) {
+				if prev, ok := old.EndpointByKey(r.Endpoints[i].Key()); ok {
+					r.Endpoints[i].AdminDown = prev.AdminDown
+				}
+			}
+		}
+	} else {
+		if len(s.rules) >= MaxRules {
+			return 0, &apiError{http.StatusBadRequest, fmt.Sprintf("rule table full: at most %d rules", MaxRules)}
+		}
+		r.ServiceID = s.nextServiceIDLocked()
+		r.AssignIndices(nil)
+	}
+	if err := s.commitLocked(key, old, r); err != nil {
+		return 0, err
+	}
+	return r.ServiceID, nil
+}
+
+// commitLocked tells the sink, persists, and installs updated (nil deletes).
+func (s *Server) commitLocked(key config.RuleKey, old, updated *config.Rule) error {
+	if s.opts.Sink != nil {
+		var o, u *config.Rule
+		if old != nil {
+			o = old.Clone()
+		}
+		if updated != nil {
+			u = updated.Clone()
+		}
+		if err := s.opts.Sink.RuleChanged(o, u); err != nil {
+			if updated == nil {
+				s.log.Error("rule teardown reported an error; the rule is removed", "rule", key.String(), "err", err)
+			} else {
+				var ce *config.ConflictError
+				if errors.As(err, &ce) {
+					return err
+				}
+				return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not applied: %v", key, err)}
+			}
+		}
+	}
+	prevRule, existed := s.rules[key]
+	if updated == nil {
+		delete(s.rules, key)
+	} else {
+		s.rules[key] = updated
+	}
+	if s.opts.Store != nil {
+		if err := s.opts.Store.Save(s.snapshotLocked()); err != nil {
+			// Undo in memory and in the daemon: the API never answers
+			// success for a change that would be lost at restart.
+			if existed {
+				s.rules[key] = prevRule
+			} else {
+				delete(s.rules, key)
+			}
+			if s.opts.Sink != nil {
+				var o, u *config.Rule
+				if updated != nil {
+					o = updated.Clone()
+				}
+				if old != nil {
+					u = old.Clone()
+				}
+				if rerr := s.opts.Sink.RuleChanged(o, u); rerr != nil {
+					s.log.Error("could not revert the daemon after a failed save", "rule", key.String(), "err", rerr)
+				}
+			}
+			return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not saved: %v", key, err)}
+		}
+	}
+	return nil
+}
+
+// Delete removes one rule.
+func (s *Server) Delete(key config.RuleKey) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, ok := s.rules[key]
+	if !ok {
+		return &apiError{http.StatusNotFound, fmt.Sprintf("rule %s not found", key)}
+	}
+	return s.commitLocked(key, old, nil)
+}
+
+// DeleteAll removes every rule.
+func (s *Server) DeleteAll() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.sortedLocked() {
+		if err := s.commitLocked(r.Key(), r, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetAdmin sets one endpoint administratively down or up.
+func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, ok := s.rules[key]
+	if !ok {
+		return &apiError{http.StatusNotFound, fmt.Sprintf("rule %s not found", key)}
+	}
+	updated := old.Clone()
+	found := false
+	for i := range updated.Endpoints {
+		if updated.Endpoints[i].Key() == epKey {
+			updated.Endpoints[i].AdminDown = down
+			found = true
+		}
+	}
+	if !found {
+		return &apiError{http.StatusNotFound, fmt.Sprintf("endpoint %s not found in rule %s", epKey, key)}
+	}
+	return s.commitLocked(key, old, updated)
+}
+
+// Serve serves the API on ln until ctx ends, then shuts down gracefully
+// (bounded by 5 s).
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      5 * time.Minute, // a large inventory takes a while to stream
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-errc
+		return nil
+	}
+}
+
+// Handler is the API's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	lb := BasePath + "/config/loadbalancer"
+	byKey := lb + "/externalipaddress/{ip}/port/{port}/protocol/{proto}"
+	mux.HandleFunc("POST "+lb, s.handlePost)
+	mux.HandleFunc("GET "+lb+"/all", s.handleList)
+	mux.HandleFunc("DELETE "+lb+"/all", s.handleDeleteAll)
+	mux.HandleFunc("GET "+byKey, s.handleGet)
+	mux.HandleFunc("DELETE "+byKey, s.handleDelete)
+	mux.HandleFunc("PUT "+byKey+"/endpoint", s.handleSetEndpoint)
+	mux.HandleFunc("GET "+lb+"/id/{id}", s.handleGetByID)
+	mux.HandleFunc("DELETE "+lb+"/name/{name}", s.handleDeleteByName)
+	mux.HandleFunc(BasePath+"/config/ai/kv/inventory", s.handleInventory)
+	var metrics http.Handler = http.NotFoundHandler()
+	if s.opts.Gatherer != nil {
+		metrics = promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{ErrorLog: slogPromLogger{s.log}})
+	}
+	mux.Handle("GET "+BasePath+"/metrics", metrics)
+	mux.Handle("GET /metrics", metrics)
+	return mux
+}
+
+type slogPromLogger struct{ l *slog.Logger }
+
+func (p slogPromLogger) Println(v ...any) { p.l.Error("metrics exposition", "err", fmt.Sprint(v...)) }
