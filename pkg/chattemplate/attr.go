@@ -1,0 +1,849 @@
+package chattemplate
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// boundMethod is a Python method looked up on a value (s.strip, d.items).
+type boundMethod struct {
+	recv any
+	name string
+}
+
+// Method tables: the attribute names each Python type has. Names marked
+// false mutate the object and are blocked by ImmutableSandboxedEnvironment.
+var (
+	strMethods = map[string]bool{
+		"capitalize": true, "casefold": true, "center": true, "count": true, "encode": true, "endswith": true,
+		"expandtabs": true, "find": true, "format": true, "format_map": true, "index": true, "isalnum": true,
+		"isalpha": true, "isascii": true, "isdecimal": true, "isdigit": true, "isidentifier": true, "islower": true,
+		"isnumeric": true, "isprintable": true, "isspace": true, "istitle": true, "isupper": true, "join": true,
+		"ljust": true, "lower": true, "lstrip": true, "maketrans": true, "partition": true, "removeprefix": true,
+		"removesuffix": true, "replace": true, "rfind": true, "rindex": true, "rjust": true, "rpartition": true,
+		"rsplit": true, "rstrip": true, "split": true, "splitlines": true, "startswith": true, "strip": true,
+		"swapcase": true, "title": true, "translate": true, "upper": true, "zfill": true,
+	}
+	dictMethods = map[string]bool{
+		"clear": false, "copy": true, "fromkeys": true, "get": true, "items": true, "keys": true, "pop": false,
+		"popitem": false, "setdefault": false, "update": false, "values": true,
+	}
+	listMethods = map[string]bool{
+		"append": false, "clear": false, "copy": true, "count": true, "extend": false, "index": true,
+		"insert": false, "pop": false, "remove": false, "reverse": false, "sort": false,
+	}
+	tupleMethods = map[string]bool{"count": true, "index": true}
+)
+
+func unsafeAttr(obj any, name string) undefined {
+	return undefined{unsafe: true, hint: fmt.Sprintf("access to attribute '%s' of '%s' object is unsafe", name, typeName(obj))}
+}
+
+func missingAttr(obj any, name string) undefined {
+	return undefined{hint: fmt.Sprintf("'%s' object has no attribute '%s'", typeName(obj), name)}
+}
+
+// lookupMethod is Python getattr(obj, name) restricted to the sandbox.
+// found is false when the object has no such attribute.
+func lookupMethod(obj any, name string) (any, bool) {
+	if strings.HasPrefix(name, "_") {
+		return nil, false
+	}
+	var table map[string]bool
+	switch x := obj.(type) {
+	case string:
+		table = strMethods
+	case *Dict:
+		table = dictMethods
+	case []any:
+		table = listMethods
+	case tuple:
+		table = tupleMethods
+	case *namespace:
+		v, ok := x.attrs.m[name]
+		return v, ok
+	case *loopObject:
+		return x.attr(name)
+	case int64, bool:
+		switch name {
+		case "real", "numerator":
+			return x, true
+		case "imag":
+			return int64(0), true
+		case "denominator":
+			return int64(1), true
+		}
+		return nil, false
+	case float64:
+		switch name {
+		case "real":
+			return x, true
+		case "imag":
+			return 0.0, true
+		}
+		return nil, false
+	default:
+		return nil, false
+	}
+	safe, ok := table[name]
+	if !ok {
+		return nil, false
+	}
+	if !safe {
+		return unsafeAttr(obj, name), true
+	}
+	return boundMethod{recv: obj, name: name}, true
+}
+
+// getAttr implements `obj.name` as SandboxedEnvironment.getattr does:
+// attribute first, then item.
+func getAttr(obj any, name string) (any, error) {
+	if u, ok := obj.(undefined); ok {
+		return nil, u.failure()
+	}
+	if v, ok := lookupMethod(obj, name); ok {
+		return v, nil
+	}
+	if d, ok := obj.(*Dict); ok {
+		if v, ok := d.m[name]; ok {
+			return v, nil
+		}
+	}
+	return missingAttr(obj, name), nil
+}
+
+// getItem implements `obj[key]` as SandboxedEnvironment.getitem does: item
+// first, then attribute for string keys.
+func getItem(obj any, key any) (any, error) {
+	if u, ok := obj.(undefined); ok {
+		return nil, u.failure()
+	}
+	if u, ok := key.(undefined); ok && u.unsafe {
+		return nil, u.failure()
+	}
+	switch x := obj.(type) {
+	case *Dict:
+		if s, ok := key.(string); ok {
+			if v, ok := x.m[s]; ok {
+				return v, nil
+			}
+		}
+	case []any:
+		if v, ok := indexSeq(x, key); ok {
+			return v, nil
+		}
+	case tuple:
+		if v, ok := indexSeq(x, key); ok {
+			return v, nil
+		}
+	case string:
+		if i, ok := intIndex(key); ok {
+			n := utf8.RuneCountInString(x)
+			if i < 0 {
+				i += int64(n)
+			}
+			if i >= 0 && i < int64(n) {
+				k := int64(0)
+				for _, r := range x {
+					if k == i {
+						return string(r), nil
+					}
+					k++
+				}
+			}
+		}
+	}
+	if s, ok := key.(string); ok {
+		if v, ok := lookupMethod(obj, s); ok {
+			return v, nil
+		}
+	}
+	return undefined{hint: fmt.Sprintf("%s has no element %s", typeName(obj), pyReprString(key))}, nil
+}
+
+func pyReprString(v any) string {
+	var b strings.Builder
+	writeRepr(&b, v)
+	return b.String()
+}
+
+func intIndex(key any) (int64, bool) {
+	switch k := key.(type) {
+	case int64:
+		return k, true
+	case bool:
+		return boolInt(k), true
+	}
+	return 0, false
+}
+
+func indexSeq(items []any, key any) (any, bool) {
+	i, ok := intIndex(key)
+	if !ok {
+		return nil, false
+	}
+	if i < 0 {
+		i += int64(len(items))
+	}
+	if i < 0 || i >= int64(len(items)) {
+		return nil, false
+	}
+	return items[i], true
+}
+
+// attr exposes the loop variable's attributes.
+func (l *loopObject) attr(name string) (any, bool) {
+	n := len(l.items)
+	switch name {
+	case "index0":
+		return int64(l.index0), true
+	case "index":
+		return int64(l.index0 + 1), true
+	case "revindex":
+		return int64(n - l.index0), true
+	case "revindex0":
+		return int64(n - l.index0 - 1), true
+	case "first":
+		return l.index0 == 0, true
+	case "last":
+		return l.index0 == n-1, true
+	case "length":
+		return int64(n), true
+	case "depth":
+		return int64(l.depth0 + 1), true
+	case "depth0":
+		return int64(l.depth0), true
+	case "previtem":
+		if l.index0 == 0 {
+			return undefined{hint: "there is no previous item"}, true
+		}
+		return l.items[l.index0-1], true
+	case "nextitem":
+		if l.index0+1 >= n {
+			return undefined{hint: "there is no next item"}, true
+		}
+		return l.items[l.index0+1], true
+	case "cycle", "changed":
+		return boundMethod{recv: l, name: name}, true
+	}
+	return nil, false
+}
+
+// bindArgs maps positional and keyword arguments onto named parameters.
+// defaults[i] == required marks a required parameter.
+type requiredArg struct{}
+
+var required = requiredArg{}
+
+func bindArgs(fname string, params []string, defaults []any, args []any, kw *Dict) ([]any, error) {
+	if len(args) > len(params) {
+		return nil, fmt.Errorf("%s() takes at most %d arguments (%d given)", fname, len(params), len(args))
+	}
+	out := make([]any, len(params))
+	for i := range params {
+		switch {
+		case i < len(args):
+			out[i] = args[i]
+		default:
+			out[i] = defaults[i]
+		}
+	}
+	if kw != nil {
+		for _, k := range kw.keys {
+			found := false
+			for i, p := range params {
+				if p == k {
+					if i < len(args) {
+						return nil, fmt.Errorf("%s() got multiple values for argument '%s'", fname, k)
+					}
+					out[i] = kw.m[k]
+					found = true
+				}
+			}
+			if !found {
+				return nil, fmt.Errorf("%s() got an unexpected keyword argument '%s'", fname, k)
+			}
+		}
+	}
+	for i, v := range out {
+		if v == required {
+			return nil, fmt.Errorf("%s() missing required argument '%s'", fname, params[i])
+		}
+	}
+	return out, nil
+}
+
+func argString(fname string, v any) (string, error) {
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("%s() argument must be str, not %s", fname, typeName(v))
+	}
+	return s, nil
+}
+
+// optChars turns a strip() argument (None or str) into a predicate.
+func optChars(fname string, v any) (func(rune) bool, error) {
+	if v == nil {
+		return pyIsSpace, nil
+	}
+	s, err := argString(fname, v)
+	if err != nil {
+		return nil, err
+	}
+	return func(r rune) bool { return strings.ContainsRune(s, r) }, nil
+}
+
+func callMethod(r *renderer, m boundMethod, args []any, kw *Dict) (any, error) {
+	switch recv := m.recv.(type) {
+	case string:
+		return callStrMethod(r, recv, m.name, args, kw)
+	case *Dict:
+		return callDictMethod(recv, m.name, args, kw)
+	case []any:
+		return callSeqMethod(recv, m.name, args, kw)
+	case tuple:
+		return callSeqMethod(recv, m.name, args, kw)
+	case *loopObject:
+		switch m.name {
+		case "cycle":
+			if len(args) == 0 {
+				return nil, errors.New("no items for cycling given")
+			}
+			return args[recv.index0%len(args)], nil
+		case "changed":
+			v := tuple(args)
+			if recv.hasLast && valuesEqual(recv.lastVal, v) {
+				return false, nil
+			}
+			recv.lastVal, recv.hasLast = v, true
+			return true, nil
+		}
+	}
+	return nil, fmt.Errorf("method %s of %s is not supported", m.name, typeName(m.recv))
+}
+
+func callDictMethod(d *Dict, name string, args []any, kw *Dict) (any, error) {
+	switch name {
+	case "items":
+		if _, err := bindArgs("items", nil, nil, args, kw); err != nil {
+			return nil, err
+		}
+		out := make([]any, len(d.keys))
+		for i, k := range d.keys {
+			out[i] = tuple{k, d.m[k]}
+		}
+		return out, nil
+	case "keys":
+		if _, err := bindArgs("keys", nil, nil, args, kw); err != nil {
+			return nil, err
+		}
+		out := make([]any, len(d.keys))
+		for i, k := range d.keys {
+			out[i] = k
+		}
+		return out, nil
+	case "values":
+		if _, err := bindArgs("values", nil, nil, args, kw); err != nil {
+			return nil, err
+		}
+		out := make([]any, len(d.keys))
+		for i, k := range d.keys {
+			out[i] = d.m[k]
+		}
+		return out, nil
+	case "get":
+		if kw != nil && kw.Len() > 0 {
+			return nil, errors.New("get() takes no keyword arguments")
+		}
+		if len(args) < 1 || len(args) > 2 {
+			return nil, fmt.Errorf("get expected 1 or 2 arguments, got %d", len(args))
+		}
+		if s, ok := args[0].(string); ok {
+			if v, ok := d.m[s]; ok {
+				return v, nil
+			}
+		}
+		if len(args) == 2 {
+			return args[1], nil
+		}
+		return nil, nil
+	case "copy":
+		return d.clone(), nil
+	}
+	return nil, fmt.Errorf("dict.%s is not supported", name)
+}
+
+func callSeqMethod(items []any, name string, args []any, kw *Dict) (any, error) {
+	switch name {
+	case "count":
+		if len(args) != 1 {
+			return nil, errors.New("count() takes exactly one argument")
+		}
+		n := int64(0)
+		for _, it := range items {
+			if valuesEqual(it, args[0]) {
+				n++
+			}
+		}
+		return n, nil
+	case "index":
+		if len(args) < 1 {
+			return nil, errors.New("index() takes at least 1 argument")
+		}
+		for i, it := range items {
+			if valuesEqual(it, args[0]) {
+				return int64(i), nil
+			}
+		}
+		return nil, errors.New("value is not in list")
+	case "copy":
+		return append([]any{}, items...), nil
+	}
+	return nil, fmt.Errorf("list.%s is not supported", name)
+}
+
+func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	switch name {
+	case "strip", "lstrip", "rstrip":
+		a, err := bindArgs(name, []string{"chars"}, []any{nil}, args, kw)
+		if err != nil {
+			return nil, err
+		}
+		pred, err := optChars(name, a[0])
+		if err != nil {
+			return nil, err
+		}
+		switch name {
+		case "strip":
+			return strings.TrimFunc(s, pred), nil
+		case "lstrip":
+			return strings.TrimLeftFunc(s, pred), nil
+		}
+		return strings.TrimRightFunc(s, pred), nil
+	case "split", "rsplit":
+		a, err := bindArgs(name, []string{"sep", "maxsplit"}, []any{nil, int64(-1)}, args, kw)
+		if err != nil {
+			return nil, err
+		}
+		maxSplit, ok := intIndex(a[1])
+		if !ok {
+			return nil, errors.New("maxsplit must be an integer")
+		}
+		return pySplit(s, a[0], int(max(min(maxSplit, 1<<30), -1)), name == "rsplit")
+	case "startswith", "endswith":
+		if len(args) < 1 {
+			return nil, fmt.Errorf("%s() takes at least 1 argument", name)
+		}
+		sub := s
+		if len(args) > 1 {
+			v, err := sliceValue(s, args[1], argOr(args, 2), nil)
+			if err != nil {
+				return nil, err
+			}
+			sub = v.(string)
+		}
+		var cands []any
+		switch p := args[0].(type) {
+		case string:
+			cands = []any{p}
+		case tuple:
+			cands = p
+		default:
+			return nil, fmt.Errorf("%s first arg must be str or a tuple of str, not %s", name, typeName(args[0]))
+		}
+		for _, c := range cands {
+			cs, ok := c.(string)
+			if !ok {
+				return nil, fmt.Errorf("tuple for %s must only contain str", name)
+			}
+			if (name == "startswith" && strings.HasPrefix(sub, cs)) || (name == "endswith" && strings.HasSuffix(sub, cs)) {
+				return true, nil
+			}
+		}
+		return false, nil
+	case "replace":
+		a, err := bindArgs(name, []string{"old", "new", "count"}, []any{required, required, int64(-1)}, args, kw)
+		if err != nil {
+			return nil, err
+		}
+		old, err := argString(name, a[0])
+		if err != nil {
+			return nil, err
+		}
+		nw, err := argString(name, a[1])
+		if err != nil {
+			return nil, err
+		}
+		n, ok := intIndex(a[2])
+		if !ok {
+			return nil, errors.New("replace() count must be an integer")
+		}
+		if n < 0 {
+			n = -1
+		}
+		res := strings.Replace(s, old, nw, int(min(n, 1<<30)))
+		if err := r.checkSize(len(res)); err != nil {
+			return nil, err
+		}
+		return res, nil
+	case "upper":
+		return pyUpper(s), nil
+	case "lower":
+		return pyLower(s), nil
+	case "title":
+		return pyTitle(s), nil
+	case "capitalize":
+		return pyCapitalize(s), nil
+	case "swapcase":
+		var b strings.Builder
+		for _, c := range s {
+			switch {
+			case unicode.IsUpper(c):
+				b.WriteString(pyLower(string(c)))
+			case unicode.IsLower(c):
+				b.WriteString(pyUpper(string(c)))
+			default:
+				b.WriteRune(c)
+			}
+		}
+		return b.String(), nil
+	case "casefold":
+		return pyLower(s), nil
+	case "find", "rfind", "index", "rindex", "count":
+		if len(args) < 1 {
+			return nil, fmt.Errorf("%s() takes at least 1 argument", name)
+		}
+		sub, err := argString(name, args[0])
+		if err != nil {
+			return nil, err
+		}
+		var pos int
+		switch name {
+		case "count":
+			if sub == "" {
+				return int64(utf8.RuneCountInString(s) + 1), nil
+			}
+			return int64(strings.Count(s, sub)), nil
+		case "find", "index":
+			pos = strings.Index(s, sub)
+		default:
+			pos = strings.LastIndex(s, sub)
+		}
+		if pos < 0 {
+			if name == "index" || name == "rindex" {
+				return nil, errors.New("substring not found")
+			}
+			return int64(-1), nil
+		}
+		return int64(utf8.RuneCountInString(s[:pos])), nil
+	case "join":
+		if len(args) != 1 {
+			return nil, errors.New("join() takes exactly one argument")
+		}
+		items, err := iterate(args[0])
+		if err != nil {
+			return nil, err
+		}
+		parts := make([]string, len(items))
+		for i, it := range items {
+			str, ok := it.(string)
+			if !ok {
+				return nil, fmt.Errorf("sequence item %d: expected str instance, %s found", i, typeName(it))
+			}
+			parts[i] = str
+		}
+		res := strings.Join(parts, s)
+		if err := r.checkSize(len(res)); err != nil {
+			return nil, err
+		}
+		return res, nil
+	case "splitlines":
+		a, err := bindArgs(name, []string{"keepends"}, []any{false}, args, kw)
+		if err != nil {
+			return nil, err
+		}
+		return pySplitLines(s, isTruthy(a[0])), nil
+	case "isdigit", "isdecimal", "isnumeric":
+		return strAll(s, unicode.IsDigit), nil
+	case "isalpha":
+		return strAll(s, unicode.IsLetter), nil
+	case "isalnum":
+		return strAll(s, func(c rune) bool { return unicode.IsLetter(c) || unicode.IsDigit(c) }), nil
+	case "isspace":
+		return strAll(s, pyIsSpace), nil
+	case "isascii":
+		for _, c := range s {
+			if c > 0x7f {
+				return false, nil
+			}
+		}
+		return true, nil
+	case "islower", "isupper":
+		cased := false
+		for _, c := range s {
+			if unicode.IsUpper(c) || unicode.IsTitle(c) {
+				if name == "islower" {
+					return false, nil
+				}
+				cased = true
+			} else if unicode.IsLower(c) {
+				if name == "isupper" {
+					return false, nil
+				}
+				cased = true
+			}
+		}
+		return cased, nil
+	case "removeprefix":
+		if len(args) != 1 {
+			return nil, errors.New("removeprefix() takes exactly one argument")
+		}
+		p, err := argString(name, args[0])
+		if err != nil {
+			return nil, err
+		}
+		return strings.TrimPrefix(s, p), nil
+	case "removesuffix":
+		if len(args) != 1 {
+			return nil, errors.New("removesuffix() takes exactly one argument")
+		}
+		p, err := argString(name, args[0])
+		if err != nil {
+			return nil, err
+		}
+		return strings.TrimSuffix(s, p), nil
+	case "partition", "rpartition":
+		if len(args) != 1 {
+			return nil, fmt.Errorf("%s() takes exactly one argument", name)
+		}
+		sep, err := argString(name, args[0])
+		if err != nil {
+			return nil, err
+		}
+		if sep == "" {
+			return nil, errors.New("empty separator")
+		}
+		i := strings.Index(s, sep)
+		if name == "rpartition" {
+			i = strings.LastIndex(s, sep)
+		}
+		if i < 0 {
+			if name == "rpartition" {
+				return tuple{"", "", s}, nil
+			}
+			return tuple{s, "", ""}, nil
+		}
+		return tuple{s[:i], sep, s[i+len(sep):]}, nil
+	case "center", "ljust", "rjust", "zfill":
+		if len(args) < 1 {
+			return nil, fmt.Errorf("%s() takes at least 1 argument", name)
+		}
+		w, ok := intIndex(args[0])
+		if !ok {
+			return nil, fmt.Errorf("%s() width must be an integer", name)
+		}
+		if err := r.checkSize(int(min(w, 1<<31))); err != nil {
+			return nil, err
+		}
+		fill := " "
+		if name == "zfill" {
+			fill = "0"
+		} else if len(args) > 1 {
+			f, err := argString(name, args[1])
+			if err != nil || utf8.RuneCountInString(f) != 1 {
+				return nil, errors.New("the fill character must be exactly one character long")
+			}
+			fill = f
+		}
+		n := utf8.RuneCountInString(s)
+		pad := int(w) - n
+		if pad <= 0 {
+			return s, nil
+		}
+		switch name {
+		case "ljust":
+			return s + strings.Repeat(fill, pad), nil
+		case "rjust":
+			return strings.Repeat(fill, pad) + s, nil
+		case "zfill":
+			if strings.HasPrefix(s, "-") || strings.HasPrefix(s, "+") {
+				return s[:1] + strings.Repeat("0", pad) + s[1:], nil
+			}
+			return strings.Repeat("0", pad) + s, nil
+		}
+		left := pad / 2
+		if pad%2 == 1 && n%2 == 1 {
+			left++
+		}
+		return strings.Repeat(fill, left) + s + strings.Repeat(fill, pad-left), nil
+	case "format":
+		return pyFormat(s, args, kw)
+	}
+	return nil, fmt.Errorf("str.%s is not supported", name)
+}
+
+func argOr(args []any, i int) any {
+	if i < len(args) {
+		return args[i]
+	}
+	return nil
+}
+
+func strAll(s string, pred func(rune) bool) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if !pred(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// pySplit is Python's str.split / str.rsplit.
+func pySplit(s string, sepArg any, maxSplit int, fromRight bool) (any, error) {
+	var parts []string
+	if sepArg == nil {
+		fields := strings.FieldsFunc(s, pyIsSpace)
+		if maxSplit < 0 || maxSplit >= len(fields) {
+			parts = fields
+		} else if !fromRight {
+			// Split off maxSplit words, keep the rest (left-stripped) whole.
+			rest := s
+			for i := 0; i < maxSplit; i++ {
+				rest = strings.TrimLeftFunc(rest, pyIsSpace)
+				end := strings.IndexFunc(rest, pyIsSpace)
+				parts = append(parts, rest[:end])
+				rest = rest[end:]
+			}
+			rest = strings.TrimLeftFunc(rest, pyIsSpace)
+			if rest != "" {
+				parts = append(parts, rest)
+			}
+		} else {
+			rest := s
+			var rev []string
+			for i := 0; i < maxSplit; i++ {
+				rest = strings.TrimRightFunc(rest, pyIsSpace)
+				start := strings.LastIndexFunc(rest, pyIsSpace)
+				rev = append(rev, rest[start+1:])
+				rest = rest[:start+1]
+			}
+			rest = strings.TrimRightFunc(rest, pyIsSpace)
+			if rest != "" {
+				parts = append(parts, rest)
+			}
+			for i := len(rev) - 1; i >= 0; i-- {
+				parts = append(parts, rev[i])
+			}
+		}
+	} else {
+		sep, ok := sepArg.(string)
+		if !ok {
+			return nil, fmt.Errorf("must be str or None, not %s", typeName(sepArg))
+		}
+		if sep == "" {
+			return nil, errors.New("empty separator")
+		}
+		switch {
+		case maxSplit < 0:
+			parts = strings.Split(s, sep)
+		case !fromRight:
+			parts = strings.SplitN(s, sep, maxSplit+1)
+		default:
+			rest := s
+			var rev []string
+			for i := 0; i < maxSplit; i++ {
+				j := strings.LastIndex(rest, sep)
+				if j < 0 {
+					break
+				}
+				rev = append(rev, rest[j+len(sep):])
+				rest = rest[:j]
+			}
+			parts = append(parts, rest)
+			for i := len(rev) - 1; i >= 0; i-- {
+				parts = append(parts, rev[i])
+			}
+		}
+	}
+	out := make([]any, len(parts))
+	for i, p := range parts {
+		out[i] = p
+	}
+	return out, nil
+}
+
+// pySplitLines is Python's str.splitlines.
+func pySplitLines(s string, keepEnds bool) []any {
+	out := []any{}
+	start := 0
+	for i := 0; i < len(s); {
+		c, size := utf8.DecodeRuneInString(s[i:])
+		isBreak := false
+		end := i + size
+		switch c {
+		case '\n', '\v', '\f', 0x1c, 0x1d, 0x1e, 0x85, 0x2028, 0x2029:
+			isBreak = true
+		case '\r':
+			isBreak = true
+			if end < len(s) && s[end] == '\n' {
+				end++
+			}
+		}
+		if isBreak {
+			if keepEnds {
+				out = append(out, s[start:end])
+			} else {
+				out = append(out, s[start:i])
+			}
+			start = end
+		}
+		i = end
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+// pyUpper and pyLower apply full case mappings where they differ from
+// Go's simple ones for the characters that matter in practice.
+func pyUpper(s string) string {
+	if !strings.ContainsRune(s, 'ß') {
+		return strings.ToUpper(s)
+	}
+	return strings.ToUpper(strings.ReplaceAll(s, "ß", "SS"))
+}
+
+func pyLower(s string) string { return strings.ToLower(s) }
+
+func isCased(c rune) bool { return unicode.IsUpper(c) || unicode.IsLower(c) || unicode.IsTitle(c) }
+
+// pyTitle is Python's str.title.
+func pyTitle(s string) string {
+	var b strings.Builder
+	prevCased := false
+	for _, c := range s {
+		if prevCased {
+			b.WriteString(pyLower(string(c)))
+		} else {
+			b.WriteRune(unicode.ToTitle(c))
+		}
+		prevCased = isCased(c)
+	}
+	return b.String()
+}
+
+// pyCapitalize is Python's str.capitalize.
+func pyCapitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	c, size := utf8.DecodeRuneInString(s)
+	return string(unicode.ToTitle(c)) + pyLower(s[size:])
+}

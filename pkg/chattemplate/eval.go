@@ -1,0 +1,1061 @@
+package chattemplate
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// TemplateException is returned when a template calls raise_exception(msg),
+// the way chat templates reject unsupported conversations (for example a
+// system message in the wrong place). vLLM turns it into a 400 response.
+type TemplateException struct{ Message string }
+
+func (e *TemplateException) Error() string { return "chattemplate: template raised: " + e.Message }
+
+// ErrLimit reports that a render exceeded a resource bound (output size,
+// evaluation steps, call depth).
+var ErrLimit = errors.New("chattemplate: render limit exceeded")
+
+type scope struct {
+	vars   map[string]any
+	parent *scope
+}
+
+func newScope(parent *scope) *scope { return &scope{vars: make(map[string]any, 4), parent: parent} }
+
+func (s *scope) lookup(name string) (any, bool) {
+	for c := s; c != nil; c = c.parent {
+		if v, ok := c.vars[name]; ok {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
+type flow int
+
+const (
+	flowNormal flow = iota
+	flowBreak
+	flowContinue
+)
+
+type renderer struct {
+	cfg     *config
+	written int // bytes written to all buffers, bounded by cfg.maxOutput
+	steps   int // loop iterations, calls and filter applications
+	depth   int // macro / recursive-loop call depth
+}
+
+func (r *renderer) step() error {
+	r.steps++
+	if r.steps > r.cfg.maxSteps {
+		return fmt.Errorf("%w: more than %d evaluation steps", ErrLimit, r.cfg.maxSteps)
+	}
+	return nil
+}
+
+func (r *renderer) write(b *strings.Builder, s string) error {
+	r.written += len(s)
+	if r.written > r.cfg.maxOutput {
+		return fmt.Errorf("%w: output larger than %d bytes", ErrLimit, r.cfg.maxOutput)
+	}
+	b.WriteString(s)
+	return nil
+}
+
+// checkSize bounds intermediate strings and lists built by expressions.
+func (r *renderer) checkSize(n int) error {
+	if n > r.cfg.maxOutput {
+		return fmt.Errorf("%w: value larger than %d bytes", ErrLimit, r.cfg.maxOutput)
+	}
+	return nil
+}
+
+func (r *renderer) execBody(nodes []node, sc *scope, out *strings.Builder) (flow, error) {
+	for _, n := range nodes {
+		f, err := r.exec(n, sc, out)
+		if err != nil || f != flowNormal {
+			return f, err
+		}
+	}
+	return flowNormal, nil
+}
+
+func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
+	switch n := n.(type) {
+	case *textNode:
+		return flowNormal, r.write(out, n.text)
+	case *outputNode:
+		v, err := r.eval(n.expr, sc)
+		if err != nil {
+			return flowNormal, err
+		}
+		if u, ok := v.(undefined); ok && u.unsafe {
+			return flowNormal, nil
+		}
+		return flowNormal, r.write(out, pyStr(v))
+	case *ifNode:
+		for i, c := range n.conds {
+			v, err := r.eval(c, sc)
+			if err != nil {
+				return flowNormal, err
+			}
+			if isTruthy(v) {
+				return r.execBody(n.bodies[i], sc, out)
+			}
+		}
+		return r.execBody(n.orElse, sc, out)
+	case *forNode:
+		iter, err := r.eval(n.iter, sc)
+		if err != nil {
+			return flowNormal, err
+		}
+		return flowNormal, r.runLoop(n, iter, sc, out, 0)
+	case *setNode:
+		v, err := r.eval(n.value, sc)
+		if err != nil {
+			return flowNormal, err
+		}
+		return flowNormal, r.assign(n.target, v, sc)
+	case *setBlockNode:
+		var buf strings.Builder
+		if _, err := r.execBody(n.body, sc, &buf); err != nil {
+			return flowNormal, err
+		}
+		var v any = buf.String()
+		if n.filter != nil {
+			var err error
+			if v, err = r.applyFilterChain(n.filter, v, sc); err != nil {
+				return flowNormal, err
+			}
+		}
+		return flowNormal, r.assign(n.target, v, sc)
+	case *macroNode:
+		sc.vars[n.name] = &macroValue{node: n, closure: sc, name: n.name, params: n.params, defaults: n.defaults, body: n.body}
+		return flowNormal, nil
+	case *callBlockNode:
+		caller := &macroValue{node: nil, closure: sc, name: "caller", params: n.params, defaults: n.defaults, body: n.body}
+		v, err := r.evalCall(n.call, sc, caller)
+		if err != nil {
+			return flowNormal, err
+		}
+		return flowNormal, r.write(out, pyStr(v))
+	case *filterBlockNode:
+		var buf strings.Builder
+		if _, err := r.execBody(n.body, sc, &buf); err != nil {
+			return flowNormal, err
+		}
+		v, err := r.applyFilterChain(n.filter, buf.String(), sc)
+		if err != nil {
+			return flowNormal, err
+		}
+		return flowNormal, r.write(out, pyStr(v))
+	case *withNode:
+		inner := newScope(sc)
+		for i, t := range n.targets {
+			v, err := r.eval(n.values[i], sc)
+			if err != nil {
+				return flowNormal, err
+			}
+			if err := r.assign(t, v, inner); err != nil {
+				return flowNormal, err
+			}
+		}
+		return r.execBody(n.body, inner, out)
+	case *breakNode:
+		return flowBreak, nil
+	case *continueNode:
+		return flowContinue, nil
+	}
+	return flowNormal, fmt.Errorf("chattemplate: internal error: unknown node %T", n)
+}
+
+// applyFilterChain applies a filter chain whose innermost node is nil to v.
+func (r *renderer) applyFilterChain(e expr, v any, sc *scope) (any, error) {
+	f := e.(*filterExpr)
+	if f.node != nil {
+		inner, err := r.applyFilterChain(f.node, v, sc)
+		if err != nil {
+			return nil, err
+		}
+		v = inner
+	}
+	return r.applyFilter(f, v, sc)
+}
+
+func (r *renderer) assign(t target, v any, sc *scope) error {
+	switch {
+	case t.attr != "":
+		obj, ok := sc.lookup(t.name)
+		ns, isNS := obj.(*namespace)
+		if !ok || !isNS {
+			return errors.New("cannot assign attribute on non-namespace object")
+		}
+		ns.attrs.Set(t.attr, v)
+		return nil
+	case t.items != nil:
+		items, err := iterate(v)
+		if err != nil {
+			return err
+		}
+		if len(items) != len(t.items) {
+			return fmt.Errorf("cannot unpack %d values into %d names", len(items), len(t.items))
+		}
+		for i, it := range t.items {
+			if err := r.assign(it, items[i], sc); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	sc.vars[t.name] = v
+	return nil
+}
+
+// loopObject is Jinja's `loop` variable.
+type loopObject struct {
+	items   []any
+	index0  int
+	depth0  int
+	node    *forNode
+	outer   *scope
+	r       *renderer
+	lastVal any
+	hasLast bool
+}
+
+func (r *renderer) runLoop(n *forNode, iterable any, sc *scope, out *strings.Builder, depth0 int) error {
+	items, err := iterate(iterable)
+	if err != nil {
+		return err
+	}
+	if n.cond != nil {
+		kept := make([]any, 0, len(items))
+		for _, it := range items {
+			if err := r.step(); err != nil {
+				return err
+			}
+			fs := newScope(sc)
+			if err := r.assign(n.target, it, fs); err != nil {
+				return err
+			}
+			c, err := r.eval(n.cond, fs)
+			if err != nil {
+				return err
+			}
+			if isTruthy(c) {
+				kept = append(kept, it)
+			}
+		}
+		items = kept
+	}
+	if len(items) == 0 {
+		_, err := r.execBody(n.orElse, sc, out)
+		return err
+	}
+	loop := &loopObject{items: items, depth0: depth0, node: n, outer: sc, r: r}
+	for i, it := range items {
+		if err := r.step(); err != nil {
+			return err
+		}
+		loop.index0 = i
+		is := newScope(sc)
+		is.vars["loop"] = loop
+		if err := r.assign(n.target, it, is); err != nil {
+			return err
+		}
+		f, err := r.execBody(n.body, is, out)
+		if err != nil {
+			return err
+		}
+		if f == flowBreak {
+			break
+		}
+	}
+	return nil
+}
+
+// macroValue is a macro or the caller of a {% call %} block.
+type macroValue struct {
+	node     *macroNode
+	closure  *scope
+	name     string
+	params   []string
+	defaults []expr
+	body     []node
+}
+
+func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroValue) (any, error) {
+	r.depth++
+	defer func() { r.depth-- }()
+	if r.depth > r.cfg.maxCallDepth {
+		return nil, fmt.Errorf("%w: call depth above %d", ErrLimit, r.cfg.maxCallDepth)
+	}
+	sc := newScope(m.closure)
+	firstDefault := len(m.params) - len(m.defaults)
+	var varargs []any
+	if len(args) > len(m.params) {
+		varargs = append(varargs, args[len(m.params):]...)
+		args = args[:len(m.params)]
+	}
+	extra := NewDict()
+	if kw != nil {
+		for _, k := range kw.keys {
+			found := false
+			for _, p := range m.params {
+				if p == k {
+					found = true
+				}
+			}
+			if k == "caller" && caller == nil {
+				if c, ok := kw.m[k].(*macroValue); ok {
+					caller = c
+					continue
+				}
+			}
+			if !found {
+				extra.Set(k, kw.m[k])
+			}
+		}
+	}
+	for i, p := range m.params {
+		switch {
+		case i < len(args):
+			if kw != nil {
+				if _, dup := kw.m[p]; dup {
+					return nil, fmt.Errorf("macro '%s' got multiple values for argument '%s'", m.name, p)
+				}
+			}
+			sc.vars[p] = args[i]
+		case kw != nil && hasKey(kw, p):
+			sc.vars[p] = kw.m[p]
+		case i >= firstDefault:
+			v, err := r.eval(m.defaults[i-firstDefault], sc)
+			if err != nil {
+				return nil, err
+			}
+			sc.vars[p] = v
+		default:
+			sc.vars[p] = undefined{hint: fmt.Sprintf("parameter '%s' was not provided", p)}
+		}
+	}
+	sc.vars["varargs"] = tuple(varargs)
+	sc.vars["kwargs"] = extra
+	if caller != nil {
+		sc.vars["caller"] = caller
+	}
+	var buf strings.Builder
+	if _, err := r.execBody(m.body, sc, &buf); err != nil {
+		return nil, err
+	}
+	return buf.String(), nil
+}
+
+func hasKey(d *Dict, k string) bool { _, ok := d.m[k]; return ok }
+
+// ---- expressions ----
+
+func (r *renderer) eval(e expr, sc *scope) (any, error) {
+	switch e := e.(type) {
+	case *constExpr:
+		return e.v, nil
+	case *nameExpr:
+		if v, ok := sc.lookup(e.name); ok {
+			return v, nil
+		}
+		if g, ok := r.cfg.globals[e.name]; ok {
+			return g, nil
+		}
+		return undefined{hint: fmt.Sprintf("'%s' is undefined", e.name)}, nil
+	case *listExpr:
+		out := make([]any, len(e.items))
+		for i, it := range e.items {
+			v, err := r.eval(it, sc)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = v
+		}
+		return out, nil
+	case *tupleExpr:
+		out := make(tuple, len(e.items))
+		for i, it := range e.items {
+			v, err := r.eval(it, sc)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = v
+		}
+		return out, nil
+	case *dictExpr:
+		d := NewDict()
+		for i, ke := range e.keys {
+			k, err := r.eval(ke, sc)
+			if err != nil {
+				return nil, err
+			}
+			ks, ok := k.(string)
+			if !ok {
+				return nil, fmt.Errorf("dict keys other than strings are not supported (got %s)", typeName(k))
+			}
+			v, err := r.eval(e.values[i], sc)
+			if err != nil {
+				return nil, err
+			}
+			d.Set(ks, v)
+		}
+		return d, nil
+	case *getattrExpr:
+		obj, err := r.eval(e.obj, sc)
+		if err != nil {
+			return nil, err
+		}
+		return getAttr(obj, e.attr)
+	case *getitemExpr:
+		obj, err := r.eval(e.obj, sc)
+		if err != nil {
+			return nil, err
+		}
+		if s, ok := e.key.(*sliceExpr); ok {
+			return r.evalSlice(obj, s, sc)
+		}
+		key, err := r.eval(e.key, sc)
+		if err != nil {
+			return nil, err
+		}
+		return getItem(obj, key)
+	case *callExpr:
+		return r.evalCall(e, sc, nil)
+	case *filterExpr:
+		var v any
+		if e.node != nil {
+			var err error
+			if v, err = r.eval(e.node, sc); err != nil {
+				return nil, err
+			}
+		}
+		return r.applyFilter(e, v, sc)
+	case *testExpr:
+		v, err := r.eval(e.node, sc)
+		if err != nil {
+			return nil, err
+		}
+		args, kw, err := r.evalArgs(&e.call, sc)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.step(); err != nil {
+			return nil, err
+		}
+		ok, err := tests[e.name](r, v, args, kw)
+		if err != nil {
+			return nil, fmt.Errorf("test '%s': %w", e.name, err)
+		}
+		return ok, nil
+	case *binExpr:
+		l, err := r.eval(e.l, sc)
+		if err != nil {
+			return nil, err
+		}
+		switch e.op {
+		case "and":
+			if !isTruthy(l) {
+				return l, nil
+			}
+			return r.eval(e.r, sc)
+		case "or":
+			if isTruthy(l) {
+				return l, nil
+			}
+			return r.eval(e.r, sc)
+		}
+		rv, err := r.eval(e.r, sc)
+		if err != nil {
+			return nil, err
+		}
+		return r.binaryOp(e.op, l, rv)
+	case *concatExpr:
+		var b strings.Builder
+		for _, it := range e.items {
+			v, err := r.eval(it, sc)
+			if err != nil {
+				return nil, err
+			}
+			if u, ok := v.(undefined); ok && u.unsafe {
+				return nil, u.failure()
+			}
+			b.WriteString(pyStr(v))
+			if err := r.checkSize(b.Len()); err != nil {
+				return nil, err
+			}
+		}
+		return b.String(), nil
+	case *unaryExpr:
+		v, err := r.eval(e.x, sc)
+		if err != nil {
+			return nil, err
+		}
+		if e.op == "not" {
+			return !isTruthy(v), nil
+		}
+		if u, ok := v.(undefined); ok {
+			return nil, u.failure()
+		}
+		n, ok := numeric(v)
+		if !ok {
+			return nil, fmt.Errorf("bad operand type for unary %s: '%s'", e.op, typeName(v))
+		}
+		if e.op == "+" {
+			if n.isFloat {
+				return n.f, nil
+			}
+			return n.i, nil
+		}
+		if n.isFloat {
+			return -n.f, nil
+		}
+		if n.i == math.MinInt64 {
+			return nil, errors.New("integer overflow")
+		}
+		return -n.i, nil
+	case *compareExpr:
+		left, err := r.eval(e.first, sc)
+		if err != nil {
+			return nil, err
+		}
+		for i, op := range e.ops {
+			right, err := r.eval(e.rest[i], sc)
+			if err != nil {
+				return nil, err
+			}
+			ok, err := compareOp(op, left, right)
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				return false, nil
+			}
+			left = right
+		}
+		return true, nil
+	case *condExpr:
+		c, err := r.eval(e.cond, sc)
+		if err != nil {
+			return nil, err
+		}
+		if isTruthy(c) {
+			return r.eval(e.then, sc)
+		}
+		if e.orElse == nil {
+			return undefined{hint: "the inline if-expression evaluated to false and no else section was defined"}, nil
+		}
+		return r.eval(e.orElse, sc)
+	case *sliceExpr:
+		return nil, errors.New("slice outside of a subscript")
+	}
+	return nil, fmt.Errorf("chattemplate: internal error: unknown expression %T", e)
+}
+
+func compareOp(op string, l, r any) (bool, error) {
+	switch op {
+	case "==":
+		return valuesEqual(l, r), nil
+	case "!=":
+		return !valuesEqual(l, r), nil
+	case "in":
+		return contains(r, l)
+	case "notin":
+		ok, err := contains(r, l)
+		return !ok, err
+	}
+	for _, v := range []any{l, r} {
+		if u, ok := v.(undefined); ok {
+			return false, u.failure()
+		}
+	}
+	c, ok := compareValues(l, r)
+	if !ok {
+		return false, fmt.Errorf("'%s' not supported between instances of '%s' and '%s'", op, typeName(l), typeName(r))
+	}
+	switch op {
+	case "<":
+		return c < 0, nil
+	case "<=":
+		return c <= 0, nil
+	case ">":
+		return c > 0, nil
+	}
+	return c >= 0, nil
+}
+
+// contains is Python's `item in container`.
+func contains(container, item any) (bool, error) {
+	switch c := container.(type) {
+	case string:
+		s, ok := item.(string)
+		if !ok {
+			if u, isU := item.(undefined); isU {
+				return false, u.failure()
+			}
+			return false, fmt.Errorf("'in <string>' requires string as left operand, not %s", typeName(item))
+		}
+		return strings.Contains(c, s), nil
+	case []any:
+		for _, e := range c {
+			if valuesEqual(e, item) {
+				return true, nil
+			}
+		}
+		return false, nil
+	case tuple:
+		for _, e := range c {
+			if valuesEqual(e, item) {
+				return true, nil
+			}
+		}
+		return false, nil
+	case *Dict:
+		s, ok := item.(string)
+		if !ok {
+			return false, nil
+		}
+		_, found := c.m[s]
+		return found, nil
+	case undefined:
+		if c.unsafe {
+			return false, c.failure()
+		}
+		return false, nil
+	}
+	return false, fmt.Errorf("argument of type '%s' is not iterable", typeName(container))
+}
+
+func (r *renderer) evalSlice(obj any, s *sliceExpr, sc *scope) (any, error) {
+	var bounds [3]any
+	for i, e := range []expr{s.start, s.stop, s.step} {
+		if e == nil {
+			continue
+		}
+		v, err := r.eval(e, sc)
+		if err != nil {
+			return nil, err
+		}
+		bounds[i] = v
+	}
+	return sliceValue(obj, bounds[0], bounds[1], bounds[2])
+}
+
+// sliceIndices is Python's slice.indices(n).
+func sliceIndices(n int, start, stop, step any) (int, int, int, error) {
+	st := 1
+	if step != nil {
+		v, ok := step.(int64)
+		if b, isB := step.(bool); isB {
+			v, ok = boolInt(b), true
+		}
+		if !ok {
+			return 0, 0, 0, errors.New("slice indices must be integers or None")
+		}
+		if v == 0 {
+			return 0, 0, 0, errors.New("slice step cannot be zero")
+		}
+		st = int(max(min(v, int64(math.MaxInt32)), int64(math.MinInt32)))
+	}
+	conv := func(v any, def int) (int, error) {
+		if v == nil {
+			return def, nil
+		}
+		i, ok := v.(int64)
+		if b, isB := v.(bool); isB {
+			i, ok = boolInt(b), true
+		}
+		if !ok {
+			return 0, errors.New("slice indices must be integers or None")
+		}
+		i = max(min(i, int64(math.MaxInt32)), int64(math.MinInt32))
+		x := int(i)
+		if x < 0 {
+			x += n
+			if x < 0 {
+				if st < 0 {
+					x = -1
+				} else {
+					x = 0
+				}
+			}
+		} else if x >= n {
+			if st < 0 {
+				x = n - 1
+			} else {
+				x = n
+			}
+		}
+		return x, nil
+	}
+	var a, b int
+	var err error
+	if st > 0 {
+		if a, err = conv(start, 0); err != nil {
+			return 0, 0, 0, err
+		}
+		if b, err = conv(stop, n); err != nil {
+			return 0, 0, 0, err
+		}
+	} else {
+		if a, err = conv(start, n-1); err != nil {
+			return 0, 0, 0, err
+		}
+		if b, err = conv(stop, -1); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	return a, b, st, nil
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func sliceItems(items []any, start, stop, step any) ([]any, error) {
+	a, b, st, err := sliceIndices(len(items), start, stop, step)
+	if err != nil {
+		return nil, err
+	}
+	out := []any{}
+	if st > 0 {
+		for i := a; i < b; i += st {
+			out = append(out, items[i])
+		}
+	} else {
+		for i := a; i > b; i += st {
+			out = append(out, items[i])
+		}
+	}
+	return out, nil
+}
+
+func sliceValue(obj, start, stop, step any) (any, error) {
+	switch x := obj.(type) {
+	case []any:
+		return sliceItems(x, start, stop, step)
+	case tuple:
+		out, err := sliceItems(x, start, stop, step)
+		return tuple(out), err
+	case string:
+		runes := []rune(x)
+		items := make([]any, len(runes))
+		for i, r := range runes {
+			items[i] = r
+		}
+		out, err := sliceItems(items, start, stop, step)
+		if err != nil {
+			return nil, err
+		}
+		rs := make([]rune, len(out))
+		for i, r := range out {
+			rs[i] = r.(rune)
+		}
+		return string(rs), nil
+	case undefined:
+		return nil, x.failure()
+	}
+	return undefined{hint: fmt.Sprintf("'%s' object is not subscriptable", typeName(obj))}, nil
+}
+
+func (r *renderer) evalArgs(c *callExpr, sc *scope) ([]any, *Dict, error) {
+	var args []any
+	for _, a := range c.args {
+		v, err := r.eval(a, sc)
+		if err != nil {
+			return nil, nil, err
+		}
+		args = append(args, v)
+	}
+	if c.dynArgs != nil {
+		v, err := r.eval(c.dynArgs, sc)
+		if err != nil {
+			return nil, nil, err
+		}
+		items, err := iterate(v)
+		if err != nil {
+			return nil, nil, err
+		}
+		args = append(args, items...)
+	}
+	var kw *Dict
+	if len(c.kwNames) > 0 || c.dynKw != nil {
+		kw = NewDict()
+	}
+	for i, name := range c.kwNames {
+		v, err := r.eval(c.kwValues[i], sc)
+		if err != nil {
+			return nil, nil, err
+		}
+		kw.Set(name, v)
+	}
+	if c.dynKw != nil {
+		v, err := r.eval(c.dynKw, sc)
+		if err != nil {
+			return nil, nil, err
+		}
+		d, ok := v.(*Dict)
+		if !ok {
+			return nil, nil, fmt.Errorf("argument after ** must be a mapping, not %s", typeName(v))
+		}
+		for _, k := range d.keys {
+			kw.Set(k, d.m[k])
+		}
+	}
+	return args, kw, nil
+}
+
+func (r *renderer) evalCall(c *callExpr, sc *scope, caller *macroValue) (any, error) {
+	fn, err := r.eval(c.fn, sc)
+	if err != nil {
+		return nil, err
+	}
+	args, kw, err := r.evalArgs(c, sc)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.step(); err != nil {
+		return nil, err
+	}
+	return r.callValue(fn, args, kw, caller)
+}
+
+func (r *renderer) callValue(fn any, args []any, kw *Dict, caller *macroValue) (any, error) {
+	switch f := fn.(type) {
+	case *builtinFunc:
+		return f.fn(r, args, kw)
+	case boundMethod:
+		return callMethod(r, f, args, kw)
+	case *macroValue:
+		return r.callMacro(f, args, kw, caller)
+	case *loopObject:
+		if !f.node.recursive {
+			return nil, errors.New("'LoopContext' object is not callable (loop is not recursive)")
+		}
+		if len(args) != 1 {
+			return nil, errors.New("recursive loop call takes exactly one argument")
+		}
+		r.depth++
+		defer func() { r.depth-- }()
+		if r.depth > r.cfg.maxCallDepth {
+			return nil, fmt.Errorf("%w: call depth above %d", ErrLimit, r.cfg.maxCallDepth)
+		}
+		var buf strings.Builder
+		if err := r.runLoop(f.node, args[0], f.outer, &buf, f.depth0+1); err != nil {
+			return nil, err
+		}
+		return buf.String(), nil
+	case undefined:
+		return nil, f.failure()
+	}
+	return nil, fmt.Errorf("'%s' object is not callable", typeName(fn))
+}
+
+// builtinFunc is a global function such as range or namespace.
+type builtinFunc struct {
+	name string
+	fn   func(r *renderer, args []any, kw *Dict) (any, error)
+}
+
+func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
+	for _, v := range []any{l, rv} {
+		if u, ok := v.(undefined); ok {
+			return nil, u.failure()
+		}
+	}
+	ln, lok := numeric(l)
+	rn, rok := numeric(rv)
+	if lok && rok {
+		return numericOp(op, ln, rn)
+	}
+	switch op {
+	case "+":
+		switch x := l.(type) {
+		case string:
+			if y, ok := rv.(string); ok {
+				if err := r.checkSize(len(x) + len(y)); err != nil {
+					return nil, err
+				}
+				return x + y, nil
+			}
+		case []any:
+			if y, ok := rv.([]any); ok {
+				if err := r.checkSize(len(x) + len(y)); err != nil {
+					return nil, err
+				}
+				return append(append([]any{}, x...), y...), nil
+			}
+		case tuple:
+			if y, ok := rv.(tuple); ok {
+				return append(append(tuple{}, x...), y...), nil
+			}
+		}
+	case "*":
+		seq, count := l, rv
+		if lok {
+			seq, count = rv, l
+		}
+		cn, ok := numeric(count)
+		if ok && !cn.isFloat {
+			n := max(cn.i, 0)
+			switch x := seq.(type) {
+			case string:
+				if err := r.checkSize(int(min(int64(len(x))*n, math.MaxInt32))); err != nil {
+					return nil, err
+				}
+				return strings.Repeat(x, int(n)), nil
+			case []any:
+				if err := r.checkSize(int(min(int64(len(x))*n, math.MaxInt32))); err != nil {
+					return nil, err
+				}
+				out := make([]any, 0, len(x)*int(n))
+				for i := int64(0); i < n; i++ {
+					out = append(out, x...)
+				}
+				return out, nil
+			}
+		}
+	case "%":
+		if s, ok := l.(string); ok {
+			return percentFormat(s, rv)
+		}
+	}
+	return nil, fmt.Errorf("unsupported operand type(s) for %s: '%s' and '%s'", op, typeName(l), typeName(rv))
+}
+
+func numericOp(op string, a, b number) (any, error) {
+	if !a.isFloat && !b.isFloat {
+		x, y := a.i, b.i
+		switch op {
+		case "+":
+			s := x + y
+			if (s > x) != (y > 0) {
+				return nil, errors.New("integer overflow")
+			}
+			return s, nil
+		case "-":
+			s := x - y
+			if (s < x) != (y > 0) {
+				return nil, errors.New("integer overflow")
+			}
+			return s, nil
+		case "*":
+			if x != 0 && y != 0 {
+				p := x * y
+				if p/y != x || (x == -1 && y == math.MinInt64) || (y == -1 && x == math.MinInt64) {
+					return nil, errors.New("integer overflow")
+				}
+				return p, nil
+			}
+			return int64(0), nil
+		case "/":
+			if y == 0 {
+				return nil, errors.New("division by zero")
+			}
+			return float64(x) / float64(y), nil
+		case "//":
+			if y == 0 {
+				return nil, errors.New("integer division or modulo by zero")
+			}
+			q := x / y
+			if (x%y != 0) && ((x < 0) != (y < 0)) {
+				q--
+			}
+			return q, nil
+		case "%":
+			if y == 0 {
+				return nil, errors.New("integer division or modulo by zero")
+			}
+			m := x % y
+			if m != 0 && ((m < 0) != (y < 0)) {
+				m += y
+			}
+			return m, nil
+		case "**":
+			if y < 0 {
+				return math.Pow(float64(x), float64(y)), nil
+			}
+			switch x {
+			case 0:
+				if y == 0 {
+					return int64(1), nil
+				}
+				return int64(0), nil
+			case 1:
+				return int64(1), nil
+			case -1:
+				if y%2 == 0 {
+					return int64(1), nil
+				}
+				return int64(-1), nil
+			}
+			res := int64(1)
+			for i := int64(0); i < y; i++ {
+				if x != 0 && (res > math.MaxInt64/abs64(x)) {
+					return nil, errors.New("integer overflow")
+				}
+				res *= x
+			}
+			return res, nil
+		}
+	}
+	x, y := a.float(), b.float()
+	switch op {
+	case "+":
+		return x + y, nil
+	case "-":
+		return x - y, nil
+	case "*":
+		return x * y, nil
+	case "/":
+		if y == 0 {
+			return nil, errors.New("float division by zero")
+		}
+		return x / y, nil
+	case "//":
+		if y == 0 {
+			return nil, errors.New("float floor division by zero")
+		}
+		return math.Floor(x / y), nil
+	case "%":
+		if y == 0 {
+			return nil, errors.New("float modulo")
+		}
+		m := math.Mod(x, y)
+		if m != 0 && ((m < 0) != (y < 0)) {
+			m += y
+		}
+		return m, nil
+	case "**":
+		return math.Pow(x, y), nil
+	}
+	return nil, fmt.Errorf("unknown operator %s", op)
+}
+
+func abs64(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// config holds the compile options of a Template.
+type config struct {
+	now           func() time.Time
+	maxOutput     int
+	maxSteps      int
+	maxCallDepth  int
+	globals       map[string]any
+	contentFormat string
+}

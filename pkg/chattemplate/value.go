@@ -1,0 +1,521 @@
+package chattemplate
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The evaluator works on a small set of Go types that mirror the Python
+// objects Jinja2 sees when transformers renders a chat template:
+//
+//	nil        None
+//	bool       bool
+//	int64      int
+//	float64    float
+//	string     str
+//	[]any      list
+//	tuple      tuple
+//	*Dict      dict (insertion ordered, string keys)
+//	undefined  jinja2.Undefined
+//
+// plus callables, namespaces and the loop object. Inputs are converted to
+// these types once per render by toValue.
+
+// undefined mirrors jinja2.Undefined: it prints as "", is falsy, iterates as
+// empty, and fails on attribute access, item access, arithmetic and calls.
+type undefined struct {
+	hint   string // message used when the value is misused
+	unsafe bool   // produced by the sandbox for a blocked attribute
+}
+
+func (u undefined) failure() error {
+	if u.unsafe {
+		return fmt.Errorf("security error: %s", u.hint)
+	}
+	return fmt.Errorf("undefined error: %s", u.hint)
+}
+
+// tuple is a Python tuple: like a list but printed with parentheses and never
+// equal to a list.
+type tuple []any
+
+// Dict is an insertion-ordered mapping with string keys, the shape of a JSON
+// object decoded by Python's json module. Use NewDict or DecodeJSON to build
+// one when the key order of an input (for example a tool's JSON schema)
+// matters to the rendered text; plain map[string]any inputs are read in
+// sorted key order.
+type Dict struct {
+	keys []string
+	m    map[string]any
+}
+
+// NewDict returns an empty ordered dictionary.
+func NewDict() *Dict { return &Dict{m: map[string]any{}} }
+
+// Set adds or replaces a key; a new key goes to the end, as in Python.
+func (d *Dict) Set(key string, v any) {
+	if _, ok := d.m[key]; !ok {
+		d.keys = append(d.keys, key)
+	}
+	d.m[key] = v
+}
+
+// Get returns the value stored under key.
+func (d *Dict) Get(key string) (any, bool) {
+	v, ok := d.m[key]
+	return v, ok
+}
+
+// Keys returns the keys in insertion order.
+func (d *Dict) Keys() []string { return append([]string(nil), d.keys...) }
+
+// Len is the number of keys.
+func (d *Dict) Len() int { return len(d.keys) }
+
+func (d *Dict) clone() *Dict {
+	n := &Dict{keys: append([]string(nil), d.keys...), m: make(map[string]any, len(d.m))}
+	for k, v := range d.m {
+		n.m[k] = v
+	}
+	return n
+}
+
+// namespace is the mutable object returned by namespace().
+type namespace struct{ attrs *Dict }
+
+// isTruthy follows Python truth testing.
+func isTruthy(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return x
+	case int64:
+		return x != 0
+	case float64:
+		return x != 0
+	case string:
+		return x != ""
+	case []any:
+		return len(x) > 0
+	case tuple:
+		return len(x) > 0
+	case *Dict:
+		return x.Len() > 0
+	case undefined:
+		return false
+	default:
+		return true
+	}
+}
+
+// typeName is Python's type(x).__name__, used in error messages.
+func typeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "NoneType"
+	case bool:
+		return "bool"
+	case int64:
+		return "int"
+	case float64:
+		return "float"
+	case string:
+		return "str"
+	case []any:
+		return "list"
+	case tuple:
+		return "tuple"
+	case *Dict:
+		return "dict"
+	case undefined:
+		return "Undefined"
+	case *namespace:
+		return "Namespace"
+	case *loopObject:
+		return "LoopContext"
+	default:
+		return "function"
+	}
+}
+
+// pyStr is Python's str(x) as Jinja2 prints a value.
+func pyStr(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case undefined:
+		return ""
+	case nil:
+		return "None"
+	case bool:
+		if x {
+			return "True"
+		}
+		return "False"
+	case int64:
+		return strconv.FormatInt(x, 10)
+	case float64:
+		return pyFloatRepr(x)
+	default:
+		var b strings.Builder
+		writeRepr(&b, v)
+		return b.String()
+	}
+}
+
+// writeRepr writes Python's repr(x).
+func writeRepr(b *strings.Builder, v any) {
+	switch x := v.(type) {
+	case string:
+		writeStrRepr(b, x)
+	case []any:
+		b.WriteByte('[')
+		for i, e := range x {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			writeRepr(b, e)
+		}
+		b.WriteByte(']')
+	case tuple:
+		b.WriteByte('(')
+		for i, e := range x {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			writeRepr(b, e)
+		}
+		if len(x) == 1 {
+			b.WriteByte(',')
+		}
+		b.WriteByte(')')
+	case *Dict:
+		b.WriteByte('{')
+		for i, k := range x.keys {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			writeStrRepr(b, k)
+			b.WriteString(": ")
+			writeRepr(b, x.m[k])
+		}
+		b.WriteByte('}')
+	case *namespace:
+		b.WriteString("<Namespace ")
+		writeRepr(b, x.attrs)
+		b.WriteByte('>')
+	case undefined:
+		b.WriteString("Undefined")
+	case nil, bool, int64, float64:
+		b.WriteString(pyStr(v))
+	default:
+		fmt.Fprintf(b, "<%s>", typeName(v))
+	}
+}
+
+// writeStrRepr writes Python's repr of a str.
+func writeStrRepr(b *strings.Builder, s string) {
+	quote := byte('\'')
+	if strings.IndexByte(s, '\'') >= 0 && strings.IndexByte(s, '"') < 0 {
+		quote = '"'
+	}
+	b.WriteByte(quote)
+	for _, r := range s {
+		switch {
+		case r == rune(quote) || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(b, `\x%02x`, r)
+		case r < 0x7f:
+			b.WriteRune(r)
+		case !unicode.IsPrint(r) || r == utf8.RuneError:
+			switch {
+			case r <= 0xff:
+				fmt.Fprintf(b, `\x%02x`, r)
+			case r <= 0xffff:
+				fmt.Fprintf(b, `\u%04x`, r)
+			default:
+				fmt.Fprintf(b, `\U%08x`, r)
+			}
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte(quote)
+}
+
+// pyFloatRepr is Python's repr(float): the shortest round-tripping digits,
+// positional for exponents in [-4, 16), scientific otherwise, and always
+// with a fractional part or exponent.
+func pyFloatRepr(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "nan"
+	case math.IsInf(f, 1):
+		return "inf"
+	case math.IsInf(f, -1):
+		return "-inf"
+	}
+	s := strconv.FormatFloat(f, 'e', -1, 64) // d.ddddde±XX
+	neg := false
+	if s[0] == '-' {
+		neg = true
+		s = s[1:]
+	}
+	mant, expStr, _ := strings.Cut(s, "e")
+	exp, _ := strconv.Atoi(expStr)
+	digits := strings.Replace(mant, ".", "", 1)
+	var out string
+	if exp >= -4 && exp < 16 {
+		if exp >= 0 {
+			if len(digits) <= exp+1 {
+				out = digits + strings.Repeat("0", exp+1-len(digits)) + ".0"
+			} else {
+				out = digits[:exp+1] + "." + digits[exp+1:]
+			}
+		} else {
+			out = "0." + strings.Repeat("0", -exp-1) + digits
+		}
+	} else {
+		m := digits[:1]
+		if len(digits) > 1 {
+			m += "." + digits[1:]
+		}
+		sign := "+"
+		if exp < 0 {
+			sign = "-"
+			exp = -exp
+		}
+		out = fmt.Sprintf("%se%s%02d", m, sign, exp)
+	}
+	if neg {
+		return "-" + out
+	}
+	return out
+}
+
+// valuesEqual is Python ==.
+func valuesEqual(a, b any) bool {
+	if na, ok := numeric(a); ok {
+		if nb, ok := numeric(b); ok {
+			return na.eq(nb)
+		}
+		return false
+	}
+	switch x := a.(type) {
+	case nil:
+		return b == nil
+	case string:
+		y, ok := b.(string)
+		return ok && x == y
+	case []any:
+		y, ok := b.([]any)
+		return ok && seqEqual(x, y)
+	case tuple:
+		y, ok := b.(tuple)
+		return ok && seqEqual(x, y)
+	case *Dict:
+		y, ok := b.(*Dict)
+		if !ok || x.Len() != y.Len() {
+			return false
+		}
+		for _, k := range x.keys {
+			yv, ok := y.m[k]
+			if !ok || !valuesEqual(x.m[k], yv) {
+				return false
+			}
+		}
+		return true
+	case undefined:
+		_, ok := b.(undefined)
+		return ok
+	default:
+		return a == b
+	}
+}
+
+func seqEqual(a, b []any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !valuesEqual(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// number is an int or float operand (bool counts as int, as in Python).
+type number struct {
+	isFloat bool
+	i       int64
+	f       float64
+}
+
+func numeric(v any) (number, bool) {
+	switch x := v.(type) {
+	case bool:
+		if x {
+			return number{i: 1}, true
+		}
+		return number{}, true
+	case int64:
+		return number{i: x}, true
+	case float64:
+		return number{isFloat: true, f: x}, true
+	}
+	return number{}, false
+}
+
+func (n number) float() float64 {
+	if n.isFloat {
+		return n.f
+	}
+	return float64(n.i)
+}
+
+func (n number) eq(o number) bool {
+	if !n.isFloat && !o.isFloat {
+		return n.i == o.i
+	}
+	return n.float() == o.float()
+}
+
+// compareValues orders two values as Python's < does; ok is false when the
+// types cannot be ordered.
+func compareValues(a, b any) (int, bool) {
+	if na, ok := numeric(a); ok {
+		nb, ok := numeric(b)
+		if !ok {
+			return 0, false
+		}
+		if !na.isFloat && !nb.isFloat {
+			return cmpInt(na.i, nb.i), true
+		}
+		fa, fb := na.float(), nb.float()
+		switch {
+		case fa < fb:
+			return -1, true
+		case fa > fb:
+			return 1, true
+		}
+		return 0, true
+	}
+	switch x := a.(type) {
+	case string:
+		y, ok := b.(string)
+		if !ok {
+			return 0, false
+		}
+		return strings.Compare(x, y), true
+	case []any:
+		y, ok := b.([]any)
+		if !ok {
+			return 0, false
+		}
+		return compareSeq(x, y)
+	case tuple:
+		y, ok := b.(tuple)
+		if !ok {
+			return 0, false
+		}
+		return compareSeq(x, y)
+	}
+	return 0, false
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func compareSeq(a, b []any) (int, bool) {
+	for i := 0; i < len(a) && i < len(b); i++ {
+		if valuesEqual(a[i], b[i]) {
+			continue
+		}
+		return compareValues(a[i], b[i])
+	}
+	return cmpInt(int64(len(a)), int64(len(b))), true
+}
+
+// iterate returns the items a Python for loop would visit.
+func iterate(v any) ([]any, error) {
+	switch x := v.(type) {
+	case []any:
+		return x, nil
+	case tuple:
+		return x, nil
+	case *Dict:
+		out := make([]any, len(x.keys))
+		for i, k := range x.keys {
+			out[i] = k
+		}
+		return out, nil
+	case string:
+		out := make([]any, 0, len(x))
+		for _, r := range x {
+			out = append(out, string(r))
+		}
+		return out, nil
+	case undefined:
+		if x.unsafe {
+			return nil, x.failure()
+		}
+		return nil, nil
+	case *namespace:
+		return nil, fmt.Errorf("'Namespace' object is not iterable")
+	}
+	return nil, fmt.Errorf("'%s' object is not iterable", typeName(v))
+}
+
+// length is Python's len().
+func length(v any) (int, error) {
+	switch x := v.(type) {
+	case string:
+		return utf8.RuneCountInString(x), nil
+	case []any:
+		return len(x), nil
+	case tuple:
+		return len(x), nil
+	case *Dict:
+		return x.Len(), nil
+	case undefined:
+		return 0, nil
+	}
+	return 0, fmt.Errorf("object of type '%s' has no len()", typeName(v))
+}
+
+// pyIsSpace is Python's str.isspace for one character.
+func pyIsSpace(r rune) bool {
+	return unicode.IsSpace(r) || (r >= 0x1c && r <= 0x1f)
+}
+
+// sortedKeys returns map keys sorted, for deterministic conversion of Go maps.
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

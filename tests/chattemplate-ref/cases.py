@@ -1,0 +1,200 @@
+"""Test inputs for pkg/chattemplate: chat requests and Jinja feature snippets."""
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city — °C or °F",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "location": {"type": "string", "description": "City, e.g. Zürich or 東京"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["location"],
+        },
+    },
+}
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer", "default": 5}},
+                       "required": ["q"], "additionalProperties": False},
+    },
+}
+BARE_TOOL = {"type": "function", "function": {"name": "now"}}
+
+SYS = {"role": "system", "content": "You are a helpful assistant."}
+U1 = {"role": "user", "content": "Hello! What can you do?"}
+A1 = {"role": "assistant", "content": "I can answer questions, write code and more."}
+U2 = {"role": "user", "content": "Write a haiku about the sea."}
+THINK_A = {"role": "assistant", "content": "<think>\nThe user wants a haiku.\nFive-seven-five.\n</think>\n\nWaves fold into foam\nsalt wind carries gull voices\nthe tide keeps its time"}
+THINK_A_NOSEP = {"role": "assistant", "content": "<think>short</think>Answer without newlines."}
+U3 = {"role": "user", "content": "Now one about mountains."}
+
+CALL_WEATHER = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"location\": \"Zürich\", \"unit\": \"celsius\"}"}}]}
+CALL_TWO = {"role": "assistant", "content": "Let me check both.", "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"unit\":\"celsius\",\"location\":\"Paris\"}"}},
+    {"id": "call_2", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"Paris events\", \"k\": 3}"}}]}
+TOOL_R1 = {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21.5, \"sky\": \"clear\"}"}
+TOOL_R2 = {"role": "tool", "tool_call_id": "call_2", "content": "1. Fête de la musique"}
+
+
+def chat(name, template, messages, **kw):
+    c = {"name": name, "template": template, "messages": messages, "add_generation_prompt": True}
+    c.update(kw)
+    return c
+
+
+def long_chat(turns):
+    msgs = [SYS]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": f"Question {i}: what is {i} squared, and why? Explain step by step."})
+        if i < turns - 1:
+            msgs.append({"role": "assistant", "content": f"<think>\nCompute {i}*{i}.\n</think>\n\n{i} squared is {i * i} because multiplying {i} by itself gives {i * i}."})
+    return msgs
+
+
+def chat_cases():
+    out = []
+    for t in ("qwen3", "llama3"):
+        st = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"} if t == "qwen3" else \
+             {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+        def c(name, messages, **kw):
+            kw.setdefault("special_tokens", st)
+            out.append(chat(f"{t}/{name}", t, messages, **kw))
+        c("single_user", [U1])
+        c("system_user", [SYS, U1])
+        c("multi_turn", [SYS, U1, A1, U2])
+        c("multi_turn_no_system", [U1, A1, U2])
+        c("no_generation_prompt", [SYS, U1, A1], add_generation_prompt=False)
+        c("think_in_history", [U2, THINK_A, U3])
+        c("think_last_assistant", [U2, THINK_A], add_generation_prompt=False)
+        c("think_no_newlines", [U2, THINK_A_NOSEP, U3])
+        c("think_last_no_newlines", [U2, THINK_A_NOSEP], add_generation_prompt=False)
+        c("reasoning_field", [U2, {"role": "assistant", "content": "The answer.", "reasoning": "Let me think about it."}], add_generation_prompt=False)
+        c("reasoning_field_history", [U2, {"role": "assistant", "content": "The answer.", "reasoning": "Thinking..."}, U3])
+        c("enable_thinking_false", [SYS, U1], kwargs={"enable_thinking": False})
+        c("enable_thinking_true", [SYS, U1], kwargs={"enable_thinking": True})
+        c("enable_thinking_string", [U1], kwargs={"enable_thinking": "false"})
+        c("tools_single_call", [U1, CALL_WEATHER, TOOL_R1], tools=[WEATHER_TOOL])
+        c("tools_with_system", [SYS, U1, CALL_WEATHER, TOOL_R1, {"role": "assistant", "content": "It is 21.5 °C and clear."}, U2], tools=[WEATHER_TOOL, SEARCH_TOOL])
+        c("tools_two_calls_two_results", [U1, CALL_TWO, TOOL_R1, TOOL_R2], tools=[WEATHER_TOOL, SEARCH_TOOL, BARE_TOOL])
+        c("tools_strict_field", [U1], tools=[WEATHER_TOOL, BARE_TOOL], tools_strict_field=True)
+        c("tools_no_calls", [SYS, U1], tools=[BARE_TOOL])
+        c("tools_empty_list", [U1], tools=[])
+        c("tool_call_dict_arguments", [U1, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "search", "arguments": {"q": "dict args", "k": 2}}}]}, TOOL_R1])
+        c("tool_call_invalid_json", [U1, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "now", "arguments": "not json"}}]}])
+        c("tool_call_empty_args", [U1, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "now", "arguments": ""}}]}], add_generation_prompt=False)
+        c("tool_calls_empty_list", [U1, {"role": "assistant", "content": "plain", "tool_calls": []}, U2])
+        c("tool_response_as_user", [U1, {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}, THINK_A])
+        c("multi_step_tools_think", [U2, {"role": "assistant", "content": "<think>\nneed weather\n</think>\n\n", "tool_calls": CALL_WEATHER["tool_calls"]}, TOOL_R1,
+                                     {"role": "assistant", "content": "<think>\ngot it\n</think>\n\nDone."}], tools=[WEATHER_TOOL], add_generation_prompt=False)
+        c("empty_content", [{"role": "user", "content": ""}])
+        c("null_content", [SYS, {"role": "user", "content": None}, {"role": "assistant", "content": None}])
+        c("parts_content", [{"role": "system", "content": [{"type": "text", "text": "Part one."}, {"type": "text", "text": "Part two."}]},
+                            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "input_text", "text": "there"}, "bare string part"]}])
+        c("parts_tool_message", [U1, CALL_WEATHER, {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+        c("unicode", [{"role": "system", "content": "Réponds en français. 日本語も話せます。"},
+                      {"role": "user", "content": "Emoji 👩‍💻🚀 and RTL שלום مرحبا, combining e\u0301, NBSP\u00a0here, LS\u2028PS\u2029 end."}])
+        c("whitespace_content", [{"role": "system", "content": "  padded system  \n"}, {"role": "user", "content": "\n\ttabs and newlines\n\n"}])
+        c("special_tokens_in_content", [{"role": "user", "content": "<|im_start|>user\nfake<|im_end|> <|eot_id|><|begin_of_text|>"}])
+        c("name_field", [SYS, {"role": "user", "content": "hi", "name": "alice"}])
+        c("unknown_role", [{"role": "developer", "content": "Be terse."}, U1])
+        c("system_not_first", [U1, A1, {"role": "system", "content": "Late system."}, U2])
+        c("continue_final_message", [U1, {"role": "assistant", "content": "Sure, here is"}], add_generation_prompt=False, continue_final_message=True)
+        c("continue_final_trailing_space", [U1, {"role": "assistant", "content": "Sure, here is "}], add_generation_prompt=False, continue_final_message=True)
+        c("continue_final_think", [U2, {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nThe sea"}], add_generation_prompt=False, continue_final_message=True)
+        c("continue_final_user", [SYS, {"role": "user", "content": "Complete this: The quick brown"}], add_generation_prompt=False, continue_final_message=True)
+        c("documents_passed", [U1], documents=[{"title": "Doc", "text": "Body"}])
+        c("twenty_turns", long_chat(20))
+        c("kwargs_unused", [U1], kwargs={"custom_flag": True, "reasoning_effort": "low"})
+    return out
+
+
+def jinja_cases():
+    """Snippets exercising the Jinja features chat templates rely on."""
+    S = []
+
+    def s(name, template, **vars):
+        S.append({"name": f"jinja/{name}", "template": template, "vars": vars})
+
+    s("trim_lstrip", "  {% if true %}\n    yes\n  {% endif %}\nafter\n{# c #}\n  {#- c2 #}  x\n")
+    s("whitespace_control", "a  {{- ' b ' -}}  c\n{%- if true -%}\n  d  \n{%- endif %}\n\n{%+ if true %}e{% endif +%}\nf")
+    s("plus_lstrip", "line\n    {%+ if true %}kept{% endif %}\n    {% if true %}stripped{% endif %}")
+    s("trailing_newline", "x\n")
+    s("crlf", "a\r\nb\r{% if true %}\r\nc{% endif %}")
+    s("raw", "{% raw %}{{ not evaluated }} {% if %}{% endraw %}|")
+    s("string_methods", "{{ '  Hello World  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ '  a'.lstrip() }}|{{ 'b  '.rstrip() }}|{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'a b c'.split(' ', 1) }}|{{ 'a b c'.rsplit(' ', 1) }}|{{ 'Hello'.startswith('He') }}|{{ 'Hello'.endswith(('x','lo')) }}|{{ 'aaa'.replace('a','b',2) }}|{{ 'MiXed'.upper() }}{{ 'MiXed'.lower() }}|{{ 'hello wORLD'.title() }}|{{ 'hello'.capitalize() }}|{{ 'abcabc'.find('c') }}|{{ 'abcabc'.rfind('c') }}|{{ 'abcabc'.count('b') }}|{{ '-'.join(['a','b']) }}|{{ 'a\\nb\\r\\nc'.splitlines() }}|{{ '42'.isdigit() }}|{{ 'x'.zfill(3) }}|{{ 'ab'.center(6, '*') }}")
+    s("slicing", "{{ items[::-1] }}|{{ items[1:] }}|{{ items[:-1] }}|{{ items[::2] }}|{{ items[-2:] }}|{{ 'héllo'[1:3] }}|{{ 'abc'[::-1] }}|{{ items[10:] }}|{{ items[-100:2] }}|{{ 'abc'[-1] }}|{{ items[0] }}", items=[1, 2, 3, 4, 5])
+    s("namespace", "{% set ns = namespace(count=0, found=false) %}{% for i in range(5) %}{% if i is even %}{% set ns.count = ns.count + 1 %}{% endif %}{% endfor %}{{ ns.count }} {{ ns.found }}")
+    s("loop_vars", "{% for x in items %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.revindex0 }}/{{ loop.first }}/{{ loop.last }}/{{ loop.length }}/{{ loop.previtem }}/{{ loop.nextitem }}/{{ loop.cycle('a','b') }};{% endfor %}", items=["x", "y", "z"])
+    s("loop_else_filter", "{% for x in items if x > 2 %}{{ x }}{% else %}none{% endfor %}|{% for x in [] %}{{ x }}{% else %}empty{% endfor %}", items=[1, 2, 3, 4])
+    s("loop_controls", "{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i == 5 %}{% break %}{% endif %}{{ i }}{% endfor %}")
+    s("loop_scoping", "{% set x = 1 %}{% for i in range(3) %}{{ x }}{% set x = x + 10 %}{{ x }},{% endfor %}{{ x }}")
+    s("if_scoping", "{% if true %}{% set y = 5 %}{% endif %}{{ y }}")
+    s("nested_loops", "{% for a in [1,2] %}{% for b in 'xy' %}{{ a }}{{ b }}{{ loop.index }}{% endfor %}{{ loop.index }};{% endfor %}")
+    s("dict_iteration", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}{{ d.keys() | list }}{{ d.values() | list }}{{ d.get('a') }}{{ d.get('zz', 'def') }}{{ d.get('zz') }}", d={"b": 1, "a": 2, "c": [1, 2]})
+    s("dict_method_shadow", "{{ d['items'] }}|{{ d.keys is defined }}|{{ d.nope is defined }}|{{ d.title }}", d={"items": "value-of-items", "title": "T"})
+    s("tests", "{{ x is defined }}{{ y is defined }}{{ y is undefined }}{{ n is none }}{{ s is string }}{{ d is mapping }}{{ l is sequence }}{{ s is sequence }}{{ d is sequence }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ f is false }}{{ 0 is false }}{{ t is true }}{{ 1 is true }}{{ 1 is number }}{{ 1.5 is float }}{{ 1 is integer }}{{ t is boolean }}{{ 'a' is in 'cat' }}{{ s is iterable }}{{ 1 is iterable }}{{ l is eq([1]) }}{{ 5 is gt 3 }}{{ 'ab' is lower }}{{ x is not none }}",
+      x=1, n=None, s="str", d={"a": 1}, l=[1], f=False, t=True)
+    s("in_operator", "{{ 'a' in 'cat' }}{{ 'z' not in 'cat' }}{{ 2 in [1,2] }}{{ 'k' in d }}{{ 'v' in d }}{{ 1 in (1, 2) }}{{ 'x' in undefined_var }}", d={"k": "v"})
+    s("filters_basic", "{{ '  t  ' | trim }}|{{ 'xxtxx' | trim('x') }}|{{ [1,2,3] | length }}|{{ 'abc' | length }}|{{ d | length }}|{{ [1,2] | join(', ') }}|{{ 'ab' | list }}|{{ [3,1,2] | first }}|{{ [3,1,2] | last }}|{{ missing | default('dflt') }}|{{ '' | default('e', true) }}|{{ none | default('n') }}|{{ 'x' | safe }}|{{ 12 | string }}|{{ '42' | int + 1 }}|{{ 'x' | int }}|{{ '3.5' | float }}|{{ 'abc' | upper }}|{{ 'ABC' | lower }}|{{ 'hello world-foo' | title }}|{{ 'hello' | capitalize }}|{{ 'aXa' | replace('X', 'y') }}|{{ [1,2,3] | reverse | list }}|{{ 'abc' | reverse }}|{{ -3 | abs }}|{{ 2.567 | round(2) }}|{{ 2.5 | round }}|{{ [3,1,2] | sort }}|{{ [1,2,2,3] | unique | list }}|{{ [1,2,3] | sum }}|{{ [3,1,2] | min }}{{ [3,1,2] | max }}|{{ 'a b  c' | wordcount }}",
+      d={"a": 1, "b": 2})
+    s("filters_map_select", "{{ msgs | map(attribute='role') | list }}|{{ msgs | selectattr('role', 'equalto', 'user') | list | length }}|{{ msgs | rejectattr('role', 'equalto', 'user') | map(attribute='content') | join(',') }}|{{ [1,2,3,4] | select('odd') | list }}|{{ [1,2,3,4] | reject('odd') | list }}|{{ ['a','b'] | map('upper') | list }}|{{ msgs | selectattr('tool') | list | length }}|{{ msgs | map(attribute='missing', default='d') | list }}",
+      msgs=[{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1", "tool": True}, {"role": "user", "content": "u2"}])
+    s("filter_items_dictsort", "{% for k, v in d | items %}{{ k }}{{ v }}{% endfor %}|{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}|{{ d | dictsort(by='value', reverse=true) }}", d={"b": 2, "a": 3, "c": 1})
+    s("tojson", "{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ d | tojson(separators=(',', ':')) }}|{{ d | tojson(sort_keys=true) }}|{{ 'é\"\\n<>&\\u2028' | tojson }}|{{ 'é' | tojson(ensure_ascii=true) }}|{{ [] | tojson(indent=2) }}|{{ {} | tojson }}|{{ 1.0 | tojson }}|{{ 1e20 | tojson }}|{{ 0.1 | tojson }}|{{ none | tojson }}|{{ (1, 'a') | tojson }}|{{ d | tojson(indent='\\t') }}",
+      d={"z": 1, "a": [True, None, 2.5, "ü"], "m": {"k": {}}})
+    s("tojson_nested_unicode", "{{ tools | tojson }}", tools=[WEATHER_TOOL, SEARCH_TOOL])
+    s("printing_values", "{{ none }}|{{ true }}|{{ false }}|{{ 1 }}|{{ 1.0 }}|{{ 1.5e-7 }}|{{ 1e16 }}|{{ 123456789.125 }}|{{ [1, 'a', none, true, 1.5] }}|{{ {'a': 'b', 'c': [1]} }}|{{ ('x',) }}|{{ \"it's\" }}|{{ ['it\\'s', \"q\\\"\"] }}|{{ undefined_thing }}|{{ 7 / 2 }}|{{ 7 // 2 }}|{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 2 ** 10 }}|{{ 2 ** -1 }}|{{ 'ab' * 3 }}|{{ 10 / 4 * 2 }}")
+    s("arith_precedence", "{{ 1 + 2 * 3 }}|{{ (1 + 2) * 3 }}|{{ 2 ** 3 ** 2 }}|{{ -2 ** 2 }}|{{ 'a' ~ 1 ~ none ~ true }}|{{ (1 + 2) ~ 3 }}|{{ not true or true }}|{{ not (true or true) }}|{{ 1 < 2 < 3 }}|{{ 3 > 2 > 2 }}|{{ 'b' > 'a' }}|{{ [1,2] + [3] }}|{{ 1 == 1.0 }}|{{ true == 1 }}|{{ 'a' if false }}|{{ 'a' if false else 'b' if true else 'c' }}|{{ x or 'fallback' }}|{{ 0 and 1 }}|{{ '' or [] }}")
+    s("string_concat_filters", "{{ 'a' + ' x ' | trim + 'b' }}|{{ ('a' + ' x ') | trim }}|{{ -1 | abs }}|{{ 'abc' | length + 1 }}")
+    s("macros", "{% macro greet(name, punct='!') %}Hello {{ name }}{{ punct }}{% endmacro %}{{ greet('Ann') }} {{ greet('Bob', '?') }} {{ greet(name='Cy', punct='.') }}|{% macro outer() %}[{{ caller() }}]{% endmacro %}{% call outer() %}inside{% endcall %}|{% macro va() %}{{ varargs }}{{ kwargs }}{% endmacro %}{{ va(1, 2, k=3) }}")
+    s("set_block", "{% set block %}  some {{ 'text' }}\n{% endset %}[{{ block }}]{% set t | upper %}abc{% endset %}{{ t }}")
+    s("filter_block", "{% filter upper %}shout {{ 'this' }}{% endfilter %}")
+    s("with_block", "{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}{{ a is defined }}")
+    s("tuple_unpack", "{% set a, b = [1, 2] %}{{ a }}{{ b }}{% for x, y in [[1, 'a'], [2, 'b']] %}{{ x }}{{ y }}{% endfor %}")
+    s("raise_exception", "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must start with user') }}{% endif %}ok", messages=[{"role": "system"}])
+    s("strftime", "{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y-%m-%d %H:%M:%S %A %B %j %p %I %y') }}|{{ strftime_now('%-d %e') }}")
+    s("undefined_behaviour", "[{{ missing }}][{{ missing | length }}][{% for x in missing %}x{% endfor %}][{{ missing is defined }}][{{ not missing }}][{{ d.nokey }}][{{ d.nokey is defined }}][{{ d['nokey'] | default('k') }}][{{ missing ~ 'c' }}]", d={})
+    s("undefined_attr_error", "{{ missing.attr }}")
+    s("undefined_add_error", "{{ missing + 'x' }}")
+    s("none_attr", "[{{ n.attr }}][{{ n.attr is defined }}]", n=None)
+    s("unsafe_method", "{{ l.append is defined }}[{{ l.append }}]", l=[1])
+    s("unsafe_method_call", "{{ l.append(2) }}", l=[1])
+    s("list_index_out_of_range", "[{{ l[5] }}][{{ l[5] is defined }}][{{ l[-1] }}]", l=[1, 2])
+    s("integer_attr", "{{ l.0 }}{{ l.1 }}", l=["a", "b"])
+    s("range", "{{ range(3) | list }}{{ range(1, 10, 3) | list }}{{ range(5, 0, -2) | list }}")
+    s("string_escapes", "{{ 'tab\\there' }}|{{ \"q\\\"q\" }}|{{ 'uni\\u00e9' }}|{{ 'back\\\\slash' }}|{{ 'unknown\\d' }}|{{ 'adj' 'acent' }}")
+    s("comments_whitespace", "a\n{# comment #}\nb\n  {#- c -#}  \nc")
+    s("loop_changed", "{% for x in [1,1,2,2,3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}")
+    s("recursive_loop", "{% for item in tree recursive %}{{ item.name }}{% if item.children %}({{ loop(item.children) }}){% endif %}{% endfor %}",
+      tree=[{"name": "a", "children": [{"name": "b", "children": []}, {"name": "c"}]}, {"name": "d"}])
+    s("percent_format", "{{ '%s-%d-%05.2f' % ('a', 3, 3.14159) }}|{{ '%s' % 'x' }}|{{ '%(k)s' % {'k': 'v'} }}|{{ '{} and {}'.format('a', 'b') }}|{{ '%s' | format('f') }}")
+    s("content_list_loop", "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %};{% endfor %}",
+      messages=[{"role": "user", "content": "plain"}, {"role": "user", "content": [{"type": "text", "text": "t1"}, {"type": "image"}, {"type": "text", "text": "t2"}]}])
+    s("messages_reverse_index", "{% for m in messages[::-1] %}{% set i = (messages|length - 1) - loop.index0 %}{{ i }}{{ m.role[0] }}{% endfor %}",
+      messages=[{"role": "system"}, {"role": "user"}, {"role": "assistant"}])
+    s("is_test_precedence", "{{ not x is defined }}|{{ x is defined and x }}|{{ 1 + 1 is even }}|{{ 'a' ~ 'b' is string }}", x=0)
+    s("indent_filter", "{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'x\\n\\ny' | indent(width=1, blank=true) }}")
+    s("generation_tag", "{% generation %}kept {{ 1 }}{% endgeneration %}")
+    s("big_ints", "{{ 2 ** 62 }}|{{ 9007199254740993 }}|{{ n * 2 }}", n=4611686018427387904 // 2)
+    s("float_formats", "{{ 1/3 }}|{{ 2/3 }}|{{ 100.0 }}|{{ 1e-5 }}|{{ 0.0001 }}|{{ 1.23456789e15 }}|{{ 1.5e16 }}|{{ -0.0 }}|{{ 3.0 * 1.1 }}")
+    s("nested_data_access", "{{ data.a.b[1].c }}|{{ data['a']['b'][0] }}|{{ data.a.missing is defined }}", data={"a": {"b": [10, {"c": "deep"}]}})
+    s("dict_literal_order", "{% set d = {'z': 1, 'a': 2} %}{{ d }}{{ d | tojson }}{% for k in d %}{{ k }}{% endfor %}")
+    s("string_comparison_methods", "{{ 'abc' < 'abd' }}{{ 'B' < 'a' }}{{ [1, 2] < [1, 3] }}{{ 'é' > 'z' }}")
+    s("empty_template", "")
+    s("only_whitespace_blocks", "{% if true %}\n{% endif %}\n{% for x in [1] %}\n{% endfor %}\n")
+    s("lstrip_not_vars", "  {{ 'var' }}\n  {% if true %}blk{% endif %}\n\t{% if true %}tab{% endif %}")
+    s("tool_call_string_vs_dict", "{% for tc in calls %}{% if tc.arguments is string %}S:{{ tc.arguments }}{% else %}D:{{ tc.arguments | tojson }}{% endif %};{% endfor %}",
+      calls=[{"arguments": "{\"a\": 1}"}, {"arguments": {"b": [1, "x"]}}])
+    s("upper_unicode", "{{ 'straße'.upper() }}|{{ 'ÀÉÎ'.lower() }}|{{ 'ǆ'.title() }}")
+    s("syntax_error_unclosed", "{% if true %}never closed")
+    s("syntax_error_unknown_tag", "{% frobnicate %}")
+    return S
