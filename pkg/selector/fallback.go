@@ -40,25 +40,28 @@ func (s *Selector) minLoad(set epset.Set, sc *scratch, cursor *atomic.Uint64) in
 	if set.Empty() {
 		return -1
 	}
-	now := s.now()
-	var freshSum, fresh int64
-	for ep := set.Next(0); ep >= 0; ep = set.Next(ep + 1) {
+	fresh := s.now().Add(-s.opts.QueueStaleAfter)
+	var freshSum, nFresh int64
+	members := list(set, &sc.memb)
+	for _, m := range members {
+		ep := int(m)
 		q, at, ok := s.engine.Waiting(ep)
-		if ok && q >= 0 && now.Sub(at) <= s.opts.QueueStaleAfter {
+		if ok && q >= 0 && !at.Before(fresh) {
 			sc.capc[ep] = int64(min(q, maxLoad))
 			freshSum += sc.capc[ep]
-			fresh++
+			nFresh++
 		} else {
 			sc.capc[ep] = -1
 		}
 	}
 	var mean int64
-	if fresh > 0 {
-		mean = freshSum / fresh
+	if nFresh > 0 {
+		mean = freshSum / nFresh
 	}
 	n := 0
 	best := int64(-1)
-	for ep := set.Next(0); ep >= 0; ep = set.Next(ep + 1) {
+	for _, m := range members {
+		ep := int(m)
 		q := sc.capc[ep]
 		if q < 0 {
 			q = mean

@@ -1,6 +1,9 @@
 package selector
 
-import "testing"
+import (
+	"math/rand/v2"
+	"testing"
+)
 
 func TestCapFor(t *testing.T) {
 	tests := []struct {
@@ -68,6 +71,21 @@ func TestCapacity(t *testing.T) {
 	} {
 		if got := e.sel.capacity(c, ep); got != want {
 			t.Errorf("capacity(ep %d) = %d, want %d", ep, got, want)
+		}
+	}
+}
+
+// TestUnderCapMatchesCapFor: the division-free test agrees with the formula.
+func TestUnderCapMatchesCapFor(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 200000; i++ {
+		mlf := int64(100 + rng.IntN(901))
+		sum := int64(1 + rng.IntN(1<<rng.IntN(31)))
+		ci := min(sum, int64(1+rng.IntN(maxCapacity)))
+		total := int64(rng.IntN(1 << rng.IntN(25)))
+		load := int64(rng.IntN(int(total) + 2))
+		if got, want := underCap(load, mlf, total, ci, sum), load < capFor(mlf, total, ci, sum); got != want {
+			t.Fatalf("underCap(%d,%d,%d,%d,%d) = %v, capFor says %v", load, mlf, total, ci, sum, got, want)
 		}
 	}
 }

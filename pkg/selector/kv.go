@@ -57,6 +57,18 @@ func capFor(mlf, total, ci, sum int64) int64 {
 	return max(1, int64(q))
 }
 
+// underCap reports L_i < cap_i without dividing: for an integer load,
+// load < max(1, ceil(X/den)) ⇔ load == 0 || load·den < X, where
+// X = mlf·L·ĉ_i and den = 100·Σĉ. It is the hot-path form of capFor.
+func underCap(load, mlf, total, ci, sum int64) bool {
+	if load == 0 {
+		return true
+	}
+	xhi, xlo := bits.Mul64(uint64(mlf*total), uint64(ci))
+	yhi, ylo := bits.Mul64(uint64(load), uint64(100*sum))
+	return yhi < xhi || (yhi == xhi && ylo < xlo)
+}
+
 // adaptiveMLF: 175 at L ≤ 16, 300 at L ≥ 26, linear (floored) in between.
 func adaptiveMLF(total int64) int64 {
 	switch {
@@ -115,16 +127,17 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 	}
 
 	counts := &sc.counts
-	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
-		counts[ep] = 0
+	el := list(elig, &sc.elig)
+	for _, m := range el {
+		counts[m] = 0
 	}
-	if !elig.Empty() {
+	if len(el) > 0 {
 		s.scorer.Score(req.Hashes, elig, s.opts.Score == ScorePrefix, counts)
 	}
 	best, arg := uint32(0), -1
-	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
-		if counts[ep] > best {
-			best, arg = counts[ep], ep
+	for _, m := range el {
+		if counts[m] > best {
+			best, arg = counts[m], int(m)
 		}
 	}
 	d.BestScore, d.Argmax = int(best), arg
@@ -138,9 +151,9 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 		return false
 	}
 
-	w, spilled, mlf := s.blend(c, elig, sc, int64(best), arg)
+	w, spilled, mlf := s.blend(c, el, sc, int64(best), arg)
 	if !spilled && s.opts.LBMode != LBOff && c.relief {
-		if r := s.relief(c, elig, sc, w, mlf); r != w {
+		if r := s.relief(c, el, sc, w, mlf); r != w {
 			w, spilled = r, true
 		}
 	}
@@ -183,14 +196,15 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 // blend applies LOXILB_KV_LB_MODE to the positive-overlap candidates. It
 // returns the winner, whether it spilled off the argmax, and the mlf used
 // (for spill relief).
-func (s *Selector) blend(c *compiled, elig epset.Set, sc *scratch, best int64, arg int) (int, bool, int64) {
+func (s *Selector) blend(c *compiled, el []int16, sc *scratch, best int64, arg int) (int, bool, int64) {
 	mode := s.opts.LBMode
 	if mode == LBOff {
 		return arg, false, int64(s.opts.MeanLoadFactor)
 	}
 	n := 0
 	var total, sum int64
-	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+	for _, m := range el {
+		ep := int(m)
 		if sc.counts[ep] == 0 {
 			continue
 		}
@@ -211,7 +225,7 @@ func (s *Selector) blend(c *compiled, elig epset.Set, sc *scratch, best int64, a
 		// Best overlap under its cap; ties to the least loaded, then lowest ep_idx.
 		for _, e := range sc.cands[:n] {
 			ep := int(e)
-			if sc.load[ep] >= capFor(mlf, total, sc.capc[ep], sum) {
+			if !underCap(sc.load[ep], mlf, total, sc.capc[ep], sum) {
 				continue
 			}
 			if w < 0 || sc.counts[ep] > sc.counts[w] || (sc.counts[ep] == sc.counts[w] && sc.load[ep] < sc.load[w]) {
@@ -251,23 +265,26 @@ func (s *Selector) blend(c *compiled, elig epset.Set, sc *scratch, best int64, a
 // relief is spill relief: when the chosen endpoint is at or over its cap
 // computed over the whole eligible fleet, move to the least-loaded endpoint
 // under its fleet cap (ties to the lowest ep_idx), overlap ignored.
-func (s *Selector) relief(c *compiled, elig epset.Set, sc *scratch, w int, mlf int64) int {
-	if elig.Len() < 2 {
+func (s *Selector) relief(c *compiled, el []int16, sc *scratch, w int, mlf int64) int {
+	if len(el) < 2 {
 		return w
 	}
 	var total, sum int64
-	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+	for _, m := range el {
+		ep := int(m)
 		total += sc.load[ep]
-		ci := s.capacity(c, ep)
-		sc.capc[ep] = ci
-		sum += ci
+		if sc.counts[ep] == 0 { // candidates already have ĉ from blend
+			sc.capc[ep] = s.capacity(c, ep)
+		}
+		sum += sc.capc[ep]
 	}
-	if sc.load[w] < capFor(mlf, total, sc.capc[w], sum) {
+	if underCap(sc.load[w], mlf, total, sc.capc[w], sum) {
 		return w
 	}
 	to := -1
-	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
-		if sc.load[ep] >= capFor(mlf, total, sc.capc[ep], sum) {
+	for _, m := range el {
+		ep := int(m)
+		if !underCap(sc.load[ep], mlf, total, sc.capc[ep], sum) {
 			continue
 		}
 		if to < 0 || sc.load[ep] < sc.load[to] {

@@ -3,6 +3,7 @@ package selector
 import (
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -149,6 +150,21 @@ type scratch struct {
 	capc   [epset.Max]int64
 	cands  [epset.Max]int16
 	tied   [epset.Max]int16
+	elig   [epset.Max]int16 // members of the tier-1.5 eligible set
+	memb   [epset.Max]int16 // members of a set, for the other loops
+}
+
+// list writes the members of set into buf in ascending order and returns
+// them; much cheaper than repeated Set.Next on the hot path.
+func list(set epset.Set, buf *[epset.Max]int16) []int16 {
+	n := 0
+	for w, v := range set {
+		for ; v != 0; v &= v - 1 {
+			buf[n] = int16(w<<6 | bits.TrailingZeros64(v))
+			n++
+		}
+	}
+	return buf[:n]
 }
 
 type nopScorer struct{}
@@ -348,7 +364,8 @@ func (a *Attempt) Commit() Outcome {
 
 // fillLoads reads L_i for every endpoint of set into sc.load, clamped.
 func (s *Selector) fillLoads(set epset.Set, sc *scratch) {
-	for ep := set.Next(0); ep >= 0; ep = set.Next(ep + 1) {
+	for _, m := range list(set, &sc.memb) {
+		ep := int(m)
 		l := int64(s.loads.InFlight(ep))
 		if l < 0 {
 			l = 0
@@ -362,8 +379,8 @@ func (s *Selector) fillLoads(set epset.Set, sc *scratch) {
 // spread is max − min of the loads over set (0 for an empty set).
 func spread(set epset.Set, sc *scratch) int64 {
 	lo, hi := int64(-1), int64(0)
-	for ep := set.Next(0); ep >= 0; ep = set.Next(ep + 1) {
-		l := sc.load[ep]
+	for _, m := range list(set, &sc.memb) {
+		l := sc.load[m]
 		if lo < 0 || l < lo {
 			lo = l
 		}
