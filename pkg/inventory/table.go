@@ -1,0 +1,622 @@
+package inventory
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvgate/kvgate/pkg/epset"
+)
+
+// The table is one open-addressing hash set of block hashes for all endpoints
+// of a rule, split into numShards shards by the top bits of the mixed hash.
+// A slot is 12 bytes in two parallel arrays:
+//
+//	keys[i]: generation (8 bits) << 56 | low 56 bits of the mixed hash
+//	ids[i]:  holder set id (0 = empty slot)
+//
+// The top 8 bits of the mixed hash are implied by the shard, which frees the
+// key word's top byte for the generation used by cap eviction. Probing is
+// Robin Hood linear probing with backward-shift deletion, so lookups of absent
+// hashes stop early even at the 92% maximum load, and the table never holds
+// tombstones.
+//
+// Shards exist so that growing is incremental: one shard (1/256 of the table)
+// is rebuilt at a time, off to the side without the read lock, and swapped in
+// under a short write lock. Scoring therefore never waits for a rehash.
+//
+// Locking: every mutation runs with the index's writer mutex held (one writer
+// at a time), and takes the RWMutex for writing only around bounded chunks of
+// in-place changes. The writer may read the table without the RWMutex because
+// nobody else writes it; scorers read under RLock.
+
+const (
+	shardBits     = 8
+	numShards     = 1 << shardBits
+	keyBits       = 64 - shardBits
+	keyMask       = 1<<keyBits - 1
+	minShardSlots = 16
+
+	// Growth: ×2 while small, then ×1.2 so the load stays in [0.77, 0.92] and
+	// a slot (12 B) costs at most ~15.7 B per stored hash.
+	maxLoadNum, maxLoadDen = 23, 25
+	smallShard             = 1024
+
+	// Shrink when a shard falls below 1/4 full, to about 60% load.
+	shrinkDen = 4
+
+	// Chunk sizes bound how long the write lock is held at a time.
+	applyChunk = 128  // hashes per write-lock hold when adding or removing
+	scanBudget = 8192 // slots per write-lock hold when sweeping
+
+	// A generation lasts genSpanDiv-th of the cap in adds (at least minGenSpan),
+	// so the 256 generations cover many caps' worth of history.
+	genSpanDiv = 16
+	minGenSpan = 64
+	// Entries older than agingClampAge generations are clamped to that age by a
+	// sweep that covers the table every agingPassGens generations, so a
+	// generation number is never reused while an entry still carries it.
+	agingClampAge = 128
+	agingPassGens = 64
+)
+
+type shard struct {
+	keys []uint64
+	ids  []uint32
+	used int
+}
+
+func homeOf(k56 uint64, n int) int {
+	hi, _ := bits.Mul64(k56<<shardBits, uint64(n))
+	return int(hi)
+}
+
+func displacement(k uint64, i, n int) int {
+	d := i - homeOf(k&keyMask, n)
+	if d < 0 {
+		d += n
+	}
+	return d
+}
+
+// find returns the slot holding k56, or the slot and displacement at which it
+// should be inserted.
+func (s *shard) find(k56 uint64) (i, d int, found bool) {
+	n := len(s.ids)
+	keys, ids := s.keys[:n], s.ids[:n]
+	i = homeOf(k56, n)
+	for d = 0; ; d++ {
+		if ids[i] == emptySet {
+			return i, d, false
+		}
+		k := keys[i]
+		if k&keyMask == k56 {
+			return i, d, true
+		}
+		if displacement(k, i, n) < d {
+			return i, d, false
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+}
+
+// lookup returns the holder set of k56, or emptySet.
+func (s *shard) lookup(k56 uint64) uint32 {
+	n := len(s.ids)
+	if n == 0 {
+		return emptySet
+	}
+	keys, ids := s.keys[:n], s.ids[:n]
+	i := homeOf(k56, n)
+	for d := 0; ; d++ {
+		id := ids[i]
+		if id == emptySet {
+			return emptySet
+		}
+		k := keys[i]
+		if k&keyMask == k56 {
+			return id
+		}
+		if displacement(k, i, n) < d {
+			return emptySet
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+}
+
+func (s *shard) insertAt(i, d int, k uint64, id uint32) {
+	n := len(s.ids)
+	for {
+		if s.ids[i] == emptySet {
+			s.keys[i], s.ids[i] = k, id
+			s.used++
+			return
+		}
+		if rd := displacement(s.keys[i], i, n); rd < d {
+			s.keys[i], k = k, s.keys[i]
+			s.ids[i], id = id, s.ids[i]
+			d = rd
+		}
+		if i++; i == n {
+			i = 0
+		}
+		d++
+	}
+}
+
+func (s *shard) deleteAt(i int) {
+	n := len(s.ids)
+	for {
+		j := i + 1
+		if j == n {
+			j = 0
+		}
+		if s.ids[j] == emptySet || displacement(s.keys[j], j, n) == 0 {
+			s.keys[i], s.ids[i] = 0, emptySet
+			break
+		}
+		s.keys[i], s.ids[i] = s.keys[j], s.ids[j]
+		i = j
+	}
+	s.used--
+}
+
+func (s *shard) full() bool {
+	return (s.used+1)*maxLoadDen > len(s.ids)*maxLoadNum
+}
+
+func (s *shard) sparse() bool {
+	return len(s.ids) > minShardSlots && s.used*shrinkDen < len(s.ids)
+}
+
+func grownSize(n int) int {
+	switch {
+	case n < minShardSlots:
+		return minShardSlots
+	case n < smallShard:
+		return 2 * n
+	default:
+		return n + n/5
+	}
+}
+
+// rebuilt returns the shard's entries re-placed into n slots. It only reads s.
+func (s *shard) rebuilt(n int) shard {
+	ns := shard{keys: make([]uint64, n), ids: make([]uint32, n)}
+	for i, id := range s.ids {
+		if id == emptySet {
+			continue
+		}
+		k := s.keys[i]
+		j, d, _ := ns.find(k & keyMask)
+		ns.insertAt(j, d, k, id)
+	}
+	return ns
+}
+
+type slotPos struct {
+	shard, slot int
+}
+
+// epAccount is what a table keeps per endpoint, beyond the block count.
+type epAccount struct {
+	hist [256]uint32 // slots holding the endpoint, by generation
+	hand slotPos     // where the cap-eviction sweep continues
+}
+
+type table struct {
+	rw        *sync.RWMutex
+	shards    [numShards]shard
+	sets      *setRegistry
+	maxBlocks int64
+	genSpan   int
+
+	blocks      [epset.Max]atomic.Int64 // endpoint union counts; read lock-free
+	acct        [epset.Max]*epAccount
+	memberCount []int64 // slots per member (endpoint rank)
+
+	gen        uint32 // current generation; slots store its low 8 bits
+	addsInGen  int
+	agingDebt  int // slots the aging sweep still has to visit
+	agingHand  slotPos
+	over       epset.Set        // endpoints above the cap, pending eviction
+	evicted    [epset.Max]int64 // cap evictions not yet reported to the observer
+	totalSlots int
+	sparse     [numShards / 64]uint64 // shards to consider shrinking
+}
+
+func newTable(rw *sync.RWMutex, maxBlocks int) *table {
+	t := &table{rw: rw, sets: newSetRegistry(), maxBlocks: int64(maxBlocks)}
+	t.genSpan = max(maxBlocks/genSpanDiv, minGenSpan)
+	return t
+}
+
+func (t *table) account(ep int) *epAccount {
+	a := t.acct[ep]
+	if a == nil {
+		a = &epAccount{}
+		t.acct[ep] = a
+	}
+	return a
+}
+
+func (t *table) countMember(m member, delta int64) {
+	if int(m) >= len(t.memberCount) {
+		t.memberCount = append(t.memberCount, make([]int64, int(m)+1-len(t.memberCount))...)
+	}
+	t.memberCount[m] += delta
+}
+
+func (t *table) membersOf(ep int) int64 {
+	var n int64
+	for r := 0; r < MaxRanks; r++ {
+		m := int(makeMember(ep, r))
+		if m >= len(t.memberCount) {
+			break
+		}
+		n += t.memberCount[m]
+	}
+	return n
+}
+
+// retarget moves one slot of generation g from set from to set to, keeping
+// every count in step. Call with the write lock held.
+func (t *table) retarget(from, to uint32, g uint8) {
+	t.sets.ref(to)
+	fe, te := t.sets.eps[from], t.sets.eps[to]
+	added, removed := te.AndNot(fe), fe.AndNot(te)
+	for e := added.Next(0); e >= 0; e = added.Next(e + 1) {
+		t.account(e).hist[g]++
+		if t.blocks[e].Add(1) > t.maxBlocks {
+			t.over.Add(e)
+		}
+	}
+	for e := removed.Next(0); e >= 0; e = removed.Next(e + 1) {
+		t.account(e).hist[g]--
+		t.blocks[e].Add(-1)
+	}
+	fm, tm := t.sets.sets[from].members, t.sets.sets[to].members
+	for len(fm) > 0 || len(tm) > 0 {
+		switch {
+		case len(tm) == 0 || (len(fm) > 0 && fm[0] < tm[0]):
+			t.countMember(fm[0], -1)
+			fm = fm[1:]
+		case len(fm) == 0 || tm[0] < fm[0]:
+			t.countMember(tm[0], 1)
+			tm = tm[1:]
+		default:
+			fm, tm = fm[1:], tm[1:]
+		}
+	}
+	t.sets.unref(from)
+}
+
+func (t *table) moveGen(id uint32, from, to uint8) {
+	eps := t.sets.eps[id]
+	for e := eps.Next(0); e >= 0; e = eps.Next(e + 1) {
+		a := t.account(e)
+		a.hist[from]--
+		a.hist[to]++
+	}
+}
+
+// setSlot replaces slot i's set by to (deleting the slot when to is empty).
+// It reports whether the slot was deleted, in which case its successor now
+// sits at i.
+func (t *table) setSlot(s *shard, i int, to uint32) bool {
+	from := s.ids[i]
+	if to == from {
+		return false
+	}
+	t.retarget(from, to, uint8(s.keys[i]>>keyBits))
+	if to == emptySet {
+		s.deleteAt(i)
+		return true
+	}
+	s.ids[i] = to
+	return false
+}
+
+// grow rebuilds shard si larger. Called with the writer mutex held and the
+// write lock NOT held; it takes the write lock only to swap.
+func (t *table) grow(si int) {
+	s := &t.shards[si]
+	ns := s.rebuilt(grownSize(len(s.ids)))
+	t.rw.Lock()
+	t.totalSlots += len(ns.ids) - len(s.ids)
+	*s = ns
+	t.rw.Unlock()
+}
+
+func (t *table) markSparse(si int) { t.sparse[si>>6] |= 1 << (si & 63) }
+
+// shrinkSparse rebuilds the shards that removals left mostly empty. Called
+// with the writer mutex held and the write lock not held.
+func (t *table) shrinkSparse() {
+	for w := range t.sparse {
+		for v := t.sparse[w]; v != 0; v &= v - 1 {
+			si := w<<6 | bits.TrailingZeros64(v)
+			s := &t.shards[si]
+			if !s.sparse() {
+				continue
+			}
+			n := max(minShardSlots, s.used*5/3+1)
+			ns := s.rebuilt(n)
+			t.rw.Lock()
+			t.totalSlots += len(ns.ids) - len(s.ids)
+			*s = ns
+			t.rw.Unlock()
+		}
+		t.sparse[w] = 0
+	}
+}
+
+// prefetch mixes a chunk of hashes into ph and touches each home slot, so the
+// cache misses of the whole chunk overlap instead of being taken one by one.
+func (t *table) prefetch(hashes []uint64, ph []uint64) uint64 {
+	var sink uint64
+	for j, h := range hashes {
+		p := mix(h)
+		ph[j] = p
+		s := &t.shards[p>>keyBits]
+		if n := len(s.ids); n > 0 {
+			i := homeOf(p&keyMask, n)
+			sink += s.keys[i] + uint64(s.ids[i])
+		}
+	}
+	return sink
+}
+
+// errTableFull is returned when the holder-set registry is exhausted.
+type errTableFull struct{}
+
+func (errTableFull) Error() string { return "inventory: holder-set registry exhausted" }
+
+// add stores hashes for member m. Writer mutex held, write lock not held.
+func (t *table) add(m member, hashes []uint64) error {
+	var ph [applyChunk]uint64
+	var sink uint64
+	for start := 0; start < len(hashes); start += applyChunk {
+		part := hashes[start:min(start+applyChunk, len(hashes))]
+		sink += t.prefetch(part, ph[:])
+		t.rw.Lock()
+		for j := range part {
+			p := ph[j]
+			si := int(p >> keyBits)
+			s := &t.shards[si]
+			if s.full() {
+				t.rw.Unlock()
+				t.grow(si)
+				t.rw.Lock()
+			}
+			if err := t.addOne(s, p&keyMask, m); err != nil {
+				t.rw.Unlock()
+				return err
+			}
+		}
+		t.rw.Unlock()
+		t.maintain()
+	}
+	_ = sink
+	return nil
+}
+
+func (t *table) addOne(s *shard, k56 uint64, m member) error {
+	g := uint8(t.gen)
+	i, d, found := s.find(k56)
+	if found {
+		from := s.ids[i]
+		to, ok := t.sets.apply(from, opAdd|transitionOp(m))
+		if !ok {
+			return errTableFull{}
+		}
+		old := uint8(s.keys[i] >> keyBits)
+		if to != from {
+			t.retarget(from, to, old)
+			s.ids[i] = to
+		}
+		if old != g {
+			t.moveGen(to, old, g)
+			s.keys[i] = uint64(g)<<keyBits | k56
+		}
+	} else {
+		to, ok := t.sets.single(m)
+		if !ok {
+			return errTableFull{}
+		}
+		s.insertAt(i, d, uint64(g)<<keyBits|k56, to)
+		t.retarget(emptySet, to, g)
+	}
+	if t.addsInGen++; t.addsInGen >= t.genSpan {
+		t.addsInGen = 0
+		t.gen++
+		t.agingDebt += t.totalSlots/agingPassGens + 1
+	}
+	return nil
+}
+
+// remove drops hashes for member m. Writer mutex held, write lock not held.
+func (t *table) remove(m member, hashes []uint64) error {
+	var ph [applyChunk]uint64
+	var sink uint64
+	op := opRemove | transitionOp(m)
+	for start := 0; start < len(hashes); start += applyChunk {
+		part := hashes[start:min(start+applyChunk, len(hashes))]
+		sink += t.prefetch(part, ph[:])
+		t.rw.Lock()
+		for j := range part {
+			p := ph[j]
+			si := int(p >> keyBits)
+			s := &t.shards[si]
+			if len(s.ids) == 0 {
+				continue
+			}
+			i, _, found := s.find(p & keyMask)
+			if !found {
+				continue
+			}
+			to, ok := t.sets.apply(s.ids[i], op)
+			if !ok {
+				t.rw.Unlock()
+				return errTableFull{}
+			}
+			t.setSlot(s, i, to)
+			if s.sparse() {
+				t.markSparse(si)
+			}
+		}
+		t.rw.Unlock()
+	}
+	_ = sink
+	t.shrinkSparse()
+	return nil
+}
+
+// sweep visits every slot once, in write-lock holds of at most scanBudget
+// slots, applying op to slots whose set changes under it. It stops early when
+// done reports true. Writer mutex held, write lock not held.
+func (t *table) sweep(op transitionOp, done func() bool) error {
+	for si := 0; si < numShards; si++ {
+		s := &t.shards[si]
+		for i := 0; i < len(s.ids); {
+			if done() {
+				t.shrinkSparse()
+				return nil
+			}
+			t.rw.Lock()
+			end := min(i+scanBudget, len(s.ids))
+			for i < end {
+				id := s.ids[i]
+				if id == emptySet {
+					i++
+					continue
+				}
+				to, ok := t.sets.apply(id, op)
+				if !ok {
+					t.rw.Unlock()
+					return errTableFull{}
+				}
+				if !t.setSlot(s, i, to) {
+					i++
+				}
+			}
+			if s.sparse() {
+				t.markSparse(si)
+			}
+			t.rw.Unlock()
+		}
+	}
+	t.shrinkSparse()
+	return nil
+}
+
+func (t *table) clearMember(m member) error {
+	if int(m) >= len(t.memberCount) || t.memberCount[m] == 0 {
+		return nil
+	}
+	return t.sweep(opRemove|transitionOp(m), func() bool { return t.memberCount[m] == 0 })
+}
+
+func (t *table) clearEndpoint(ep int) error {
+	if t.blocks[ep].Load() == 0 {
+		return nil
+	}
+	return t.sweep(opRemoveEp|transitionOp(ep), func() bool { return t.blocks[ep].Load() == 0 })
+}
+
+func (t *table) advance(p *slotPos) {
+	p.slot++
+	for p.slot >= len(t.shards[p.shard].ids) {
+		p.slot = 0
+		p.shard = (p.shard + 1) % numShards
+		if t.totalSlots == 0 {
+			return
+		}
+	}
+}
+
+// maintain runs the work that adds leave behind: cap evictions and the aging
+// sweep. Writer mutex held, write lock not held.
+func (t *table) maintain() {
+	for !t.over.Empty() {
+		e := t.over.Min()
+		t.over.Remove(e)
+		t.evict(e)
+	}
+	for t.agingDebt > 0 && t.totalSlots > 0 {
+		t.rw.Lock()
+		g := uint8(t.gen)
+		for n := min(t.agingDebt, scanBudget); n > 0; n-- {
+			p := &t.agingHand
+			if p.slot < len(t.shards[p.shard].ids) {
+				s := &t.shards[p.shard]
+				if id := s.ids[p.slot]; id != emptySet {
+					k := s.keys[p.slot]
+					old := uint8(k >> keyBits)
+					if g-old > agingClampAge {
+						clamped := g - agingClampAge
+						t.moveGen(id, old, clamped)
+						s.keys[p.slot] = uint64(clamped)<<keyBits | k&keyMask
+					}
+				}
+			}
+			t.advance(p)
+			t.agingDebt--
+		}
+		t.rw.Unlock()
+	}
+	t.agingDebt = max(t.agingDebt, 0)
+}
+
+func (t *table) oldestGen(a *epAccount) (uint8, bool) {
+	g := uint8(t.gen)
+	for age := 255; age >= 0; age-- {
+		c := g - uint8(age)
+		if a.hist[c] > 0 {
+			return c, true
+		}
+	}
+	return 0, false
+}
+
+// evict removes endpoint e's oldest blocks (by generation) until it is back
+// at the cap. Writer mutex held, write lock not held.
+func (t *table) evict(e int) {
+	a := t.account(e)
+	op := opRemoveEp | transitionOp(e)
+	idle := 0 // slots visited without an eviction, to stop if counts ever disagree with the table
+	for t.blocks[e].Load() > t.maxBlocks && idle <= t.totalSlots {
+		target, ok := t.oldestGen(a)
+		if !ok {
+			return
+		}
+		t.rw.Lock()
+		for n := scanBudget; n > 0 && t.blocks[e].Load() > t.maxBlocks && a.hist[target] > 0; n-- {
+			p := &a.hand
+			s := &t.shards[p.shard]
+			if p.slot < len(s.ids) {
+				id := s.ids[p.slot]
+				if id != emptySet && t.sets.eps[id].Has(e) && uint8(s.keys[p.slot]>>keyBits) == target {
+					to, ok := t.sets.apply(id, op)
+					if ok {
+						t.evicted[e]++
+						idle = 0
+						if t.setSlot(s, p.slot, to) {
+							if s.sparse() {
+								t.markSparse(p.shard)
+							}
+							continue // the successor moved into this slot
+						}
+					}
+				}
+			}
+			idle++
+			t.advance(p)
+		}
+		t.rw.Unlock()
+	}
+}
