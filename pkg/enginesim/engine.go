@@ -180,10 +180,12 @@ func (e *Engine) abortRequest(st *loopState, r *request) {
 
 // step advances the model to now and returns when it next needs to wake.
 func (e *Engine) step(st *loopState, now time.Time) time.Time {
-	// Requests that are due: prefill completions and decode tokens.
+	// Requests that are due: prefill completions and decode tokens. Like a
+	// vLLM step, each request advances by at most one token; a request that
+	// is still due afterwards makes the loop run another step at once.
 	kept := st.running[:0]
 	for _, r := range st.running {
-		for !r.finished && !r.nextAt.After(now) {
+		if !r.nextAt.After(now) {
 			e.advance(st, r)
 		}
 		if !r.finished {
@@ -237,6 +239,10 @@ func (e *Engine) admit(st *loopState, now time.Time) {
 			break
 		}
 		st.waiting = st.waiting[1:]
+		// Evictions this allocation causes are published with this step,
+		// before the prefill's BlockStored: deferring them to the prefill's
+		// end could reorder them after another request re-storing the
+		// same hash.
 		r.blocks = st.pool.acquireHits(r.chain, hit)
 		r.hitBlocks, r.numCached = hit, hit
 		st.pool.reserve(total - hit)

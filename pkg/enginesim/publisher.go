@@ -155,3 +155,11 @@ func (p *publisher) close() error {
 	<-p.done
 	return err
 }
+
+// topics lists the topic prefixes connected subscribers asked for.
+func (p *publisher) topics() []string {
+	if t, ok := p.pub.(zmq4.Topics); ok {
+		return t.Topics()
+	}
+	return nil
+}

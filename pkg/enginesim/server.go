@@ -727,3 +727,13 @@ func (e *Engine) handleReset(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusOK)
 }
+
+// EventSubscriptions lists the topic prefixes of the subscribers connected to
+// the KV-event PUB socket (one "" per catch-all subscriber, deduplicated), so
+// a caller can wait for a subscriber before sending traffic.
+func (e *Engine) EventSubscriptions() []string {
+	if e.pub == nil {
+		return nil
+	}
+	return e.pub.topics()
+}
