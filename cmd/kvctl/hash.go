@@ -19,8 +19,8 @@ import (
 
 // Environment variables shared with the daemon.
 const (
-	hashEnvSeed = "LLB_KV_NONE_HASH_SEED" // NONE_HASH seed; must equal vLLM's PYTHONHASHSEED
-	hashEnvDebug    = "LLB_KV_HASH_DEBUG"     // "1": one log line per hashed block on stderr
+	hashEnvSeed  = "LLB_KV_NONE_HASH_SEED" // NONE_HASH seed; must equal vLLM's PYTHONHASHSEED
+	hashEnvDebug = "LLB_KV_HASH_DEBUG"     // "1": one log line per hashed block on stderr
 )
 
 // parityMaxInput bounds --tokens-file and --file reads.
