@@ -48,7 +48,7 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 	}
 	root := newScope(nil)
 	for k, v := range in.SpecialTokens {
-		root.vars[k] = v
+		root.set(k, v)
 	}
 	for _, k := range sortedKeys(in.Kwargs) {
 		v, err := toValue(in.Kwargs[k], 0)
@@ -69,7 +69,7 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 		case "documents":
 			documents = v
 		default:
-			root.vars[k] = v
+			root.set(k, v)
 		}
 	}
 	if addGen && cont {
@@ -88,10 +88,10 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 	if documents, err = toValue(documents, 0); err != nil {
 		return "", fmt.Errorf("chattemplate: documents: %w", err)
 	}
-	root.vars["messages"] = msgs
-	root.vars["tools"] = tools
-	root.vars["documents"] = documents
-	root.vars["add_generation_prompt"] = addGen
+	root.set("messages", msgs)
+	root.set("tools", tools)
+	root.set("documents", documents)
+	root.set("add_generation_prompt", addGen)
 	out, err := t.render(root)
 	if err != nil || !cont {
 		return out, err

@@ -19,17 +19,33 @@ func (e *TemplateException) Error() string { return "chattemplate: template rais
 // evaluation steps, call depth).
 var ErrLimit = errors.New("chattemplate: render limit exceeded")
 
+// scope is one level of Jinja variable bindings. Scopes hold few names, so
+// a slice with linear search is cheaper than a map.
 type scope struct {
-	vars   map[string]any
+	names  []string
+	vals   []any
 	parent *scope
 }
 
-func newScope(parent *scope) *scope { return &scope{vars: make(map[string]any, 4), parent: parent} }
+func newScope(parent *scope) *scope { return &scope{parent: parent} }
+
+func (s *scope) set(name string, v any) {
+	for i, n := range s.names {
+		if n == name {
+			s.vals[i] = v
+			return
+		}
+	}
+	s.names = append(s.names, name)
+	s.vals = append(s.vals, v)
+}
 
 func (s *scope) lookup(name string) (any, bool) {
 	for c := s; c != nil; c = c.parent {
-		if v, ok := c.vars[name]; ok {
-			return v, true
+		for i, n := range c.names {
+			if n == name {
+				return c.vals[i], true
+			}
 		}
 	}
 	return nil, false
@@ -135,7 +151,7 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 		}
 		return flowNormal, r.assign(n.target, v, sc)
 	case *macroNode:
-		sc.vars[n.name] = &macroValue{node: n, closure: sc, name: n.name, params: n.params, defaults: n.defaults, body: n.body}
+		sc.set(n.name, &macroValue{node: n, closure: sc, name: n.name, params: n.params, defaults: n.defaults, body: n.body})
 		return flowNormal, nil
 	case *callBlockNode:
 		caller := &macroValue{node: nil, closure: sc, name: "caller", params: n.params, defaults: n.defaults, body: n.body}
@@ -212,7 +228,7 @@ func (r *renderer) assign(t target, v any, sc *scope) error {
 		}
 		return nil
 	}
-	sc.vars[t.name] = v
+	sc.set(t.name, v)
 	return nil
 }
 
@@ -264,7 +280,7 @@ func (r *renderer) runLoop(n *forNode, iterable any, sc *scope, out *strings.Bui
 		}
 		loop.index0 = i
 		is := newScope(sc)
-		is.vars["loop"] = loop
+		is.set("loop", loop)
 		if err := r.assign(n.target, it, is); err != nil {
 			return err
 		}
@@ -330,23 +346,23 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 					return nil, fmt.Errorf("macro '%s' got multiple values for argument '%s'", m.name, p)
 				}
 			}
-			sc.vars[p] = args[i]
+			sc.set(p, args[i])
 		case kw != nil && hasKey(kw, p):
-			sc.vars[p] = kw.m[p]
+			sc.set(p, kw.m[p])
 		case i >= firstDefault:
 			v, err := r.eval(m.defaults[i-firstDefault], sc)
 			if err != nil {
 				return nil, err
 			}
-			sc.vars[p] = v
+			sc.set(p, v)
 		default:
-			sc.vars[p] = undefined{hint: fmt.Sprintf("parameter '%s' was not provided", p)}
+			sc.set(p, undefined{hint: fmt.Sprintf("parameter '%s' was not provided", p)})
 		}
 	}
-	sc.vars["varargs"] = tuple(varargs)
-	sc.vars["kwargs"] = extra
+	sc.set("varargs", tuple(varargs))
+	sc.set("kwargs", extra)
 	if caller != nil {
-		sc.vars["caller"] = caller
+		sc.set("caller", caller)
 	}
 	var buf strings.Builder
 	if _, err := r.execBody(m.body, sc, &buf); err != nil {

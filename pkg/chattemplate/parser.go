@@ -223,7 +223,7 @@ func (p *parser) subparse(ends []string) ([]node, error) {
 			body = append(body, &textNode{text: t.val})
 		case tokVarBegin:
 			p.next()
-			e, err := p.parseTuple(true, nil, true)
+			e, err := p.parseTuple(true, nil, false)
 			if err != nil {
 				return nil, err
 			}

@@ -106,7 +106,7 @@ func (t *Template) Render(vars map[string]any) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("chattemplate: variable %q: %w", k, err)
 		}
-		root.vars[k] = v
+		root.set(k, v)
 	}
 	return t.render(root)
 }
