@@ -90,12 +90,16 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 }
 
 func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, error) {
+	var ty typed
+	if err := json.Unmarshal(raw, &ty); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if ty.Type != "" && ty.Type != "BPE" {
+		return nil, &UnsupportedError{Component: "model", Type: ty.Type}
+	}
 	var j bpeJSON
 	if err := json.Unmarshal(raw, &j); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
-	}
-	if j.Type != "" && j.Type != "BPE" {
-		return nil, &UnsupportedError{Component: "model", Type: j.Type}
 	}
 	if j.Type == "" && j.Vocab == nil {
 		return nil, errors.New("model: no type and no vocab")

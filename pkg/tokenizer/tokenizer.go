@@ -47,6 +47,10 @@ type Tokenizer struct {
 	vocabSize int
 
 	metaspace *metaspacePre // for Decode
+	// spaceMark is the SentencePiece word mark ("▁") Decode turns back into
+	// a space, and stripLead whether Decode drops the first leading space.
+	spaceMark string
+	stripLead bool
 
 	chunks *chunkCache
 	scan   *scanner // GPT-4 family scanner when chunking is safe
@@ -178,7 +182,22 @@ func Parse(data []byte, opts ...Option) (*Tokenizer, error) {
 	}
 	t.detectChunking(o)
 	t.metaspace = findMetaspace(t.pre)
+	t.spaceMark, t.stripLead = decoderHints(f.Decoder, t.metaspace)
 	return t, nil
+}
+
+// decoderHints reads what Decode needs from the decoder section: the
+// SentencePiece word mark and whether a leading space is stripped (Metaspace
+// decoders, or Replace("▁", " ") followed by Strip, as Llama-2 has).
+func decoderHints(raw json.RawMessage, ms *metaspacePre) (mark string, stripLead bool) {
+	if ms != nil {
+		return ms.replacement, ms.scheme != "never"
+	}
+	s := string(raw)
+	if strings.Contains(s, "\u2581") || strings.Contains(s, "▁") || strings.Contains(s, "Metaspace") {
+		return "▁", strings.Contains(s, "Strip") || strings.Contains(s, "Metaspace")
+	}
+	return "", false
 }
 
 func findMetaspace(p preTokenizer) *metaspacePre {
@@ -461,14 +480,14 @@ func (t *Tokenizer) Decode(ids []uint32) string {
 				continue
 			}
 		}
-		if t.metaspace != nil {
-			tok = strings.ReplaceAll(tok, t.metaspace.replacement, " ")
+		if t.spaceMark != "" {
+			tok = strings.ReplaceAll(tok, t.spaceMark, " ")
 		}
 		runText = append(runText, tok...)
 	}
 	flush()
 	out := string(b)
-	if t.metaspace != nil && t.metaspace.scheme != "never" {
+	if t.stripLead {
 		out = strings.TrimPrefix(out, " ")
 	}
 	return strings.ToValidUTF8(out, "\uFFFD")

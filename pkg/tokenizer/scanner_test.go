@@ -1,0 +1,174 @@
+package tokenizer
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/dlclark/regexp2"
+)
+
+// comparableWithGo reports whether regexp2 (which uses Go's Unicode tables)
+// can serve as the oracle for s: every rune must have the same class in Go's
+// tables as in the reference tables, and no rune may case-fold to an ASCII
+// letter (regexp2 folds with Unicode rules, the reference with ASCII only).
+func comparableWithGo(s string) bool {
+	for _, r := range s {
+		if r == utf8.RuneError {
+			return false
+		}
+		goClass := classOther
+		switch {
+		case unicode.IsLetter(r):
+			goClass = classLetter
+		case unicode.IsNumber(r):
+			goClass = classNumber
+		case unicode.Is(unicode.White_Space, r):
+			goClass = classSpace
+		}
+		if goClass != classOf(r) {
+			return false
+		}
+		if r >= utf8.RuneSelf {
+			for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+				if f < utf8.RuneSelf {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+func regexSpans(re *regexp2.Regexp, s string) [][2]int {
+	var out [][2]int
+	regexMatcher{re}.matches(s, func(a, b int) { out = append(out, [2]int{a, b}) })
+	return out
+}
+
+func scannerSpans(sc scanner, s string) [][2]int {
+	var out [][2]int
+	sc.matches(s, func(a, b int) { out = append(out, [2]int{a, b}) })
+	return out
+}
+
+var scannerPatterns = []string{patternGPT4, patternQwen2, patternGPT2}
+
+func checkScanner(t *testing.T, res []*regexp2.Regexp, s string) {
+	t.Helper()
+	if !comparableWithGo(s) {
+		return
+	}
+	for i, p := range scannerPatterns {
+		sc, _ := scannerFor(p)
+		got, want := scannerSpans(sc, s), regexSpans(res[i], s)
+		if !slices.Equal(got, want) {
+			t.Fatalf("pattern %d on %q:\nscanner %v\nregexp2 %v", i, s, got, want)
+		}
+	}
+}
+
+func compileScannerPatterns(t testing.TB) []*regexp2.Regexp {
+	var res []*regexp2.Regexp
+	for _, p := range scannerPatterns {
+		re, err := regexp2.Compile(p, regexp2.None)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res = append(res, re)
+	}
+	return res
+}
+
+// scannerSeeds are edge cases for each alternative of the patterns.
+var scannerSeeds = []string{
+	"", " ", "  ", "\n", " \n", "\n ", "a", " a", "  a", "\ta", "\na", "'s", "'S", "'ll", "'LL", "'Ll", "'re", "'x", "''s",
+	"a's", "don't", "123456", "1 2", " 1", "x1y", "!!", " !!", "  !!", "!!\n\n", " !!\r\n x", "a \n b", "a  \n\n  b",
+	"   ", "a   ", "   a", "\r\n\r\n", "\t\t\n\t", "é", "e\u0301", "中文 字", "٣٤", "½", "\u00a0a", "\u3000\u3000x", "\u0085x",
+	"a\u2028b", "x\ufeffy", "😀😀 a😀", "$$$a", " $a", "'", "' ", "'  s", "I'M", "o'clock", ".\n.", "a\n\nb",
+}
+
+// TestScannerMatchesRegexp2 proves the hand scanner equivalent to regexp2 on
+// the seeds and on every corpus string.
+func TestScannerMatchesRegexp2(t *testing.T) {
+	res := compileScannerPatterns(t)
+	inputs := append([]string(nil), scannerSeeds...)
+	for _, f := range []string{"corpus.jsonl", "extra.jsonl"} {
+		inputs = append(inputs, readJSONLines[string](t, filepath.Join("testdata", f))...)
+	}
+	compared := 0
+	for _, s := range inputs {
+		if comparableWithGo(s) {
+			compared++
+		}
+		checkScanner(t, res, s)
+	}
+	// Also every pair of seed atoms, which reaches all alternatives' edges.
+	atoms := []string{" ", "\n", "\r", "\t", "\u00a0", "a", "Z", "é", "1", "٣", "'", "s", "LL", "!", "😀", "\u0301", "中"}
+	for _, a := range atoms {
+		for _, b := range atoms {
+			for _, c := range atoms {
+				checkScanner(t, res, a+b+c)
+				compared++
+			}
+		}
+	}
+	if compared < 1000 {
+		t.Fatalf("only %d inputs were comparable", compared)
+	}
+}
+
+// FuzzScannerMatchesRegexp2 checks the scanner against regexp2 on arbitrary
+// strings (those regexp2's tables agree on).
+func FuzzScannerMatchesRegexp2(f *testing.F) {
+	for _, s := range scannerSeeds {
+		f.Add(s)
+	}
+	res := compileScannerPatterns(f)
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) || len(s) > 4096 {
+			return
+		}
+		checkScanner(t, res, s)
+	})
+}
+
+// TestRecentUnicodeClasses pins characters that Go's tables (Unicode
+// 15.0) do not know but the reference engine (Unicode 17.0) classifies.
+func TestRecentUnicodeClasses(t *testing.T) {
+	if referenceUnicodeVersion != "17.0" {
+		t.Fatalf("tables regenerated for Unicode %s: review this test", referenceUnicodeVersion)
+	}
+	cases := []struct {
+		r    rune
+		want charClass
+		note string
+	}{
+		{0x2EBF0, classLetter, "CJK Ext I (15.1)"},
+		{0x10D50, classLetter, "Garay letter (16.0)"},
+		{0x16130, classNumber, "Gurung Khema digit (16.0)"},
+		{0x323B0, classLetter, "CJK Ext J (17.0)"},
+		{0x1E6C0, classLetter, "Tai Yo letter (17.0)"},
+		{'a', classLetter, "ASCII"},
+		{0x0085, classSpace, "NEL is White_Space"},
+		{0xFEFF, classOther, "BOM is not White_Space (unlike JS \\s)"},
+		{0x00BD, classNumber, "vulgar half is \\p{N}"},
+	}
+	for _, c := range cases {
+		if got := classOf(c.r); got != c.want {
+			t.Errorf("%U %s: class %d, want %d", c.r, c.note, got, c.want)
+		}
+	}
+	// Go's own tables lag: make the difference visible, it is why the tables exist.
+	if unicode.IsLetter(0x323B0) {
+		t.Logf("Go's unicode (%s) now knows CJK Ext J", unicode.Version)
+	}
+	// And the scanner keeps a new-script word whole, as the reference does.
+	sc, _ := scannerFor(patternQwen2)
+	got := sc.split(" \U00010D50\U00010D51 x", nil)
+	if want := []string{" \U00010D50\U00010D51", " x"}; !slices.Equal(got, want) {
+		t.Errorf("split %q, want %q", got, want)
+	}
+}
