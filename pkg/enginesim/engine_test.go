@@ -402,7 +402,7 @@ func TestModelsHealthTokenize(t *testing.T) {
 	}
 	r = post(t, e.URL()+"/tokenize", map[string]any{"messages": []map[string]any{{"role": "user", "content": "x"}}})
 	json.Unmarshal(r.body, &tok)
-	want, _, _ := byteTokenizer{}.EncodeChat([]ChatMessage{{"user", "x"}}, ChatOptions{AddGenerationPrompt: true})
+	want, _, _ := byteTokenizer{}.EncodeChat(ChatRequest{Messages: []byte(`[{"role":"user","content":"x"}]`), AddGenerationPrompt: true})
 	if tok.Count != len(want) {
 		t.Errorf("chat tokenize %d tokens, want %d", tok.Count, len(want))
 	}

@@ -24,6 +24,7 @@ type completionRequest struct {
 type chatRequest struct {
 	Model                string          `json:"model"`
 	Messages             json.RawMessage `json:"messages"`
+	Tools                json.RawMessage `json:"tools"`
 	MaxTokens            *int            `json:"max_tokens"`
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
 	MinTokens            *int            `json:"min_tokens"`
@@ -47,6 +48,7 @@ type tokenizeRequest struct {
 	Model               string          `json:"model"`
 	Prompt              *string         `json:"prompt"`
 	Messages            json.RawMessage `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
 	AddSpecialTokens    *bool           `json:"add_special_tokens"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
 	ContinueFinalMsg    bool            `json:"continue_final_message"`

@@ -374,23 +374,25 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, invalid("Stream options can only be defined when `stream=True`."))
 		return
 	}
-	msgs, bad := parseMessages(req.Messages)
-	if bad != nil {
+	// Shape check (vLLM's pydantic validation); the template sees the raw messages.
+	if _, bad := parseMessages(req.Messages); bad != nil {
 		writeError(w, bad)
 		return
 	}
-	opts := ChatOptions{
-		AddGenerationPrompt:     req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
-		ContinueFinalMessage:    req.ContinueFinalMessage,
-		ChatTemplate:            req.ChatTemplate,
-		ChatTemplateKwargs:      req.ChatTemplateKwargs,
-		AddSpecialTokensPrompts: req.AddSpecialTokens,
+	creq := ChatRequest{
+		Messages:             req.Messages,
+		Tools:                req.Tools,
+		AddGenerationPrompt:  req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
+		ContinueFinalMessage: req.ContinueFinalMessage,
+		ChatTemplate:         req.ChatTemplate,
+		ChatTemplateKwargs:   req.ChatTemplateKwargs,
+		AddSpecialTokens:     req.AddSpecialTokens,
 	}
-	if opts.AddGenerationPrompt && opts.ContinueFinalMessage {
+	if creq.AddGenerationPrompt && creq.ContinueFinalMessage {
 		writeError(w, invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True."))
 		return
 	}
-	ids, _, cerr := e.tok.EncodeChat(msgs, opts)
+	ids, _, cerr := e.tok.EncodeChat(creq)
 	if cerr != nil {
 		writeError(w, invalid("applying chat template: %v", cerr))
 		return
@@ -691,17 +693,18 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	case req.Prompt != nil:
 		ids, err = e.tok.EncodePrompt(*req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 	case len(req.Messages) > 0:
-		msgs, perr := parseMessages(req.Messages)
-		if perr != nil {
+		if _, perr := parseMessages(req.Messages); perr != nil {
 			writeError(w, perr)
 			return
 		}
-		ids, _, err = e.tok.EncodeChat(msgs, ChatOptions{
-			AddGenerationPrompt:     req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
-			ContinueFinalMessage:    req.ContinueFinalMsg,
-			ChatTemplate:            req.ChatTemplate,
-			ChatTemplateKwargs:      req.ChatTemplateKwargs,
-			AddSpecialTokensPrompts: req.AddSpecialTokens != nil && *req.AddSpecialTokens,
+		ids, _, err = e.tok.EncodeChat(ChatRequest{
+			Messages:             req.Messages,
+			Tools:                req.Tools,
+			AddGenerationPrompt:  req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
+			ContinueFinalMessage: req.ContinueFinalMsg,
+			ChatTemplate:         req.ChatTemplate,
+			ChatTemplateKwargs:   req.ChatTemplateKwargs,
+			AddSpecialTokens:     req.AddSpecialTokens != nil && *req.AddSpecialTokens,
 		})
 	default:
 		writeError(w, invalid("prompt or messages is required"))

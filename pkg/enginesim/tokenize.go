@@ -1,7 +1,7 @@
 package enginesim
 
 import (
-	"errors"
+	"encoding/json"
 	"strings"
 	"unicode/utf8"
 )
@@ -13,25 +13,31 @@ type ChatMessage struct {
 	Content string
 }
 
-// ChatOptions are the request fields that change the rendered chat prompt.
-type ChatOptions struct {
-	AddGenerationPrompt     bool
-	ContinueFinalMessage    bool
-	ChatTemplateKwargs      map[string]any
-	ChatTemplate            string // request override; "" = the model's
-	AddSpecialTokensPrompts bool   // chat: vLLM's add_special_tokens (default false)
+// ChatRequest is what a chat request contributes to its prompt: the messages
+// and tools verbatim (so a real chat template sees exactly what vLLM's would)
+// and the rendering options.
+type ChatRequest struct {
+	Messages             json.RawMessage
+	Tools                json.RawMessage
+	AddGenerationPrompt  bool
+	ContinueFinalMessage bool
+	ChatTemplate         string // request override; "" = the model's
+	ChatTemplateKwargs   map[string]any
+	AddSpecialTokens     bool // vLLM's chat default is false: BOS comes from the template
 }
 
 // Tokenizer is what the engine needs from a tokenizer: vLLM's
 // tokenizer.encode for completion strings, apply_chat_template for chat, and
-// decoding for the synthetic output. pkg/tokenizer models are adapted to it.
+// decoding for the synthetic output. LoadTokenizer adapts pkg/tokenizer and
+// pkg/chattemplate to it.
 type Tokenizer interface {
 	// EncodePrompt tokenizes a completion prompt; addSpecial adds BOS/EOS
 	// where the tokenizer's post-processor does.
 	EncodePrompt(text string, addSpecial bool) ([]uint32, error)
-	// EncodeChat renders the chat template and tokenizes the result with
-	// add_special_tokens=false (any BOS comes from the template text).
-	EncodeChat(msgs []ChatMessage, opts ChatOptions) ([]uint32, string, error)
+	// EncodeChat renders the chat template and tokenizes the result (with
+	// add_special_tokens=false unless the request asks otherwise); it also
+	// returns the rendered text.
+	EncodeChat(req ChatRequest) ([]uint32, string, error)
 	Decode(ids []uint32) string
 	// VocabSize bounds valid token ids; 0 means unknown (no check).
 	VocabSize() int
@@ -56,12 +62,13 @@ func (byteTokenizer) EncodePrompt(text string, addSpecial bool) ([]uint32, error
 	return ids, nil
 }
 
-func (t byteTokenizer) EncodeChat(msgs []ChatMessage, opts ChatOptions) ([]uint32, string, error) {
-	if len(msgs) == 0 {
-		return nil, "", errors.New("messages must not be empty")
+func (t byteTokenizer) EncodeChat(req ChatRequest) ([]uint32, string, error) {
+	msgs, bad := parseMessages(req.Messages)
+	if bad != nil {
+		return nil, "", bad
 	}
-	text := renderChatML(msgs, opts)
-	ids, err := t.EncodePrompt(text, opts.AddSpecialTokensPrompts)
+	text := renderChatML(msgs, req)
+	ids, err := t.EncodePrompt(text, req.AddSpecialTokens)
 	return ids, text, err
 }
 
