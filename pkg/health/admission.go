@@ -1,0 +1,310 @@
+package health
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/epset"
+	"github.com/kvgate/kvgate/pkg/selector"
+)
+
+// Admission errors. The proxy answers ErrOverloaded with 429
+// {"error":"pd_overloaded",…} and Retry-After: 1, and ErrParkTimeout with 504
+// {"error":"pd_admission_park_timeout",…}. ErrDrained means the endpoint a
+// request was parked on went down: select again.
+var (
+	ErrOverloaded  = errors.New("pd_overloaded")
+	ErrParkTimeout = errors.New("pd_admission_park_timeout")
+	ErrDrained     = errors.New("endpoint went down while the request was parked")
+)
+
+// MaxQueueDepthPerEP bounds LLB_PD_QUEUE_DEPTH_PER_EP.
+const MaxQueueDepthPerEP = 4096
+
+// AdmissionConfig configures admission control for one P/D rule.
+type AdmissionConfig struct {
+	ServiceID uint32
+	// MaxInflightPerEP caps in-flight requests per prefill endpoint
+	// (LLB_PD_MAX_INFLIGHT_PER_EP; 0 = off).
+	MaxInflightPerEP int
+	// QueueDepthPerEP is the parked FIFO length per endpoint
+	// (LLB_PD_QUEUE_DEPTH_PER_EP; 0 = off: shed at once).
+	QueueDepthPerEP int
+	// MaxPark bounds a parked request's wait (LLB_PD_MAX_PARK_SEC); 0 means
+	// PrefillTimeout.
+	MaxPark time.Duration
+	// PrefillTimeout is LLB_PD_PREFILL_TIMEOUT_SEC (default 30 s).
+	PrefillTimeout time.Duration
+	// MaxTotalInflight caps all in-flight prefill admissions of the rule
+	// (LLB_PD_MAX_TOTAL_INFLIGHT; 0 = off).
+	MaxTotalInflight int
+	Clock            Clock
+	Observer         Observer
+}
+
+type waiter struct {
+	ep   int
+	ch   chan struct{}
+	done bool
+	err  error
+	elem *list.Element
+}
+
+// Admission is the admission controller of one P/D rule, and the
+// authoritative in-flight count L_i per endpoint (selector.LoadSource).
+// Safe for concurrent use.
+type Admission struct {
+	cfg   AdmissionConfig
+	clock Clock
+	obs   Observer
+
+	inflight [epset.Max]atomic.Int64
+	satWords [4]atomic.Uint64 // the saturated set, readable without the lock
+
+	mu       sync.Mutex
+	admitted [epset.Max]int // capped (prefill) admissions per endpoint
+	total    int
+	queues   [epset.Max]*list.List
+}
+
+// NewAdmission validates cfg and builds the controller.
+func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
+	switch {
+	case cfg.MaxInflightPerEP < 0 || cfg.MaxInflightPerEP > 99999:
+		return nil, fmt.Errorf("LLB_PD_MAX_INFLIGHT_PER_EP=%d: want 0..99999", cfg.MaxInflightPerEP)
+	case cfg.QueueDepthPerEP < 0 || cfg.QueueDepthPerEP > MaxQueueDepthPerEP:
+		return nil, fmt.Errorf("LLB_PD_QUEUE_DEPTH_PER_EP=%d: want 0..%d", cfg.QueueDepthPerEP, MaxQueueDepthPerEP)
+	case cfg.MaxPark < 0:
+		return nil, fmt.Errorf("LLB_PD_MAX_PARK_SEC=%v: want ≥ 0", cfg.MaxPark)
+	case cfg.MaxTotalInflight < 0 || cfg.MaxTotalInflight > 2_000_000_000:
+		return nil, fmt.Errorf("LLB_PD_MAX_TOTAL_INFLIGHT=%d: want 0..2000000000", cfg.MaxTotalInflight)
+	}
+	if cfg.PrefillTimeout <= 0 {
+		cfg.PrefillTimeout = 30 * time.Second
+	}
+	if cfg.MaxPark == 0 {
+		cfg.MaxPark = cfg.PrefillTimeout
+	}
+	a := &Admission{cfg: cfg, clock: cfg.Clock, obs: cfg.Observer}
+	if a.clock == nil {
+		a.clock = RealClock{}
+	}
+	if a.obs == nil {
+		a.obs = NopObserver{}
+	}
+	return a, nil
+}
+
+// InFlight is L_i (selector.LoadSource).
+func (a *Admission) InFlight(ep int) int {
+	if ep < 0 || ep >= epset.Max {
+		return 0
+	}
+	return int(a.inflight[ep].Load())
+}
+
+// Saturated is the set of endpoints at the per-endpoint cap.
+func (a *Admission) Saturated() epset.Set {
+	var s epset.Set
+	for i := range s {
+		s[i] = a.satWords[i].Load()
+	}
+	return s
+}
+
+func (a *Admission) setSaturatedLocked(ep int) {
+	bit := uint64(1) << (uint(ep) & 63)
+	w := &a.satWords[ep>>6]
+	at := a.cfg.MaxInflightPerEP > 0 && a.admitted[ep] >= a.cfg.MaxInflightPerEP
+	for {
+		old := w.Load()
+		nw := old &^ bit
+		if at {
+			nw |= bit
+		}
+		if old == nw || w.CompareAndSwap(old, nw) {
+			return
+		}
+	}
+}
+
+func (a *Admission) canAdmitLocked(ep int) bool {
+	if a.cfg.MaxTotalInflight > 0 && a.total >= a.cfg.MaxTotalInflight {
+		return false
+	}
+	return a.cfg.MaxInflightPerEP == 0 || a.admitted[ep] < a.cfg.MaxInflightPerEP
+}
+
+func (a *Admission) admitLocked(ep int) {
+	a.admitted[ep]++
+	a.total++
+	a.inflight[ep].Add(1)
+	a.setSaturatedLocked(ep)
+}
+
+// AcquirePrefill admits one request on prefill endpoint ep, or returns
+// ErrOverloaded (counted as a shed) when ep or the rule is at its cap.
+// Release it with ReleasePrefill.
+func (a *Admission) AcquirePrefill(ep int) error {
+	if ep < 0 || ep >= epset.Max {
+		return fmt.Errorf("health: ep_idx %d out of range", ep)
+	}
+	a.mu.Lock()
+	ok := a.canAdmitLocked(ep)
+	if ok {
+		a.admitLocked(ep)
+	}
+	a.mu.Unlock()
+	if !ok {
+		a.obs.AdmissionShed(a.cfg.ServiceID)
+		return ErrOverloaded
+	}
+	return nil
+}
+
+// ReleasePrefill ends a request admitted on ep. If a request is parked on
+// ep, it inherits the slot.
+func (a *Admission) ReleasePrefill(ep int) {
+	if ep < 0 || ep >= epset.Max {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.admitted[ep] == 0 {
+		return // unbalanced release: ignore rather than go negative
+	}
+	if q := a.queues[ep]; q != nil && q.Len() > 0 && (a.cfg.MaxTotalInflight == 0 || a.total <= a.cfg.MaxTotalInflight) {
+		w := q.Remove(q.Front()).(*waiter)
+		w.done, w.elem = true, nil
+		w.ch <- struct{}{} // the slot passes to the waiter: counts unchanged
+		return
+	}
+	a.admitted[ep]--
+	a.total--
+	a.inflight[ep].Add(-1)
+	a.setSaturatedLocked(ep)
+}
+
+// Track counts one uncapped in-flight request on ep (a decode endpoint);
+// Untrack ends it.
+func (a *Admission) Track(ep int) {
+	if ep >= 0 && ep < epset.Max {
+		a.inflight[ep].Add(1)
+	}
+}
+
+// Untrack ends a request counted by Track.
+func (a *Admission) Untrack(ep int) {
+	if ep >= 0 && ep < epset.Max && a.inflight[ep].Add(-1) < 0 {
+		a.inflight[ep].Add(1)
+	}
+}
+
+// Park admits the request on one of candidates: at once if one is under
+// its cap, else by waiting in the FIFO of the candidate with the shortest
+// queue (ties to the lowest ep_idx) for at most MaxPark. It returns the
+// endpoint admitted on (release with ReleasePrefill), or ErrOverloaded
+// (queueing off or every queue full: shed), ErrParkTimeout, ErrDrained, or
+// the context's error.
+func (a *Admission) Park(ctx context.Context, candidates epset.Set) (int, error) {
+	a.mu.Lock()
+	for ep := candidates.Next(0); ep >= 0; ep = candidates.Next(ep + 1) {
+		if a.canAdmitLocked(ep) {
+			a.admitLocked(ep)
+			a.mu.Unlock()
+			return ep, nil
+		}
+	}
+	target := -1
+	if a.cfg.QueueDepthPerEP > 0 {
+		for ep := candidates.Next(0); ep >= 0; ep = candidates.Next(ep + 1) {
+			n := 0
+			if a.queues[ep] != nil {
+				n = a.queues[ep].Len()
+			}
+			if n < a.cfg.QueueDepthPerEP && (target < 0 || n < a.queues[target].Len()) {
+				if a.queues[ep] == nil {
+					a.queues[ep] = list.New()
+				}
+				target = ep
+			}
+		}
+	}
+	if target < 0 {
+		a.mu.Unlock()
+		a.obs.AdmissionShed(a.cfg.ServiceID)
+		return -1, ErrOverloaded
+	}
+	w := &waiter{ep: target, ch: make(chan struct{}, 1)}
+	w.elem = a.queues[target].PushBack(w)
+	a.mu.Unlock()
+	a.obs.AdmissionQueued(a.cfg.ServiceID)
+
+	timer := a.clock.NewTimer(a.cfg.MaxPark)
+	defer timer.Stop()
+	var waitErr error
+	select {
+	case <-w.ch:
+	case <-timer.C():
+		waitErr = ErrParkTimeout
+	case <-ctx.Done():
+		waitErr = ctx.Err()
+	}
+	a.mu.Lock()
+	if !w.done { // timed out or cancelled while still queued
+		a.queues[target].Remove(w.elem)
+		w.done, w.err = true, waitErr
+		a.mu.Unlock()
+		if waitErr == ErrParkTimeout {
+			a.obs.AdmissionParkTimeout(a.cfg.ServiceID)
+		}
+		return -1, waitErr
+	}
+	err := w.err
+	a.mu.Unlock()
+	if err != nil {
+		return -1, err
+	}
+	if waitErr != nil && waitErr != ErrParkTimeout {
+		// Granted as the context ended: hand the slot back.
+		a.ReleasePrefill(target)
+		return -1, waitErr
+	}
+	return target, nil // granted (possibly at the same instant as the timeout: the grant wins)
+}
+
+// Drain wakes every request parked on ep with ErrDrained (ep went down or
+// its breaker opened).
+func (a *Admission) Drain(ep int) {
+	if ep < 0 || ep >= epset.Max {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	q := a.queues[ep]
+	if q == nil {
+		return
+	}
+	for q.Len() > 0 {
+		w := q.Remove(q.Front()).(*waiter)
+		w.done, w.err, w.elem = true, ErrDrained, nil
+		w.ch <- struct{}{}
+	}
+}
+
+// Parked is the number of requests waiting on ep.
+func (a *Admission) Parked(ep int) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ep < 0 || ep >= epset.Max || a.queues[ep] == nil {
+		return 0
+	}
+	return a.queues[ep].Len()
+}
+
+var _ selector.LoadSource = (*Admission)(nil)
