@@ -68,15 +68,15 @@ func LoadConfig(path string) (*Config, error) {
 }
 
 type configJSON struct {
-	ChatTemplate            json.RawMessage `json:"chat_template"`
-	BOSToken                json.RawMessage `json:"bos_token"`
-	EOSToken                json.RawMessage `json:"eos_token"`
-	PADToken                json.RawMessage `json:"pad_token"`
-	UNKToken                json.RawMessage `json:"unk_token"`
+	ChatTemplate            json.RawMessage   `json:"chat_template"`
+	BOSToken                json.RawMessage   `json:"bos_token"`
+	EOSToken                json.RawMessage   `json:"eos_token"`
+	PADToken                json.RawMessage   `json:"pad_token"`
+	UNKToken                json.RawMessage   `json:"unk_token"`
 	AdditionalSpecialTokens []json.RawMessage `json:"additional_special_tokens"`
-	AddBOSToken             *bool           `json:"add_bos_token"`
-	AddEOSToken             *bool           `json:"add_eos_token"`
-	TokenizerClass          string          `json:"tokenizer_class"`
+	AddBOSToken             *bool             `json:"add_bos_token"`
+	AddEOSToken             *bool             `json:"add_eos_token"`
+	TokenizerClass          string            `json:"tokenizer_class"`
 }
 
 // ParseConfig parses tokenizer_config.json bytes.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 )
 
 // Model is a tokenizer with its tokenizer_config.json: everything needed to
@@ -17,7 +18,8 @@ type Model struct {
 	// add_special_tokens=true.
 	promptPrefix, promptSuffix []uint32
 
-	templates sync.Map // template source -> compiled template (chat.go)
+	templates       sync.Map     // template source -> compiled template (chat.go)
+	cachedOverrides atomic.Int64 // request-supplied templates cached so far
 }
 
 // LoadModel loads path (a tokenizer.json, or a directory holding one) and the

@@ -73,7 +73,7 @@ type Pool struct {
 type poolEntry struct {
 	mu        sync.Mutex // serialises first loads of this model
 	model     *Model
-	reloading bool // a reload runs without mu; Get serves model meanwhile
+	reloading bool    // a reload runs without mu; Get serves model meanwhile
 	sig       fileSig // files the model was loaded from
 	checked   time.Time
 	err       error   // last failure (when model is nil, returned to callers)

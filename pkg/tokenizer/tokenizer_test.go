@@ -42,9 +42,9 @@ func byteLevelJSON(t testing.TB, mergesPairs bool, added []AddedToken, extra map
 		added = []AddedToken{}
 	}
 	doc := map[string]any{
-		"version":     "1.0",
+		"version":      "1.0",
 		"added_tokens": added,
-		"normalizer":  map[string]any{"type": "NFC"},
+		"normalizer":   map[string]any{"type": "NFC"},
 		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
 			map[string]any{"type": "Split", "pattern": map[string]any{"Regex": patternQwen2}, "behavior": "Isolated", "invert": false},
 			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
@@ -106,8 +106,8 @@ func TestAddedTokenOptions(t *testing.T) {
 		text string
 		want []uint32
 	}{
-		{"ab  <L>c", []uint32{ab, 300, c}},           // lstrip eats the spaces before
-		{"ab<R>  c", []uint32{ab, 301, c}},           // rstrip eats the spaces after
+		{"ab  <L>c", []uint32{ab, 300, c}},            // lstrip eats the spaces before
+		{"ab<R>  c", []uint32{ab, 301, c}},            // rstrip eats the spaces after
 		{"x hi x", []uint32{x, space, 302, space, x}}, // single word: stands alone
 		{"xhi", []uint32{x, 'h', 'i'}},                // inside a word: not the token
 		{"<|long|><|lo", []uint32{303, 304}},          // leftmost-longest
