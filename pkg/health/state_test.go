@@ -112,7 +112,7 @@ func TestBreakerThresholds(t *testing.T) {
 	tests := []struct {
 		name   string
 		pd     bool
-		origin int // -1: default
+		origin int    // -1: default
 		events string // C connect failure, 5 origin 5xx, S success
 		open   bool
 	}{
