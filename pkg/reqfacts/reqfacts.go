@@ -15,6 +15,7 @@
 //	prompt                    str | [str] | [int] | [[int]]; strings are tokenized, ids used verbatim
 //	messages                  chat; content is a string or a list of parts
 //	tools, documents          rendered by the chat template
+//	chat_template             the request's own template (vLLM needs --trust-request-chat-template)
 //	chat_template_kwargs      passed to the template (enable_thinking, …)
 //	reasoning_effort          injects enable_thinking = (effort != "none") unless set in the kwargs
 //	add_generation_prompt     template flag, default true
@@ -30,6 +31,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/kvgate/kvgate/pkg/chattemplate"
 )
 
 // Kind says which OpenAI API shape the body has.
@@ -61,15 +64,6 @@ type Prompt struct {
 	IsTokens bool
 }
 
-// Message is one chat message. Content keeps the decoded JSON value (a
-// string, a list of parts, or nil) so a chat template sees what vLLM's does;
-// Fields holds every other key of the message (tool_calls, name, …).
-type Message struct {
-	Role    string
-	Content any
-	Fields  map[string]any
-}
-
 // Facts are what a routing decision needs to know about one request.
 type Facts struct {
 	Kind Kind
@@ -83,13 +77,18 @@ type Facts struct {
 	// Prompts holds the completion prompts. vLLM serves each prompt of a list
 	// as its own engine request; all of them are kept.
 	Prompts []Prompt
-	// Messages holds the chat conversation.
-	Messages []Message
+	// Messages holds the chat conversation as a chat template reads it:
+	// decoded with chattemplate.DecodeMessages, so nested objects (tool-call
+	// arguments, content parts) keep their key order for tojson, as Python's
+	// json module does. Content is a string, a list of parts, or nil.
+	Messages []map[string]any
 
-	// Template inputs (chat only).
-	Tools                []any
-	Documents            []any
-	ChatTemplateKwargs   map[string]any
+	// Template inputs (chat only), decoded the same way.
+	Tools              []any
+	Documents          []any
+	ChatTemplateKwargs map[string]any
+	// ChatTemplate is the request's own chat_template ("" when absent).
+	ChatTemplate         string
 	AddGenerationPrompt  bool // default true
 	ContinueFinalMessage bool // default false
 
@@ -143,6 +142,7 @@ type body struct {
 	Tools                json.RawMessage `json:"tools"`
 	Documents            json.RawMessage `json:"documents"`
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	ChatTemplate         json.RawMessage `json:"chat_template"`
 	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
 	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
 	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
@@ -217,23 +217,24 @@ func (f *Facts) parseTemplateInputs(b *body) {
 	if v, ok := rawBool(b.ContinueFinalMessage); ok {
 		f.ContinueFinalMessage = v
 	}
-	if present(b.Tools) {
-		var tools []any
-		if json.Unmarshal(b.Tools, &tools) == nil && len(tools) > 0 {
-			f.Tools = tools
-		}
+	if list, ok := decodeList(b.Tools); ok {
+		f.Tools = list
 	}
-	if present(b.Documents) {
-		var docs []any
-		if json.Unmarshal(b.Documents, &docs) == nil && len(docs) > 0 {
-			f.Documents = docs
-		}
+	if list, ok := decodeList(b.Documents); ok {
+		f.Documents = list
 	}
 	if present(b.ChatTemplateKwargs) {
-		var kw map[string]any
-		if json.Unmarshal(b.ChatTemplateKwargs, &kw) == nil && len(kw) > 0 {
-			f.ChatTemplateKwargs = kw
+		if v, err := chattemplate.DecodeJSON(b.ChatTemplateKwargs); err == nil {
+			if d, ok := v.(*chattemplate.Dict); ok && d.Len() > 0 {
+				f.ChatTemplateKwargs = make(map[string]any, d.Len())
+				for _, k := range d.Keys() {
+					f.ChatTemplateKwargs[k], _ = d.Get(k)
+				}
+			}
 		}
+	}
+	if s, ok := rawString(b.ChatTemplate); ok {
+		f.ChatTemplate = s
 	}
 	// Newer vLLM derives enable_thinking from reasoning_effort unless the
 	// client set it explicitly.
@@ -304,40 +305,37 @@ func tokenIDs(raw json.RawMessage) ([]uint32, bool) {
 	return ids, true
 }
 
-func parseMessages(raw json.RawMessage) ([]Message, string) {
-	var items []map[string]any
-	if err := json.Unmarshal(raw, &items); err != nil {
+func decodeList(raw json.RawMessage) ([]any, bool) {
+	if !present(raw) {
+		return nil, false
+	}
+	v, err := chattemplate.DecodeJSON(raw)
+	if err != nil {
+		return nil, false
+	}
+	list, ok := v.([]any)
+	return list, ok && len(list) > 0
+}
+
+func parseMessages(raw json.RawMessage) ([]map[string]any, string) {
+	msgs, err := chattemplate.DecodeMessages(raw)
+	if err != nil {
 		return nil, "messages is not a list of objects"
 	}
-	if len(items) == 0 {
+	if len(msgs) == 0 {
 		return nil, "messages is empty"
 	}
-	out := make([]Message, 0, len(items))
-	for i, m := range items {
-		if m == nil {
-			return nil, fmt.Sprintf("messages[%d] is null", i)
-		}
-		role, ok := m["role"].(string)
-		if !ok || role == "" {
+	for i, m := range msgs {
+		if role, ok := m["role"].(string); !ok || role == "" {
 			return nil, fmt.Sprintf("messages[%d] has no role", i)
 		}
-		msg := Message{Role: role, Content: m["content"]}
-		switch c := msg.Content.(type) {
+		switch c := m["content"].(type) {
 		case nil, string, []any:
 		default:
 			return nil, fmt.Sprintf("messages[%d].content is a %T, not a string or a list of parts", i, c)
 		}
-		if len(m) > 2 {
-			msg.Fields = make(map[string]any, len(m)-2)
-			for k, v := range m {
-				if k != "role" && k != "content" {
-					msg.Fields[k] = v
-				}
-			}
-		}
-		out = append(out, msg)
 	}
-	return out, ""
+	return msgs, ""
 }
 
 // TextContent flattens a message content the way vLLM does for templates
@@ -357,12 +355,13 @@ func TextContent(content any) (text string, ok bool) {
 			switch pv := p.(type) {
 			case string:
 				parts = append(parts, pv)
-			case map[string]any:
-				typ, _ := pv["type"].(string)
-				if typ != "text" && typ != "input_text" && typ != "" {
+			case *chattemplate.Dict:
+				typ, _ := pv.Get("type")
+				if ts, _ := typ.(string); ts != "text" && ts != "input_text" && ts != "" {
 					return "", false
 				}
-				t, isStr := pv["text"].(string)
+				tv, _ := pv.Get("text")
+				t, isStr := tv.(string)
 				if !isStr {
 					return "", false
 				}

@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/chattemplate"
 )
 
 func boolp(b bool) *bool { return &b }
@@ -17,6 +19,7 @@ func TestExtract(t *testing.T) {
 		opts    Options
 		want    Facts
 		problem bool
+		check   func(*testing.T, Facts)
 	}{
 		{
 			name: "completion string",
@@ -74,23 +77,36 @@ func TestExtract(t *testing.T) {
 		{
 			name: "chat with string and parts content",
 			body: `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}],"name":"bob"}]}`,
-			want: Facts{Kind: KindChat, Model: "m", AddGenerationPrompt: true, Messages: []Message{
-				{Role: "system", Content: "sys"},
-				{Role: "user", Content: []any{map[string]any{"type": "text", "text": "a"}, map[string]any{"type": "text", "text": "b"}}, Fields: map[string]any{"name": "bob"}},
-			}},
+			want: Facts{Kind: KindChat, Model: "m", AddGenerationPrompt: true},
+			check: func(t *testing.T, f Facts) {
+				if len(f.Messages) != 2 || f.Messages[0]["role"] != "system" || f.Messages[0]["content"] != "sys" || f.Messages[1]["name"] != "bob" {
+					t.Fatalf("messages %v", f.Messages)
+				}
+				if txt, ok := TextContent(f.Messages[1]["content"]); !ok || txt != "a\nb" {
+					t.Fatalf("parts content %q %v", txt, ok)
+				}
+			},
 		},
 		{
 			name: "chat template inputs",
-			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true,"add_special_tokens":true,"cache_salt":"s"}`,
-			want: Facts{Kind: KindChat, Model: "m", Messages: []Message{{Role: "user", Content: "q"}},
-				Tools:              []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}},
-				ChatTemplateKwargs: map[string]any{"enable_thinking": false}, AddGenerationPrompt: false, ContinueFinalMessage: true,
-				AddSpecialTokens: boolp(true), CacheSalt: "s"},
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}}],"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true,"add_special_tokens":true,"cache_salt":"s","chat_template":"{{ x }}"}`,
+			want: Facts{Kind: KindChat, Model: "m", AddGenerationPrompt: false, ContinueFinalMessage: true,
+				ChatTemplateKwargs: map[string]any{"enable_thinking": false}, AddSpecialTokens: boolp(true), CacheSalt: "s", ChatTemplate: "{{ x }}"},
+			check: func(t *testing.T, f Facts) {
+				if len(f.Tools) != 1 {
+					t.Fatalf("tools %v", f.Tools)
+				}
+				fn, _ := f.Tools[0].(*chattemplate.Dict).Get("function")
+				params, _ := fn.(*chattemplate.Dict).Get("parameters")
+				if keys := params.(*chattemplate.Dict).Keys(); !reflect.DeepEqual(keys, []string{"z", "a"}) {
+					t.Fatalf("tool schema key order %v, want request order [z a]", keys)
+				}
+			},
 		},
 		{
 			name: "reasoning_effort sets enable_thinking",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"reasoning_effort":"none"}`,
-			want: Facts{Kind: KindChat, Model: "m", Messages: []Message{{Role: "user", Content: "q"}}, AddGenerationPrompt: true,
+			want: Facts{Kind: KindChat, Model: "m", AddGenerationPrompt: true,
 				ChatTemplateKwargs: map[string]any{"enable_thinking": false}},
 		},
 		{
@@ -143,6 +159,10 @@ func TestExtract(t *testing.T) {
 				t.Fatalf("problem = %q, want problem: %v", got.Problem, tc.problem)
 			}
 			got.Problem = ""
+			if tc.check != nil {
+				tc.check(t, got)
+			}
+			got.Messages, got.Tools = nil, nil
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("Extract =\n %#v\nwant\n %#v", got, tc.want)
 			}
@@ -166,8 +186,8 @@ func TestTextContent(t *testing.T) {
 	}{
 		{"plain", "plain", true},
 		{nil, "", true},
-		{[]any{map[string]any{"type": "text", "text": "a"}, map[string]any{"type": "text", "text": "b"}}, "a\nb", true},
-		{[]any{map[string]any{"type": "image_url", "image_url": map[string]any{"url": "x"}}}, "", false},
+		{decode(`[{"type":"text","text":"a"},{"type":"text","text":"b"}]`), "a\nb", true},
+		{decode(`[{"type":"image_url","image_url":{"url":"x"}}]`), "", false},
 		{42.0, "", false},
 	}
 	for _, tc := range tests {
@@ -176,6 +196,14 @@ func TestTextContent(t *testing.T) {
 			t.Errorf("TextContent(%v) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
 	}
+}
+
+func decode(s string) any {
+	v, err := chattemplate.DecodeJSON([]byte(s))
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 func TestTruncate(t *testing.T) {
@@ -219,7 +247,7 @@ func FuzzExtract(f *testing.F) {
 			}
 		}
 		for _, m := range got.Messages {
-			_, _ = TextContent(m.Content)
+			_, _ = TextContent(m["content"])
 		}
 	})
 }
