@@ -50,7 +50,9 @@ func TestReferenceDisagreementsAreRecorded(t *testing.T) {
 		t.Fatalf("disagreement list out of date:\n computed %v\n recorded %v", differ, recorded)
 	}
 	for _, name := range differ {
-		if !strings.HasPrefix(name, "jinja/") {
+		// In chat cases the references may differ only in the wording of
+		// an error both raise.
+		if !strings.HasPrefix(name, "jinja/") && (jinja2[name].Error == nil || hf[name].Error == nil) {
 			t.Errorf("chat case %s: references disagree", name)
 		}
 	}

