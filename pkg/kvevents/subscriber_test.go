@@ -1,0 +1,570 @@
+package kvevents
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/inventory"
+)
+
+// recorder is an Observer that keeps counts for assertions.
+type recorder struct {
+	NopObserver
+	mu          sync.Mutex
+	seq         map[SeqCase]int
+	clears      map[ClearReason]int
+	replays     map[string]int // purpose/ok
+	reconnects  int
+	recvErrors  int
+	connected   map[int]bool
+	decodeErrs  int
+	gone, infos int
+}
+
+func newRecorder() *recorder {
+	return &recorder{seq: map[SeqCase]int{}, clears: map[ClearReason]int{}, replays: map[string]int{}, connected: map[int]bool{}}
+}
+
+func (r *recorder) Sequence(_ EndpointRef, _ int, c SeqCase, _ uint64) {
+	r.mu.Lock()
+	r.seq[c]++
+	r.mu.Unlock()
+}
+func (r *recorder) Cleared(_ EndpointRef, _ int, reason ClearReason) {
+	r.mu.Lock()
+	r.clears[reason]++
+	r.mu.Unlock()
+}
+func (r *recorder) Replay(_ EndpointRef, _ int, p ReplayPurpose, ok bool, _ int) {
+	r.mu.Lock()
+	r.replays[fmt.Sprintf("%s/%v", p, ok)]++
+	r.mu.Unlock()
+}
+func (r *recorder) Reconnected(EndpointRef) { r.mu.Lock(); r.reconnects++; r.mu.Unlock() }
+func (r *recorder) RecvError(EndpointRef)   { r.mu.Lock(); r.recvErrors++; r.mu.Unlock() }
+func (r *recorder) DecodeError(EndpointRef, int) {
+	r.mu.Lock()
+	r.decodeErrs++
+	r.mu.Unlock()
+}
+func (r *recorder) Connected(ep EndpointRef, up bool) {
+	r.mu.Lock()
+	r.connected[ep.EPIdx] = up
+	r.mu.Unlock()
+}
+func (r *recorder) EndpointInfo(EndpointRef) { r.mu.Lock(); r.infos++; r.mu.Unlock() }
+func (r *recorder) EndpointGone(EndpointRef) { r.mu.Lock(); r.gone++; r.mu.Unlock() }
+
+func (r *recorder) get(f func(r *recorder) int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return f(r)
+}
+
+func testOptions(obs Observer) Options {
+	level := slog.LevelWarn
+	if testing.Verbose() {
+		level = slog.LevelDebug
+	}
+	return Options{
+		DialRetry:        50 * time.Millisecond,
+		DialTimeout:      time.Second,
+		RebuildDelay:     20 * time.Millisecond,
+		RebuildMaxDelay:  200 * time.Millisecond,
+		BootstrapTimeout: 5 * time.Second,
+		RepairTimeout:    5 * time.Second,
+		ReplayRetry:      100 * time.Millisecond,
+		Logger:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		Observer:         obs,
+	}
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// harness is one endpoint with its publishers (one per rank) and a Manager.
+type harness struct {
+	t      testing.TB
+	ip     string
+	port   int
+	pubs   []*testPublisher
+	ix     *inventory.Index
+	rec    *recorder
+	mgr    *Manager
+	target Target
+}
+
+type harnessConfig struct {
+	ranks      int
+	replay     bool
+	bufLen     int
+	startLater bool // create publishers but start the manager first
+}
+
+func newHarness(t testing.TB, cfg harnessConfig) *harness {
+	t.Helper()
+	if cfg.ranks == 0 {
+		cfg.ranks = 1
+	}
+	if cfg.bufLen == 0 {
+		cfg.bufLen = 10000
+	}
+	h := &harness{t: t, ip: loopbackIP(), rec: newRecorder()}
+	const replayOffset = 1000
+	var spans []int
+	for r := range cfg.ranks {
+		if r > 0 {
+			spans = append(spans, r)
+		}
+		spans = append(spans, replayOffset+r)
+	}
+	h.port = freePort(t, h.ip, spans...)
+	ix, err := inventory.New(inventory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.ix = ix
+	h.target = Target{Service: 7, EPIdx: 3, IP: h.ip, Port: h.port, Ranks: cfg.ranks, Inventory: ix}
+	opts := testOptions(h.rec)
+	if cfg.replay {
+		opts.ReplayPortOffset = replayOffset
+	}
+	startPubs := func() {
+		for r := range cfg.ranks {
+			rp := 0
+			if cfg.replay {
+				rp = h.port + replayOffset + r
+			}
+			h.pubs = append(h.pubs, newTestPublisher(t, h.ip, h.port+r, rp, cfg.bufLen))
+		}
+	}
+	if !cfg.startLater {
+		startPubs()
+	}
+	h.mgr = NewManager(opts)
+	t.Cleanup(h.mgr.Close)
+	if err := h.mgr.Reconcile([]Target{h.target}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.startLater {
+		time.Sleep(150 * time.Millisecond) // a few failed dials
+		startPubs()
+	}
+	return h
+}
+
+func (h *harness) rank(r int) RankStatus {
+	for _, st := range h.mgr.Status() {
+		for _, rs := range st.Ranks {
+			if rs.Rank == r {
+				return rs
+			}
+		}
+	}
+	return RankStatus{}
+}
+
+// sync publishes empty batches on rank r until the subscriber has applied
+// one, so later batches are known to reach it (PUB drops messages until the
+// subscription arrives). It returns the applied sequence number.
+func (h *harness) sync(r int) uint64 {
+	h.t.Helper()
+	var seq uint64
+	waitFor(h.t, "subscriber to receive", func() bool {
+		if st := h.rank(r); st.HasSeq && st.LastSeq >= seq && h.pubs[r].seq > 0 && st.LastSeq == h.pubs[r].seq-1 {
+			return true
+		}
+		seq = h.pubs[r].publish(false, stored())
+		time.Sleep(20 * time.Millisecond)
+		return false
+	})
+	return seq
+}
+
+// waitSeq waits until rank r applied sequence s.
+func (h *harness) waitSeq(r int, s uint64) {
+	h.t.Helper()
+	waitFor(h.t, fmt.Sprintf("rank %d to apply seq %d", r, s), func() bool {
+		st := h.rank(r)
+		return st.HasSeq && st.LastSeq >= s
+	})
+}
+
+func (h *harness) inventory() []uint64 { return h.ix.Snapshot(h.target.EPIdx) }
+
+func (h *harness) wantInventory(want []uint64) {
+	h.t.Helper()
+	slices.Sort(want)
+	if got := h.inventory(); !slices.Equal(got, want) {
+		h.t.Fatalf("inventory has %d hashes, want %d\n got %v\nwant %v", len(got), len(want), trunc(got), trunc(want))
+	}
+}
+
+func trunc(s []uint64) []uint64 {
+	if len(s) > 8 {
+		return s[:8]
+	}
+	return s
+}
+
+func TestBootstrapThenStoreRemoveClear(t *testing.T) {
+	t.Parallel()
+	// History published before the subscriber existed must come from the
+	// bootstrap replay.
+	h2 := newHarnessWithHistory(t)
+	a, b := hashRange(1, 5), hashRange(100, 5)
+	h2.waitSeq(0, 2)
+	h2.wantInventory(h2.pubs[0].cached())
+	if got := h2.rec.get(func(r *recorder) int { return r.replays["bootstrap/true"] }); got != 1 {
+		t.Errorf("bootstrap replays = %d, want 1", got)
+	}
+	s := h2.pubs[0].publish(false, stored(a...))
+	h2.waitSeq(0, s)
+	h2.wantInventory(h2.pubs[0].cached())
+	s = h2.pubs[0].publish(false, stored(b...), removed(a[:2]...))
+	h2.waitSeq(0, s)
+	h2.wantInventory(h2.pubs[0].cached())
+	if n := h2.ix.Blocks(3); n != len(h2.pubs[0].cached()) {
+		t.Errorf("Blocks = %d", n)
+	}
+	s = h2.pubs[0].publish(false, cleared())
+	h2.waitSeq(0, s)
+	h2.wantInventory(nil)
+	if got := h2.rec.get(func(r *recorder) int { return r.seq[SeqSmallGap] + r.seq[SeqLargeGap] + r.seq[SeqRestart] }); got != 0 {
+		t.Errorf("unexpected gaps/restarts: %d", got)
+	}
+}
+
+// newHarnessWithHistory starts a publisher that already published three
+// batches (seq 0..2) before the subscriber exists.
+func newHarnessWithHistory(t testing.TB) *harness {
+	t.Helper()
+	h := &harness{t: t, ip: loopbackIP(), rec: newRecorder()}
+	h.port = freePort(t, h.ip, 1000)
+	pub := newTestPublisher(t, h.ip, h.port, h.port+1000, 100)
+	pub.publish(true, stored(hashRange(1000, 10)...))
+	pub.publish(true, stored(hashRange(2000, 10)...), removed(hashRange(1000, 3)...))
+	pub.publish(true, stored(hashRange(3000, 10)...))
+	h.pubs = []*testPublisher{pub}
+	ix, _ := inventory.New(inventory.Options{})
+	h.ix = ix
+	h.target = Target{Service: 7, EPIdx: 3, IP: h.ip, Port: h.port, Ranks: 1, Inventory: ix}
+	opts := testOptions(h.rec)
+	opts.ReplayPortOffset = DefaultReplayPortOffset
+	h.mgr = NewManager(opts)
+	t.Cleanup(h.mgr.Close)
+	if err := h.mgr.Reconcile([]Target{h.target}); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestSequenceTable drives each row of the sequence table over real sockets.
+func TestSequenceTable(t *testing.T) {
+	t.Parallel()
+	base := hashRange(1, 8)
+	for _, tc := range []struct {
+		name   string
+		replay bool
+		bufLen int
+		// act runs after base is applied at seq L; it returns the expected inventory.
+		act       func(h *harness, p *testPublisher) []uint64
+		wantCase  SeqCase
+		wantClear ClearReason
+	}{
+		{"next S=L+1", true, 0, func(h *harness, p *testPublisher) []uint64 {
+			h.waitSeq(0, p.publish(false, stored(7001)))
+			return p.cached()
+		}, SeqNext, 0},
+		{"duplicate S=L ignored", true, 0, func(h *harness, p *testPublisher) []uint64 {
+			want := p.cached()
+			p.setSeq(p.seq - 1) // resend L with other content: must be ignored
+			p.publish(false, stored(7002))
+			h.waitSeq(0, p.publish(false, stored())) // a normal batch after it
+			return want
+		}, SeqDuplicate, 0},
+		{"small gap repaired by replay", true, 0, func(h *harness, p *testPublisher) []uint64 {
+			for i := range 10 {
+				p.publish(true, stored(hashRange(uint64(8000+10*i), 3)...), removed(base[i%8]))
+			}
+			h.waitSeq(0, p.publish(false, stored(7003)))
+			return p.cached()
+		}, SeqSmallGap, 0},
+		{"small gap without replay keeps inventory", false, 0, func(h *harness, p *testPublisher) []uint64 {
+			want := append(p.cached(), 7004)
+			for range 10 {
+				p.publish(true, stored(hashRange(8500, 3)...))
+			}
+			h.waitSeq(0, p.publish(false, stored(7004)))
+			return want
+		}, SeqSmallGap, 0},
+		{"large gap covered by replay is repaired", true, 1000, func(h *harness, p *testPublisher) []uint64 {
+			for i := range 100 {
+				p.publish(true, stored(uint64(9000+i)), removed(uint64(9000+i-1)))
+			}
+			h.waitSeq(0, p.publish(false, stored(7005)))
+			return p.cached()
+		}, SeqLargeGap, 0},
+		{"large gap beyond the replay buffer clears", true, 10, func(h *harness, p *testPublisher) []uint64 {
+			for i := range 100 {
+				p.publish(true, stored(uint64(9000+i)))
+			}
+			h.waitSeq(0, p.publish(false, stored(7006)))
+			return []uint64{7006}
+		}, SeqLargeGap, ClearLargeGap},
+		{"large gap without replay clears", false, 0, func(h *harness, p *testPublisher) []uint64 {
+			p.setSeq(p.seq + 65)
+			h.waitSeq(0, p.publish(false, stored(7007)))
+			return []uint64{7007}
+		}, SeqLargeGap, ClearLargeGap},
+		{"gap of exactly 64 is small", false, 0, func(h *harness, p *testPublisher) []uint64 {
+			want := append(p.cached(), 7008)
+			p.setSeq(p.seq + 63) // S = L+64
+			h.waitSeq(0, p.publish(false, stored(7008)))
+			return want
+		}, SeqSmallGap, 0},
+		{"restart S<L clears and resyncs from replay", true, 0, func(h *harness, p *testPublisher) []uint64 {
+			p.mu.Lock()
+			p.seq, p.buf, p.cache = 0, nil, map[uint64]bool{} // engine restarted behind an open socket
+			p.mu.Unlock()
+			p.publish(true, stored(7100)) // seq 0, missed
+			s := p.publish(false, stored(7101))
+			waitFor(h.t, "restart handled", func() bool {
+				st := h.rank(0)
+				return st.HasSeq && st.LastSeq == s && h.rec.get(func(r *recorder) int { return r.clears[ClearRestart] }) > 0
+			})
+			return []uint64{7100, 7101}
+		}, SeqRestart, ClearRestart},
+		{"restart S<L without replay clears", false, 0, func(h *harness, p *testPublisher) []uint64 {
+			p.setSeq(1)
+			s := p.publish(false, stored(7102))
+			waitFor(h.t, "restart handled", func() bool {
+				st := h.rank(0)
+				return st.HasSeq && st.LastSeq == s
+			})
+			return []uint64{7102}
+		}, SeqRestart, ClearRestart},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, harnessConfig{replay: tc.replay, bufLen: tc.bufLen})
+			p := h.pubs[0]
+			h.sync(0)
+			for range 5 { // advance L a little so S<L is possible
+				p.publish(false, stored())
+			}
+			h.waitSeq(0, p.publish(false, stored(base...)))
+			h.wantInventory(p.cached())
+			want := tc.act(h, p)
+			h.wantInventory(want)
+			if tc.wantCase != SeqNext {
+				if got := h.rec.get(func(r *recorder) int { return r.seq[tc.wantCase] }); got == 0 {
+					t.Errorf("case %s not observed: %v", tc.wantCase, h.rec.seq)
+				}
+			}
+			gotClears := h.rec.get(func(r *recorder) int { return r.clears[ClearLargeGap] + r.clears[ClearRestart] })
+			if tc.wantClear == 0 && gotClears != 0 {
+				t.Errorf("unexpected clears: %v", h.rec.clears)
+			}
+			if tc.wantClear != 0 && h.rec.get(func(r *recorder) int { return r.clears[tc.wantClear] }) != 1 {
+				t.Errorf("clears = %v, want one %s", h.rec.clears, tc.wantClear)
+			}
+		})
+	}
+}
+
+func TestPublisherRestart(t *testing.T) {
+	t.Parallel()
+	for _, replay := range []bool{true, false} {
+		t.Run(fmt.Sprintf("replay=%v", replay), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, harnessConfig{replay: replay})
+			p := h.pubs[0]
+			h.sync(0)
+			for range 10 {
+				p.publish(false, stored(hashRange(50, 4)...))
+			}
+			h.waitSeq(0, p.publish(false, stored(hashRange(60, 4)...)))
+			h.wantInventory(p.cached())
+			p.restart()
+			waitFor(t, "reconnect", func() bool { return h.rec.get(func(r *recorder) int { return r.reconnects }) > 0 })
+			// Publish until the restarted engine's batches reach the subscriber.
+			fresh := hashRange(90, 4)
+			waitFor(t, "post-restart batch applied", func() bool {
+				p.publish(false, stored(fresh...))
+				time.Sleep(20 * time.Millisecond)
+				got := h.inventory()
+				return slices.Contains(got, fresh[0]) && !slices.Contains(got, hashRange(60, 4)[0])
+			})
+			if replay {
+				h.wantInventory(p.cached())
+			}
+			if h.rec.get(func(r *recorder) int { return r.clears[ClearRestart] }) != 1 {
+				t.Errorf("clears = %v", h.rec.clears)
+			}
+			if h.rec.get(func(r *recorder) int { return r.recvErrors }) == 0 {
+				t.Error("no receive error counted")
+			}
+		})
+	}
+}
+
+func TestSubscriberBeforePublisher(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessConfig{replay: true, startLater: true})
+	p := h.pubs[0]
+	waitFor(t, "connected", func() bool { return h.rank(0).Connected })
+	a := hashRange(10, 6)
+	p.publish(true, stored(a...)) // may predate the subscription: repaired by replay
+	waitFor(t, "inventory", func() bool {
+		p.publish(false, stored())
+		time.Sleep(20 * time.Millisecond)
+		return slices.Equal(h.inventory(), p.cached())
+	})
+	if h.rec.get(func(r *recorder) int { return btoi(r.connected[3]) }) != 1 {
+		t.Error("connected gauge not 1")
+	}
+}
+
+func TestRanksAreUnioned(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessConfig{ranks: 2, replay: true})
+	h.sync(0)
+	h.sync(1)
+	h.waitSeq(0, h.pubs[0].publish(false, stored(1, 2, 3)))
+	h.waitSeq(1, h.pubs[1].publish(false, stored(3, 4)))
+	h.wantInventory([]uint64{1, 2, 3, 4})
+	h.waitSeq(1, h.pubs[1].publish(false, cleared()))
+	h.wantInventory([]uint64{1, 2, 3})
+	if h.ix.RankBlocks(3, 1) != 0 || h.ix.RankBlocks(3, 0) != 3 {
+		t.Errorf("rank blocks %d/%d", h.ix.RankBlocks(3, 0), h.ix.RankBlocks(3, 1))
+	}
+	waitFor(t, "endpoint connected", func() bool { return h.rec.get(func(r *recorder) int { return btoi(r.connected[3]) }) == 1 })
+	h.pubs[1].stop()
+	waitFor(t, "endpoint disconnected", func() bool { return h.rec.get(func(r *recorder) int { return btoi(r.connected[3]) }) == 0 })
+	h.wantInventory([]uint64{1, 2, 3}) // a down rank keeps its inventory (probe-down too)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func TestManagerReconcile(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder()
+	ip := loopbackIP()
+	portA, portB := freePort(t, ip), freePort(t, ip)
+	pa := newTestPublisher(t, ip, portA, 0, 10)
+	pb := newTestPublisher(t, ip, portB, 0, 10)
+	ix, _ := inventory.New(inventory.Options{})
+	mgr := NewManager(testOptions(rec))
+	t.Cleanup(mgr.Close)
+	ta := Target{Service: 1, EPIdx: 0, IP: ip, Port: portA, Ranks: 1, Inventory: ix}
+	tb := Target{Service: 1, EPIdx: 1, IP: ip, Port: portB, Ranks: 1, Inventory: ix}
+	bad := Target{Service: 1, EPIdx: 2, IP: "not-an-ip", Port: 1, Ranks: 1, Inventory: ix}
+	if err := mgr.Reconcile([]Target{ta, tb, bad}); err == nil {
+		t.Error("want an error for the invalid target")
+	}
+	if len(mgr.Status()) != 2 {
+		t.Fatalf("status: %+v", mgr.Status())
+	}
+	publishUntil := func(p *testPublisher, ep int, h uint64) {
+		waitFor(t, "store", func() bool {
+			p.publish(false, stored(h))
+			time.Sleep(20 * time.Millisecond)
+			return slices.Contains(ix.Snapshot(ep), h)
+		})
+	}
+	publishUntil(pa, 0, 11)
+	publishUntil(pb, 1, 22)
+	before := mgr.subs[ta.Key()]
+	if err := mgr.Reconcile([]Target{ta}); err != nil {
+		t.Fatal(err)
+	}
+	if mgr.subs[ta.Key()] != before {
+		t.Error("an unchanged target was restarted")
+	}
+	if ix.Blocks(1) != 0 || ix.Blocks(0) == 0 {
+		t.Errorf("blocks after removing endpoint 1: %d/%d", ix.Blocks(0), ix.Blocks(1))
+	}
+	if rec.get(func(r *recorder) int { return r.gone }) != 1 {
+		t.Error("EndpointGone not reported")
+	}
+	// A changed target (rank count) is restarted.
+	ta2 := ta
+	ta2.Ranks = 2
+	if err := mgr.Reconcile([]Target{ta2}); err != nil {
+		t.Fatal(err)
+	}
+	if mgr.subs[ta.Key()] == before || len(mgr.subs[ta.Key()].ranks) != 2 {
+		t.Error("changed target not restarted")
+	}
+	mgr.Close()
+	if err := mgr.Reconcile([]Target{ta}); err == nil {
+		t.Error("Reconcile after Close must fail")
+	}
+}
+
+func TestReplayEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		target Target
+		offset int
+		rank   int
+		want   string
+	}{
+		{"offset", Target{IP: "10.0.0.1", Port: 5557}, 1000, 0, "tcp://10.0.0.1:6557"},
+		{"offset rank 2", Target{IP: "10.0.0.1", Port: 5557}, 1000, 2, "tcp://10.0.0.1:6559"},
+		{"disabled", Target{IP: "10.0.0.1", Port: 5557}, 0, 0, ""},
+		{"override", Target{IP: "10.0.0.1", Port: 5557, ReplayPort: 7000}, 0, 1, "tcp://10.0.0.1:7001"},
+		{"negative offset", Target{IP: "10.0.0.1", Port: 5557}, -57, 0, "tcp://10.0.0.1:5500"},
+		{"out of range", Target{IP: "10.0.0.1", Port: 65000}, 1000, 0, ""},
+		{"ipv6", Target{IP: "::1", Port: 5557}, 1000, 0, "tcp://[::1]:6557"},
+	} {
+		if got := tc.target.replayEndpoint(tc.rank, tc.offset); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestTargetValidate(t *testing.T) {
+	ix, _ := inventory.New(inventory.Options{})
+	ok := Target{Service: 1, EPIdx: 0, IP: "127.0.0.1", Port: 5557, Ranks: 1, Inventory: ix}
+	if err := ok.Validate(1000); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*Target)
+	}{
+		{"ip", func(t *Target) { t.IP = "x" }},
+		{"ep_idx", func(t *Target) { t.EPIdx = 256 }},
+		{"ranks 0", func(t *Target) { t.Ranks = 0 }},
+		{"ranks beyond ports", func(t *Target) { t.Port = 65535; t.Ranks = 2 }},
+		{"port 0", func(t *Target) { t.Port = 0 }},
+		{"no inventory", func(t *Target) { t.Inventory = nil }},
+		{"replay port", func(t *Target) { t.ReplayPort = 70000 }},
+	} {
+		bad := ok
+		tc.mod(&bad)
+		if bad.Validate(1000) == nil {
+			t.Errorf("%s: want an error", tc.name)
+		}
+	}
+}
