@@ -484,3 +484,30 @@ func TestDecodeZeroAllocs(t *testing.T) {
 		t.Errorf("Decode allocates %.1f per %d payloads in steady state", n, len(payloads))
 	}
 }
+
+func TestAppendExtraKeys(t *testing.T) {
+	tests := []struct {
+		first, n   int
+		lora, salt string
+		want       []any
+	}{
+		{0, 2, "", "", []any{nil, nil}},                      // vector map/block_stored_root
+		{0, 1, "my-lora", "", []any{[]any{"my-lora"}}},       // vector map/block_stored_bytes_hash_lora
+		{0, 2, "l", "s", []any{[]any{"l", "s"}, []any{"l"}}}, // salt on block 0 only
+		{2, 2, "", "s", []any{nil, nil}},                     // later blocks: no salt
+		{0, 0, "l", "s", []any{}},
+	}
+	for _, tt := range tests {
+		raw := AppendExtraKeys(nil, tt.first, tt.n, tt.lora, tt.salt)
+		var got []any
+		if err := msgpack.Unmarshal(raw, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("AppendExtraKeys(%d,%d,%q,%q) = %v, want %v", tt.first, tt.n, tt.lora, tt.salt, got, tt.want)
+		}
+	}
+	if got := AppendExtraKeys(nil, 0, 2, "", ""); !bytes.Equal(got, []byte{0x92, 0xc0, 0xc0}) {
+		t.Errorf("plain = %x", got)
+	}
+}

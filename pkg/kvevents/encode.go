@@ -211,3 +211,36 @@ func appendRemovedField(dst []byte, e *Event, pos int) []byte {
 		return appendOptInt(dst, e.GroupIdx, e.HasGroupIdx)
 	}
 }
+
+// AppendExtraKeys appends the msgpack of the extra_keys field vLLM puts in a
+// BlockStored event covering n blocks that start at block index first: per
+// block nil, or the block's extra keys (LoRA name on every block, cache_salt
+// on block 0 only). Use it for Event.ExtraKeys to publish what vLLM publishes.
+func AppendExtraKeys(dst []byte, first, n int, loraName, cacheSalt string) []byte {
+	dst = appendArrayHead(dst, n)
+	for i := first; i < first+n; i++ {
+		salt := ""
+		if i == 0 {
+			salt = cacheSalt
+		}
+		k := 0
+		if loraName != "" {
+			k++
+		}
+		if salt != "" {
+			k++
+		}
+		if k == 0 {
+			dst = appendNil(dst)
+			continue
+		}
+		dst = appendArrayHead(dst, k)
+		if loraName != "" {
+			dst = appendStr(dst, loraName)
+		}
+		if salt != "" {
+			dst = appendStr(dst, salt)
+		}
+	}
+	return dst
+}
