@@ -188,6 +188,8 @@ type Observer interface {
 	ConnectFailed(service string, ep int)
 	// TTFB: the backend's time to first response byte (loxilb_proxy_http_ttfb_seconds).
 	TTFB(service string, ep int, d time.Duration)
+	// Inflight: ep's in-flight count changed to n (kvgate_endpoint_inflight).
+	Inflight(service string, ep, n int)
 	// Done: one request finished (request count and duration per endpoint and
 	// outcome; decision stage latencies).
 	Done(r *Record)
@@ -199,6 +201,7 @@ type NopObserver struct{}
 func (NopObserver) ConnectFailed(string, int)       {}
 func (NopObserver) TTFB(string, int, time.Duration) {}
 func (NopObserver) Done(*Record)                    {}
+func (NopObserver) Inflight(string, int, int)       {}
 
 // Config configures one rule's proxy.
 type Config struct {
@@ -542,14 +545,14 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 		}
 		d, routed = nd, true
 		rec.Decision, rec.Routed = d, true
-		s.loads.Inc(d.Endpoint)
+		s.incLoad(d.Endpoint)
 		dctx, cancel := context.WithTimeout(ctx, s.lim.ConnectTimeout)
 		bc, err = s.dial(dctx, d.Addr)
 		cancel()
 		if err == nil {
 			break
 		}
-		s.loads.Dec(d.Endpoint)
+		s.decLoad(d.Endpoint)
 		s.log.Warn("backend connect failed; re-routing without it", "ep", d.Endpoint, "addr", d.Addr, "err", err)
 		s.obs.ConnectFailed(s.cfg.Service, d.Endpoint)
 		rec.ConnectErr = append(rec.ConnectErr, d.Endpoint)
@@ -560,7 +563,7 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 		}
 	}
 	s.cfg.Router.Finish(req, d, true)
-	defer s.loads.Dec(d.Endpoint)
+	defer s.decLoad(d.Endpoint)
 	defer bc.Close()
 	// A cancelled server (shutdown grace exhausted) unblocks every wait on the backend.
 	stop := context.AfterFunc(ctx, func() { _ = bc.SetDeadline(time.Unix(1, 0)) })
@@ -891,25 +894,33 @@ func epLabel(r *Record) int {
 	return r.Decision.Endpoint
 }
 
+func (s *Server) incLoad(ep int) { s.obs.Inflight(s.cfg.Service, ep, s.loads.Inc(ep)) }
+func (s *Server) decLoad(ep int) { s.obs.Inflight(s.cfg.Service, ep, s.loads.Dec(ep)) }
+
 // Loads counts in-flight requests per endpoint (ep_idx). The zero value is
 // ready; it is safe for concurrent use.
 type Loads struct {
 	n [epset.Max]atomic.Int64
 }
 
-// Inc adds one in-flight request to ep.
-func (l *Loads) Inc(ep int) {
+// Inc adds one in-flight request to ep and returns the new count.
+func (l *Loads) Inc(ep int) int {
 	if uint(ep) < epset.Max {
-		l.n[ep].Add(1)
+		return int(l.n[ep].Add(1))
 	}
+	return 0
 }
 
-// Dec removes one in-flight request from ep.
-func (l *Loads) Dec(ep int) {
+// Dec removes one in-flight request from ep and returns the new count.
+func (l *Loads) Dec(ep int) int {
 	if uint(ep) < epset.Max {
-		l.n[ep].Add(-1)
+		return int(l.n[ep].Add(-1))
 	}
+	return 0
 }
+
+// InFlight is Load under the name selector.LoadSource uses.
+func (l *Loads) InFlight(ep int) int { return l.Load(ep) }
 
 // Load is ep's in-flight count.
 func (l *Loads) Load(ep int) int {

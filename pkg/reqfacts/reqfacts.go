@@ -103,6 +103,8 @@ type Facts struct {
 
 	// Stream reports "stream": true.
 	Stream bool
+	// User is the body's top-level "user" (a Tier-1 session key source).
+	User string
 	// Problem says why a prompt or model could not be taken, for logs.
 	Problem string
 }
@@ -150,6 +152,7 @@ type body struct {
 	TruncatePromptTokens json.RawMessage `json:"truncate_prompt_tokens"`
 	CacheSalt            json.RawMessage `json:"cache_salt"`
 	Stream               json.RawMessage `json:"stream"`
+	User                 json.RawMessage `json:"user"`
 }
 
 // Extract reads the facts of one request. headerModel is the X-Model header
@@ -183,6 +186,7 @@ func Extract(raw []byte, headerModel string, opts Options) Facts {
 	}
 
 	f.Stream, _ = rawBool(b.Stream)
+	f.User, _ = rawString(b.User)
 	if s, ok := rawString(b.CacheSalt); ok {
 		f.CacheSalt = s
 	}
