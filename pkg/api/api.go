@@ -398,6 +398,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE "+lb+"/all", s.handleDeleteAll)
 	mux.HandleFunc("GET "+byKey, s.handleGet)
 	mux.HandleFunc("DELETE "+byKey, s.handleDelete)
+	mux.HandleFunc("PATCH "+byKey, s.handlePatch)
 	mux.HandleFunc("PUT "+byKey+"/endpoint", s.handleSetEndpoint)
 	mux.HandleFunc("GET "+lb+"/id/{id}", s.handleGetByID)
 	mux.HandleFunc("DELETE "+lb+"/name/{name}", s.handleDeleteByName)

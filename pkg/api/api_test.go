@@ -577,3 +577,38 @@ func TestMetricsEndpoints(t *testing.T) {
 		}
 	}
 }
+
+func TestPatch(t *testing.T) {
+	f := newFixture(t, t.TempDir(), nil)
+	f.do(t, "POST", lbPath, mode3Rule(epBody("10.0.1.1", 8000, 0, ""), epBody("10.0.1.2", 8000, 0, `,"admin":"down"`)))
+	path := lbPath + "/externalipaddress/10.0.0.1/port/9000/protocol/tcp"
+	if code, body := f.do(t, "PATCH", path, `{"serviceArguments":{"kvBlockSize":32,"sel":4}}`); code != 200 || !strings.Contains(body, `"service_id":1`) {
+		t.Fatalf("%d %s", code, body)
+	}
+	_, body := f.do(t, "GET", path, "")
+	if !strings.Contains(body, `"kvBlockSize":32`) || !strings.Contains(body, `"sel":4`) || !strings.Contains(body, `"kvExactMode":3`) || !strings.Contains(body, `"admin":"down"`) {
+		t.Fatalf("patched rule: %s", body)
+	}
+	// null removes; endpoints are replaced whole, indices stay by identity.
+	f.do(t, "PATCH", path, `{"serviceArguments":{"kvBlockSize":null},"endpoints":[{"endpointIP":"10.0.1.2","targetPort":8000,"weight":1}]}`)
+	_, body = f.do(t, "GET", path, "")
+	if strings.Contains(body, "kvBlockSize") || strings.Contains(body, "10.0.1.1") || !strings.Contains(body, `"ep_idx":1`) {
+		t.Fatalf("after null and endpoint replace: %s", body)
+	}
+	for _, c := range []struct {
+		patch string
+		code  int
+	}{
+		{`{"serviceArguments":{"port":9001}}`, 400},
+		{`{"serviceArguments":{"kvExactMode":2}}`, 400},
+		{`{"serviceArguments":{"kvEngineType":"llamacpp","kvExactMode":0}}`, 409},
+		{`{`, 400},
+	} {
+		if code, body := f.do(t, "PATCH", path, c.patch); code != c.code {
+			t.Errorf("%s: %d %s", c.patch, code, body)
+		}
+	}
+	if code, _ := f.do(t, "PATCH", lbPath+"/externalipaddress/10.0.0.2/port/9000/protocol/tcp", `{}`); code != 404 {
+		t.Errorf("patch unknown rule: %d", code)
+	}
+}
