@@ -55,8 +55,9 @@ func (s SpillRelief) Enabled(kvExactMode int) bool {
 type ScoreMode string
 
 const (
-	// ScoreLeading counts the leading run of consecutive matched blocks (default).
-	ScoreLeading ScoreMode = "leading"
+	// ScoreLeading counts the leading run of consecutive matched blocks, the
+	// prefix vLLM can reuse (default). Spelled "prefix"; "leading" is accepted.
+	ScoreLeading ScoreMode = "prefix"
 	// ScoreOverlap counts every matched block (the spec's literal definition).
 	ScoreOverlap ScoreMode = "overlap"
 )
@@ -92,7 +93,7 @@ type Settings struct {
 	MaxBlocks int
 	// LOXILB_KV_ZERO_HIT_N: zero-hit watchdog threshold, > 0. Default 50.
 	ZeroHitN int
-	// LOXILB_KV_SCORE: leading (default) or overlap.
+	// LOXILB_KV_SCORE: prefix (the leading run; default) or overlap.
 	Score ScoreMode
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
@@ -206,18 +207,18 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 			p.fail("LOXILB_KV_SPILL_RELIEF", v, "allowed values: auto, on (1, true, yes), off (0, false, no)")
 		}
 	}
-	p.integer("LOXILB_KV_COLDSTART_SEED_N", &s.ColdStartSeedN, 0, 1_000_000_000)
-	p.integer("LOXILB_KV_COLDSTART_MIN_BLOCKS", &s.ColdStartMinBlocks, 0, 1_000_000_000)
+	p.integer("LOXILB_KV_COLDSTART_SEED_N", &s.ColdStartSeedN, 0, 1<<20)
+	p.integer("LOXILB_KV_COLDSTART_MIN_BLOCKS", &s.ColdStartMinBlocks, 0, 1<<30)
 	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, 1000, 100_000_000)
-	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1_000_000_000)
+	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	if v, ok := p.get("LOXILB_KV_SCORE"); ok {
 		switch strings.ToLower(v) {
-		case "leading", "leading-run", "leading_run":
+		case "prefix", "leading", "leading-run", "leading_run":
 			s.Score = ScoreLeading
 		case "overlap":
 			s.Score = ScoreOverlap
 		default:
-			p.fail("LOXILB_KV_SCORE", v, "allowed values: leading, overlap")
+			p.fail("LOXILB_KV_SCORE", v, "allowed values: prefix (leading run, the default), overlap")
 		}
 	}
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
@@ -225,7 +226,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)
 	p.seconds("LLB_PD_DECODE_SILENCE_SEC", &s.DecodeSilence, 1, 99999)
 	p.integer("LLB_PD_MAX_INFLIGHT_PER_EP", &s.MaxInflightPerEP, 0, 99999)
-	p.integer("LLB_PD_QUEUE_DEPTH_PER_EP", &s.QueueDepthPerEP, 0, 65536)
+	p.integer("LLB_PD_QUEUE_DEPTH_PER_EP", &s.QueueDepthPerEP, 0, 4096)
 	p.seconds("LLB_PD_MAX_PARK_SEC", &s.MaxPark, 0, 99999)
 	p.integer("LLB_PD_MAX_TOTAL_INFLIGHT", &s.MaxTotalInflight, 0, 2_000_000_000)
 	p.integer("LLB_PD_ORIGIN_ERR_THRESHOLD", &s.OriginErrThreshold, 0, 1_000_000)
