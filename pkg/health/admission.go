@@ -41,11 +41,51 @@ type AdmissionConfig struct {
 	// PrefillTimeout is LLB_PD_PREFILL_TIMEOUT_SEC (default 30 s).
 	PrefillTimeout time.Duration
 	// MaxTotalInflight caps all in-flight prefill admissions of the rule
-	// (LLB_PD_MAX_TOTAL_INFLIGHT; 0 = off).
+	// (0 = off). Ignored when Total is set.
 	MaxTotalInflight int
-	Clock            Clock
-	Observer         Observer
+	// Total, when set, is a gate shared by every rule of the process
+	// (LLB_PD_MAX_TOTAL_INFLIGHT is process-wide).
+	Total    *TotalGate
+	Clock    Clock
+	Observer Observer
 }
+
+// TotalGate caps in-flight admissions across several Admission controllers
+// (LLB_PD_MAX_TOTAL_INFLIGHT). Safe for concurrent use.
+type TotalGate struct {
+	max int64
+	n   atomic.Int64
+}
+
+// NewTotalGate returns a gate admitting at most max requests; max 0 means
+// no cap.
+func NewTotalGate(max int) (*TotalGate, error) {
+	if max < 0 || max > 2_000_000_000 {
+		return nil, fmt.Errorf("LLB_PD_MAX_TOTAL_INFLIGHT=%d: want 0..2000000000", max)
+	}
+	return &TotalGate{max: int64(max)}, nil
+}
+
+func (g *TotalGate) tryAcquire() bool {
+	if g.max == 0 {
+		g.n.Add(1)
+		return true
+	}
+	for {
+		n := g.n.Load()
+		if n >= g.max {
+			return false
+		}
+		if g.n.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+func (g *TotalGate) release() { g.n.Add(-1) }
+
+// InFlight is the number of admissions the gate holds.
+func (g *TotalGate) InFlight() int { return int(g.n.Load()) }
 
 type waiter struct {
 	ep   int
@@ -66,9 +106,10 @@ type Admission struct {
 	inflight [epset.Max]atomic.Int64
 	satWords [4]atomic.Uint64 // the saturated set, readable without the lock
 
+	gate *TotalGate
+
 	mu       sync.Mutex
 	admitted [epset.Max]int // capped (prefill) admissions per endpoint
-	total    int
 	queues   [epset.Max]*list.List
 }
 
@@ -90,7 +131,10 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 	if cfg.MaxPark == 0 {
 		cfg.MaxPark = cfg.PrefillTimeout
 	}
-	a := &Admission{cfg: cfg, clock: cfg.Clock, obs: cfg.Observer}
+	a := &Admission{cfg: cfg, clock: cfg.Clock, obs: cfg.Observer, gate: cfg.Total}
+	if a.gate == nil {
+		a.gate = &TotalGate{max: int64(cfg.MaxTotalInflight)}
+	}
 	if a.clock == nil {
 		a.clock = RealClock{}
 	}
@@ -133,18 +177,20 @@ func (a *Admission) setSaturatedLocked(ep int) {
 	}
 }
 
-func (a *Admission) canAdmitLocked(ep int) bool {
-	if a.cfg.MaxTotalInflight > 0 && a.total >= a.cfg.MaxTotalInflight {
-		return false
-	}
+func (a *Admission) underCapLocked(ep int) bool {
 	return a.cfg.MaxInflightPerEP == 0 || a.admitted[ep] < a.cfg.MaxInflightPerEP
 }
 
-func (a *Admission) admitLocked(ep int) {
+// tryAdmitLocked admits one request on ep if both its cap and the total
+// gate allow.
+func (a *Admission) tryAdmitLocked(ep int) bool {
+	if !a.underCapLocked(ep) || !a.gate.tryAcquire() {
+		return false
+	}
 	a.admitted[ep]++
-	a.total++
 	a.inflight[ep].Add(1)
 	a.setSaturatedLocked(ep)
+	return true
 }
 
 // AcquirePrefill admits one request on prefill endpoint ep, or returns
@@ -155,10 +201,7 @@ func (a *Admission) AcquirePrefill(ep int) error {
 		return fmt.Errorf("health: ep_idx %d out of range", ep)
 	}
 	a.mu.Lock()
-	ok := a.canAdmitLocked(ep)
-	if ok {
-		a.admitLocked(ep)
-	}
+	ok := a.tryAdmitLocked(ep)
 	a.mu.Unlock()
 	if !ok {
 		a.obs.AdmissionShed(a.cfg.ServiceID)
@@ -178,14 +221,14 @@ func (a *Admission) ReleasePrefill(ep int) {
 	if a.admitted[ep] == 0 {
 		return // unbalanced release: ignore rather than go negative
 	}
-	if q := a.queues[ep]; q != nil && q.Len() > 0 && (a.cfg.MaxTotalInflight == 0 || a.total <= a.cfg.MaxTotalInflight) {
+	if q := a.queues[ep]; q != nil && q.Len() > 0 {
 		w := q.Remove(q.Front()).(*waiter)
 		w.done, w.elem = true, nil
 		w.ch <- struct{}{} // the slot passes to the waiter: counts unchanged
 		return
 	}
 	a.admitted[ep]--
-	a.total--
+	a.gate.release()
 	a.inflight[ep].Add(-1)
 	a.setSaturatedLocked(ep)
 }
@@ -214,8 +257,7 @@ func (a *Admission) Untrack(ep int) {
 func (a *Admission) Park(ctx context.Context, candidates epset.Set) (int, error) {
 	a.mu.Lock()
 	for ep := candidates.Next(0); ep >= 0; ep = candidates.Next(ep + 1) {
-		if a.canAdmitLocked(ep) {
-			a.admitLocked(ep)
+		if a.tryAdmitLocked(ep) {
 			a.mu.Unlock()
 			return ep, nil
 		}

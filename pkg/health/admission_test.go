@@ -220,3 +220,26 @@ func TestTrackerSaturated(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// TestTotalGateShared: LLB_PD_MAX_TOTAL_INFLIGHT spans rules.
+func TestTotalGateShared(t *testing.T) {
+	g, err := NewTotalGate(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, _ := NewAdmission(AdmissionConfig{ServiceID: 1, Total: g})
+	a2, _ := NewAdmission(AdmissionConfig{ServiceID: 2, Total: g})
+	if a1.AcquirePrefill(0) != nil || a2.AcquirePrefill(0) != nil {
+		t.Fatal("under the gate")
+	}
+	if err := a2.AcquirePrefill(1); !errors.Is(err, ErrOverloaded) {
+		t.Fatalf("over the shared gate: %v", err)
+	}
+	a1.ReleasePrefill(0)
+	if a2.AcquirePrefill(1) != nil || g.InFlight() != 2 {
+		t.Fatal("release did not free the gate")
+	}
+	if _, err := NewTotalGate(-1); err == nil {
+		t.Fatal("negative gate")
+	}
+}
