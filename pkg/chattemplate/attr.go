@@ -39,11 +39,11 @@ var (
 )
 
 func unsafeAttr(obj any, name string) undefined {
-	return undefined{unsafe: true, hint: fmt.Sprintf("access to attribute '%s' of '%s' object is unsafe", name, typeName(obj))}
+	return undefined{unsafe: true, format: "access to attribute '%s' of '%s' object is unsafe", a: name, b: typeName(obj)}
 }
 
 func missingAttr(obj any, name string) undefined {
-	return undefined{hint: fmt.Sprintf("'%s' object has no attribute '%s'", typeName(obj), name)}
+	return undefined{format: "'%s' object has no attribute '%s'", a: typeName(obj), b: name}
 }
 
 // lookupMethod is Python getattr(obj, name) restricted to the sandbox.
@@ -63,7 +63,7 @@ func lookupMethod(obj any, name string) (any, bool) {
 	case tuple:
 		table = tupleMethods
 	case *namespace:
-		v, ok := x.attrs.m[name]
+		v, ok := x.attrs.Get(name)
 		return v, ok
 	case *loopObject:
 		return x.attr(name)
@@ -108,7 +108,7 @@ func getAttr(obj any, name string) (any, error) {
 		return v, nil
 	}
 	if d, ok := obj.(*Dict); ok {
-		if v, ok := d.m[name]; ok {
+		if v, ok := d.Get(name); ok {
 			return v, nil
 		}
 	}
@@ -127,7 +127,7 @@ func getItem(obj any, key any) (any, error) {
 	switch x := obj.(type) {
 	case *Dict:
 		if s, ok := key.(string); ok {
-			if v, ok := x.m[s]; ok {
+			if v, ok := x.Get(s); ok {
 				return v, nil
 			}
 		}
@@ -161,7 +161,7 @@ func getItem(obj any, key any) (any, error) {
 			return v, nil
 		}
 	}
-	return undefined{hint: fmt.Sprintf("%s has no element %s", typeName(obj), pyReprString(key))}, nil
+	return undefined{format: "%s has no element %s", a: typeName(obj), b: pyReprString(key)}, nil
 }
 
 func pyReprString(v any) string {
@@ -218,12 +218,12 @@ func (l *loopObject) attr(name string) (any, bool) {
 		return int64(l.depth0), true
 	case "previtem":
 		if l.index0 == 0 {
-			return undefined{hint: "there is no previous item"}, true
+			return undefined{format: "there is no previous item"}, true
 		}
 		return l.items[l.index0-1], true
 	case "nextitem":
 		if l.index0+1 >= n {
-			return undefined{hint: "there is no next item"}, true
+			return undefined{format: "there is no next item"}, true
 		}
 		return l.items[l.index0+1], true
 	case "cycle", "changed":
@@ -259,7 +259,7 @@ func bindArgs(fname string, params []string, defaults []any, args []any, kw *Dic
 					if i < len(args) {
 						return nil, fmt.Errorf("%s() got multiple values for argument '%s'", fname, k)
 					}
-					out[i] = kw.m[k]
+					out[i] = kw.val(k)
 					found = true
 				}
 			}
@@ -333,7 +333,7 @@ func callDictMethod(d *Dict, name string, args []any, kw *Dict) (any, error) {
 		}
 		out := make([]any, len(d.keys))
 		for i, k := range d.keys {
-			out[i] = tuple{k, d.m[k]}
+			out[i] = tuple{k, d.val(k)}
 		}
 		return out, nil
 	case "keys":
@@ -351,7 +351,7 @@ func callDictMethod(d *Dict, name string, args []any, kw *Dict) (any, error) {
 		}
 		out := make([]any, len(d.keys))
 		for i, k := range d.keys {
-			out[i] = d.m[k]
+			out[i] = d.val(k)
 		}
 		return out, nil
 	case "get":
@@ -362,7 +362,7 @@ func callDictMethod(d *Dict, name string, args []any, kw *Dict) (any, error) {
 			return nil, fmt.Errorf("get expected 1 or 2 arguments, got %d", len(args))
 		}
 		if s, ok := args[0].(string); ok {
-			if v, ok := d.m[s]; ok {
+			if v, ok := d.Get(s); ok {
 				return v, nil
 			}
 		}

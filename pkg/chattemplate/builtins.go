@@ -271,7 +271,7 @@ func filterFirst(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		return nil, err
 	}
 	if len(items) == 0 {
-		return undefined{hint: "No first item, sequence was empty."}, nil
+		return undefined{format: "No first item, sequence was empty."}, nil
 	}
 	return items[0], nil
 }
@@ -282,7 +282,7 @@ func filterLast(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		return nil, err
 	}
 	if len(items) == 0 {
-		return undefined{hint: "No last item, sequence was empty."}, nil
+		return undefined{format: "No last item, sequence was empty."}, nil
 	}
 	return items[len(items)-1], nil
 }
@@ -441,8 +441,8 @@ func filterMap(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	}
 	out := make([]any, 0, len(items))
 	if len(args) == 0 && kw != nil && hasKey(kw, "attribute") {
-		attr := kw.m["attribute"]
-		def, hasDef := kw.m["default"]
+		attr := kw.val("attribute")
+		def, hasDef := kw.Get("default")
 		for _, it := range items {
 			x, err := attrPath(it, attr)
 			if err != nil {
@@ -699,7 +699,7 @@ func filterMinMax(sign int) filterFunc {
 			return nil, err
 		}
 		if len(items) == 0 {
-			return undefined{hint: "No aggregated item, sequence was empty."}, nil
+			return undefined{format: "No aggregated item, sequence was empty."}, nil
 		}
 		best := items[0]
 		bestKey, err := sortKey(best, a[1], isTruthy(a[0]))
@@ -956,12 +956,12 @@ func globalNamespace(r *renderer, args []any, kw *Dict) (any, error) {
 			return nil, fmt.Errorf("namespace() positional argument must be a mapping, not %s", typeName(a))
 		}
 		for _, k := range d.keys {
-			ns.attrs.Set(k, d.m[k])
+			ns.attrs.Set(k, d.val(k))
 		}
 	}
 	if kw != nil {
 		for _, k := range kw.keys {
-			ns.attrs.Set(k, kw.m[k])
+			ns.attrs.Set(k, kw.val(k))
 		}
 	}
 	return ns, nil
@@ -975,12 +975,12 @@ func globalDict(r *renderer, args []any, kw *Dict) (any, error) {
 			return nil, fmt.Errorf("dict() argument must be a mapping, not %s", typeName(a))
 		}
 		for _, k := range src.keys {
-			d.Set(k, src.m[k])
+			d.Set(k, src.val(k))
 		}
 	}
 	if kw != nil {
 		for _, k := range kw.keys {
-			d.Set(k, kw.m[k])
+			d.Set(k, kw.val(k))
 		}
 	}
 	return d, nil
@@ -1026,7 +1026,7 @@ func percentFormat(format string, arg any) (any, error) {
 			if end < 0 || mapping == nil {
 				return nil, errors.New("format requires a mapping")
 			}
-			val, keyed = mapping.m[format[i+1:i+end]], true
+			val, keyed = mapping.val(format[i+1:i+end]), true
 			i += end + 1
 		}
 		start := i
@@ -1141,7 +1141,7 @@ func pyFormat(format string, args []any, kw *Dict) (any, error) {
 				if kw == nil || !hasKey(kw, field) {
 					return nil, fmt.Errorf("KeyError: '%s'", field)
 				}
-				val = kw.m[field]
+				val = kw.val(field)
 			}
 			if conv == "r" {
 				b.WriteString(pyReprString(val))

@@ -102,12 +102,12 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 // continueFinalMessage cuts the render after the final message's content,
 // as transformers' render_jinja_template does for continue_final_message.
 func continueFinalMessage(rendered string, last *Dict) (string, error) {
-	final := last.m["content"]
+	final := last.val("content")
 	if parts, ok := final.([]any); ok {
 		final = nil
 		for i := len(parts) - 1; i >= 0; i-- {
 			if p, ok := parts[i].(*Dict); ok {
-				if txt, ok := p.m["text"]; ok {
+				if txt, ok := p.Get("text"); ok {
 					final = txt
 					break
 				}
@@ -151,16 +151,15 @@ var textPartTypes = map[string]string{
 func (t *Template) normalizeMessages(in []map[string]any) ([]any, error) {
 	out := make([]any, 0, len(in))
 	for i, raw := range in {
-		mv, err := toValue(raw, 0)
+		m, err := messageFields(raw)
 		if err != nil {
 			return nil, fmt.Errorf("chattemplate: message %d: %w", i, err)
 		}
-		m := mv.(*Dict)
-		role, ok := m.m["role"].(string)
+		role, ok := m.val("role").(string)
 		if !ok {
 			return nil, fmt.Errorf("%w: message %d has no string role", ErrBadMessages, i)
 		}
-		content, err := t.normalizeContent(m.m["content"], role)
+		content, err := t.normalizeContent(m.val("content"), role)
 		if err != nil {
 			return nil, fmt.Errorf("%w: message %d: %v", ErrBadMessages, i, err)
 		}
@@ -169,7 +168,7 @@ func (t *Template) normalizeMessages(in []map[string]any) ([]any, error) {
 		msg.Set("content", content)
 		switch role {
 		case "assistant":
-			if tc, ok := m.m["tool_calls"]; ok && tc != nil {
+			if tc, ok := m.Get("tool_calls"); ok && tc != nil {
 				calls, err := normalizeToolCalls(tc)
 				if err != nil {
 					return nil, fmt.Errorf("%w: message %d: %v", ErrBadMessages, i, err)
@@ -178,41 +177,58 @@ func (t *Template) normalizeMessages(in []map[string]any) ([]any, error) {
 					msg.Set("tool_calls", calls)
 				}
 			}
-			if reasoning, ok := m.m["reasoning"]; ok && reasoning != nil {
+			if reasoning, ok := m.Get("reasoning"); ok && reasoning != nil {
 				msg.Set("reasoning", reasoning)
 				msg.Set("reasoning_content", reasoning)
 			}
 		case "tool":
-			if id, ok := m.m["tool_call_id"]; ok {
+			if id, ok := m.Get("tool_call_id"); ok {
 				msg.Set("tool_call_id", id)
 			}
 			if parts, ok := content.([]any); ok {
 				msg.Set("content", joinToolParts(parts))
 			}
 		}
-		if name, ok := m.m["name"].(string); ok {
+		if name, ok := m.val("name").(string); ok {
 			msg.Set("name", name)
 		}
-		if task, ok := m.m["task"].(string); ok {
+		if task, ok := m.val("task").(string); ok {
 			msg.Set("task", task)
 		}
 		if role == "developer" {
-			msg.Set("tools", m.m["tools"])
+			msg.Set("tools", m.val("tools"))
 		}
 		out = append(out, msg)
 	}
 	return out, nil
 }
 
+// messageFields converts the message keys vLLM reads (and only those).
+func messageFields(raw map[string]any) (*Dict, error) {
+	m := newDictCap(4)
+	for _, k := range [...]string{"role", "content", "tool_calls", "reasoning", "tool_call_id", "name", "task", "tools"} {
+		v, ok := raw[k]
+		if !ok {
+			continue
+		}
+		cv, err := toValue(v, 0)
+		if err != nil {
+			return nil, fmt.Errorf("field %q: %w", k, err)
+		}
+		m.Set(k, cv)
+	}
+	return m, nil
+}
+
 func joinToolParts(parts []any) any {
 	var texts []string
 	for _, p := range parts {
 		d, ok := p.(*Dict)
-		if ok && d.m["type"] != "text" {
+		if ok && d.val("type") != "text" {
 			return parts
 		}
 		if ok {
-			s, _ := d.m["text"].(string)
+			s, _ := d.val("text").(string)
 			texts = append(texts, s)
 		}
 	}
@@ -243,7 +259,7 @@ func (t *Template) normalizeContent(c any, role string) (any, error) {
 		case string:
 			text = x
 		case *Dict:
-			typ, _ := x.m["type"].(string)
+			typ, _ := x.val("type").(string)
 			key, ok := textPartTypes[typ]
 			if !ok {
 				if typ == "" {
@@ -251,7 +267,7 @@ func (t *Template) normalizeContent(c any, role string) (any, error) {
 				}
 				return nil, fmt.Errorf("content part type %q is not supported for text-only rendering", typ)
 			}
-			v := x.m[key]
+			v := x.val(key)
 			if v == nil {
 				if typ == "text" || typ == "refusal" {
 					continue // vLLM skips these with a warning
@@ -292,12 +308,12 @@ func normalizeToolCalls(v any) (any, error) {
 		if !ok {
 			return nil, fmt.Errorf("tool call %d is not an object", i)
 		}
-		fn, ok := call.m["function"].(*Dict)
+		fn, ok := call.val("function").(*Dict)
 		if !ok {
 			return nil, fmt.Errorf("tool call %d has no function object", i)
 		}
 		fn = fn.clone()
-		switch args := fn.m["arguments"].(type) {
+		switch args := fn.val("arguments").(type) {
 		case string:
 			parsed, err := DecodeJSON([]byte(args))
 			if err != nil {
@@ -441,7 +457,7 @@ func DecodeMessages(data []byte) ([]map[string]any, error) {
 		}
 		m := make(map[string]any, d.Len())
 		for _, k := range d.keys {
-			m[k] = d.m[k]
+			m[k] = d.val(k)
 		}
 		out[i] = m
 	}
@@ -469,11 +485,11 @@ func VLLMToolDicts(tools []any, withStrict bool) ([]any, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: tool %d is not an object", ErrBadMessages, i)
 		}
-		fn, ok := t.m["function"].(*Dict)
+		fn, ok := t.val("function").(*Dict)
 		if !ok {
 			return nil, fmt.Errorf("%w: tool %d has no function object", ErrBadMessages, i)
 		}
-		if _, ok := fn.m["name"].(string); !ok {
+		if _, ok := fn.val("name").(string); !ok {
 			return nil, fmt.Errorf("%w: tool %d function has no name", ErrBadMessages, i)
 		}
 		f := NewDict()
@@ -482,23 +498,23 @@ func VLLMToolDicts(tools []any, withStrict bool) ([]any, error) {
 			declared = append(declared, "strict")
 		}
 		for _, k := range declared {
-			f.Set(k, fn.m[k])
+			f.Set(k, fn.val(k))
 		}
 		for _, k := range fn.keys {
-			if _, ok := f.m[k]; !ok {
-				f.Set(k, fn.m[k])
+			if _, ok := f.Get(k); !ok {
+				f.Set(k, fn.val(k))
 			}
 		}
 		d := NewDict()
-		typ, ok := t.m["type"]
+		typ, ok := t.Get("type")
 		if !ok {
 			typ = "function"
 		}
 		d.Set("type", typ)
 		d.Set("function", f)
 		for _, k := range t.keys {
-			if _, ok := d.m[k]; !ok {
-				d.Set(k, t.m[k])
+			if _, ok := d.Get(k); !ok {
+				d.Set(k, t.val(k))
 			}
 		}
 		out[i] = d

@@ -86,7 +86,8 @@ func TestRenderChatErrors(t *testing.T) {
 		{"tool call without function", ChatInput{Messages: []map[string]any{{"role": "assistant", "content": "", "tool_calls": []any{map[string]any{"id": "x"}}}}}, ErrBadMessages},
 		{"kwargs chat_template", ChatInput{Messages: []map[string]any{user}, Kwargs: map[string]any{"chat_template": "x"}}, ErrBadMessages},
 		{"kwargs messages", ChatInput{Messages: []map[string]any{user}, Kwargs: map[string]any{"messages": []any{}}}, ErrBadMessages},
-		{"unsupported input type", ChatInput{Messages: []map[string]any{{"role": "user", "content": "x", "extra": make(chan int)}}}, nil},
+		{"unsupported input type", ChatInput{Messages: []map[string]any{{"role": "user", "content": make(chan int)}}}, nil},
+		{"unsupported tool type", ChatInput{Messages: []map[string]any{user}, Tools: []any{make(chan int)}}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

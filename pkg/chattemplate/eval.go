@@ -25,9 +25,17 @@ type scope struct {
 	names  []string
 	vals   []any
 	parent *scope
+	// inline storage for the first few names avoids two allocations per
+	// scope (one scope per loop iteration).
+	inlineNames [4]string
+	inlineVals  [4]any
 }
 
-func newScope(parent *scope) *scope { return &scope{parent: parent} }
+func newScope(parent *scope) *scope {
+	s := &scope{parent: parent}
+	s.names, s.vals = s.inlineNames[:0], s.inlineVals[:0]
+	return s
+}
 
 func (s *scope) set(name string, v any) {
 	for i, n := range s.names {
@@ -328,13 +336,13 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 				}
 			}
 			if k == "caller" && caller == nil {
-				if c, ok := kw.m[k].(*macroValue); ok {
+				if c, ok := kw.val(k).(*macroValue); ok {
 					caller = c
 					continue
 				}
 			}
 			if !found {
-				extra.Set(k, kw.m[k])
+				extra.Set(k, kw.val(k))
 			}
 		}
 	}
@@ -342,13 +350,13 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 		switch {
 		case i < len(args):
 			if kw != nil {
-				if _, dup := kw.m[p]; dup {
+				if _, dup := kw.Get(p); dup {
 					return nil, fmt.Errorf("macro '%s' got multiple values for argument '%s'", m.name, p)
 				}
 			}
 			sc.set(p, args[i])
 		case kw != nil && hasKey(kw, p):
-			sc.set(p, kw.m[p])
+			sc.set(p, kw.val(p))
 		case i >= firstDefault:
 			v, err := r.eval(m.defaults[i-firstDefault], sc)
 			if err != nil {
@@ -356,7 +364,7 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 			}
 			sc.set(p, v)
 		default:
-			sc.set(p, undefined{hint: fmt.Sprintf("parameter '%s' was not provided", p)})
+			sc.set(p, undefined{format: "parameter '%s' was not provided", a: p})
 		}
 	}
 	sc.set("varargs", tuple(varargs))
@@ -371,7 +379,7 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 	return buf.String(), nil
 }
 
-func hasKey(d *Dict, k string) bool { _, ok := d.m[k]; return ok }
+func hasKey(d *Dict, k string) bool { _, ok := d.Get(k); return ok }
 
 // ---- expressions ----
 
@@ -386,7 +394,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		if g, ok := r.cfg.globals[e.name]; ok {
 			return g, nil
 		}
-		return undefined{hint: fmt.Sprintf("'%s' is undefined", e.name)}, nil
+		return undefined{format: "'%s' is undefined", a: e.name}, nil
 	case *listExpr:
 		out := make([]any, len(e.items))
 		for i, it := range e.items {
@@ -567,7 +575,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 			return r.eval(e.then, sc)
 		}
 		if e.orElse == nil {
-			return undefined{hint: "the inline if-expression evaluated to false and no else section was defined"}, nil
+			return undefined{format: "the inline if-expression evaluated to false and no else section was defined"}, nil
 		}
 		return r.eval(e.orElse, sc)
 	case *sliceExpr:
@@ -639,7 +647,7 @@ func contains(container, item any) (bool, error) {
 		if !ok {
 			return false, nil
 		}
-		_, found := c.m[s]
+		_, found := c.Get(s)
 		return found, nil
 	case undefined:
 		if c.unsafe {
@@ -782,7 +790,7 @@ func sliceValue(obj, start, stop, step any) (any, error) {
 	case undefined:
 		return nil, x.failure()
 	}
-	return undefined{hint: fmt.Sprintf("'%s' object is not subscriptable", typeName(obj))}, nil
+	return undefined{format: "'%s' object is not subscriptable", a: typeName(obj)}, nil
 }
 
 func (r *renderer) evalArgs(c *callExpr, sc *scope) ([]any, *Dict, error) {
@@ -826,7 +834,7 @@ func (r *renderer) evalArgs(c *callExpr, sc *scope) ([]any, *Dict, error) {
 			return nil, nil, fmt.Errorf("argument after ** must be a mapping, not %s", typeName(v))
 		}
 		for _, k := range d.keys {
-			kw.Set(k, d.m[k])
+			kw.Set(k, d.val(k))
 		}
 	}
 	return args, kw, nil

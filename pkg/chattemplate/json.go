@@ -133,9 +133,9 @@ func toValue(v any, depth int) (any, error) {
 	case json.RawMessage:
 		return DecodeJSON(x)
 	case *Dict:
-		out := &Dict{keys: make([]string, 0, len(x.keys)), m: make(map[string]any, len(x.m))}
+		out := newDictCap(len(x.keys))
 		for _, k := range x.keys {
-			cv, err := toValue(x.m[k], depth+1)
+			cv, err := toValue(x.val(k), depth+1)
 			if err != nil {
 				return nil, err
 			}
@@ -143,7 +143,7 @@ func toValue(v any, depth int) (any, error) {
 		}
 		return out, nil
 	case map[string]any:
-		out := &Dict{keys: make([]string, 0, len(x)), m: make(map[string]any, len(x))}
+		out := newDictCap(len(x))
 		for _, k := range sortedKeys(x) {
 			cv, err := toValue(x[k], depth+1)
 			if err != nil {
@@ -308,7 +308,7 @@ func writeJSON(b *strings.Builder, v any, o jsonOptions, level int) error {
 			writeJSONNewline(b, o, level+1)
 			writeJSONString(b, k, o.ensureASCII)
 			b.WriteString(o.keySep)
-			if err := writeJSON(b, x.m[k], o, level+1); err != nil {
+			if err := writeJSON(b, x.val(k), o, level+1); err != nil {
 				return err
 			}
 		}

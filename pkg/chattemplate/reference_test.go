@@ -72,7 +72,7 @@ func loadChatCases(t testing.TB) []chatCase {
 	var out []chatCase
 	for _, item := range v.([]any) {
 		c := item.(*Dict)
-		msgsJSON, err := pyJSONDumps(c.m["messages"], jsonOptions{itemSep: ",", keySep: ":"})
+		msgsJSON, err := pyJSONDumps(c.val("messages"), jsonOptions{itemSep: ",", keySep: ":"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,35 +81,35 @@ func loadChatCases(t testing.TB) []chatCase {
 			t.Fatal(err)
 		}
 		in := ChatInput{Messages: msgs}
-		if b, ok := c.m["add_generation_prompt"].(bool); ok {
+		if b, ok := c.val("add_generation_prompt").(bool); ok {
 			in.AddGenerationPrompt = b
 		}
-		if b, ok := c.m["continue_final_message"].(bool); ok {
+		if b, ok := c.val("continue_final_message").(bool); ok {
 			in.ContinueFinalMessage = b
 		}
-		if tools, ok := c.m["tools"].([]any); ok {
-			strict, _ := c.m["tools_strict_field"].(bool)
+		if tools, ok := c.val("tools").([]any); ok {
+			strict, _ := c.val("tools_strict_field").(bool)
 			if in.Tools, err = VLLMToolDicts(tools, strict); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if docs, ok := c.m["documents"].([]any); ok {
+		if docs, ok := c.val("documents").([]any); ok {
 			in.Documents = docs
 		}
-		if kw, ok := c.m["kwargs"].(*Dict); ok {
+		if kw, ok := c.val("kwargs").(*Dict); ok {
 			in.Kwargs = map[string]any{}
 			for _, k := range kw.keys {
-				in.Kwargs[k] = kw.m[k]
+				in.Kwargs[k] = kw.val(k)
 			}
 		}
-		if st, ok := c.m["special_tokens"].(*Dict); ok {
+		if st, ok := c.val("special_tokens").(*Dict); ok {
 			in.SpecialTokens = map[string]string{}
 			for _, k := range st.keys {
-				in.SpecialTokens[k] = st.m[k].(string)
+				in.SpecialTokens[k] = st.val(k).(string)
 			}
 		}
-		out = append(out, chatCase{name: c.m["name"].(string), template: c.m["template"].(string),
-			contentFormat: c.m["content_format"].(string), input: in})
+		out = append(out, chatCase{name: c.val("name").(string), template: c.val("template").(string),
+			contentFormat: c.val("content_format").(string), input: in})
 	}
 	return out
 }
@@ -200,10 +200,10 @@ func TestJinjaSnippetsMatchJinja2(t *testing.T) {
 	}
 	for _, item := range v.([]any) {
 		c := item.(*Dict)
-		name := c.m["name"].(string)
+		name := c.val("name").(string)
 		t.Run(name, func(t *testing.T) {
 			exp := want[name]
-			tmpl, err := Compile(c.m["template"].(string), WithClock(func() time.Time { return fixedNow }))
+			tmpl, err := Compile(c.val("template").(string), WithClock(func() time.Time { return fixedNow }))
 			if err != nil {
 				if exp.Error != nil {
 					return
@@ -211,9 +211,9 @@ func TestJinjaSnippetsMatchJinja2(t *testing.T) {
 				t.Fatalf("compile: %v", err)
 			}
 			vars := map[string]any{}
-			if d, ok := c.m["vars"].(*Dict); ok {
+			if d, ok := c.val("vars").(*Dict); ok {
 				for _, k := range d.keys {
-					vars[k] = d.m[k]
+					vars[k] = d.val(k)
 				}
 			}
 			got, err := tmpl.Render(vars)

@@ -29,15 +29,28 @@ import (
 // undefined mirrors jinja2.Undefined: it prints as "", is falsy, iterates as
 // empty, and fails on attribute access, item access, arithmetic and calls.
 type undefined struct {
-	hint   string // message used when the value is misused
-	unsafe bool   // produced by the sandbox for a blocked attribute
+	// format and its arguments a, b describe the value for error
+	// messages; they are formatted only when the value is misused.
+	format string
+	a, b   string
+	unsafe bool // produced by the sandbox for a blocked attribute
+}
+
+func (u undefined) message() string {
+	switch strings.Count(u.format, "%s") {
+	case 0:
+		return u.format
+	case 1:
+		return fmt.Sprintf(u.format, u.a)
+	}
+	return fmt.Sprintf(u.format, u.a, u.b)
 }
 
 func (u undefined) failure() error {
 	if u.unsafe {
-		return fmt.Errorf("security error: %s", u.hint)
+		return fmt.Errorf("security error: %s", u.message())
 	}
-	return fmt.Errorf("undefined error: %s", u.hint)
+	return fmt.Errorf("undefined error: %s", u.message())
 }
 
 // tuple is a Python tuple: like a list but printed with parentheses and never
@@ -51,24 +64,68 @@ type tuple []any
 // sorted key order.
 type Dict struct {
 	keys []string
-	m    map[string]any
+	vals []any
+	// index maps keys to positions once the dict is large enough for
+	// linear search to cost more than a map.
+	index map[string]int
 }
 
+// dictIndexThreshold is the size from which a Dict keeps a hash index.
+const dictIndexThreshold = 12
+
 // NewDict returns an empty ordered dictionary.
-func NewDict() *Dict { return &Dict{m: map[string]any{}} }
+func NewDict() *Dict { return &Dict{} }
+
+func newDictCap(n int) *Dict { return &Dict{keys: make([]string, 0, n), vals: make([]any, 0, n)} }
+
+func (d *Dict) find(key string) int {
+	if d.index != nil {
+		if i, ok := d.index[key]; ok {
+			return i
+		}
+		return -1
+	}
+	for i, k := range d.keys {
+		if k == key {
+			return i
+		}
+	}
+	return -1
+}
 
 // Set adds or replaces a key; a new key goes to the end, as in Python.
 func (d *Dict) Set(key string, v any) {
-	if _, ok := d.m[key]; !ok {
-		d.keys = append(d.keys, key)
+	if i := d.find(key); i >= 0 {
+		d.vals[i] = v
+		return
 	}
-	d.m[key] = v
+	d.keys = append(d.keys, key)
+	d.vals = append(d.vals, v)
+	switch {
+	case d.index != nil:
+		d.index[key] = len(d.keys) - 1
+	case len(d.keys) >= dictIndexThreshold:
+		d.index = make(map[string]int, len(d.keys)*2)
+		for i, k := range d.keys {
+			d.index[k] = i
+		}
+	}
 }
 
 // Get returns the value stored under key.
 func (d *Dict) Get(key string) (any, bool) {
-	v, ok := d.m[key]
-	return v, ok
+	if i := d.find(key); i >= 0 {
+		return d.vals[i], true
+	}
+	return nil, false
+}
+
+// val returns the value under key, or nil when absent.
+func (d *Dict) val(key string) any {
+	if i := d.find(key); i >= 0 {
+		return d.vals[i]
+	}
+	return nil
 }
 
 // Keys returns the keys in insertion order.
@@ -78,9 +135,9 @@ func (d *Dict) Keys() []string { return append([]string(nil), d.keys...) }
 func (d *Dict) Len() int { return len(d.keys) }
 
 func (d *Dict) clone() *Dict {
-	n := &Dict{keys: append([]string(nil), d.keys...), m: make(map[string]any, len(d.m))}
-	for k, v := range d.m {
-		n.m[k] = v
+	n := newDictCap(len(d.keys))
+	for i, k := range d.keys {
+		n.Set(k, d.vals[i])
 	}
 	return n
 }
@@ -203,7 +260,7 @@ func writeRepr(b *strings.Builder, v any) {
 			}
 			writeStrRepr(b, k)
 			b.WriteString(": ")
-			writeRepr(b, x.m[k])
+			writeRepr(b, x.val(k))
 		}
 		b.WriteByte('}')
 	case *namespace:
@@ -333,8 +390,8 @@ func valuesEqual(a, b any) bool {
 			return false
 		}
 		for _, k := range x.keys {
-			yv, ok := y.m[k]
-			if !ok || !valuesEqual(x.m[k], yv) {
+			yv, ok := y.Get(k)
+			if !ok || !valuesEqual(x.val(k), yv) {
 				return false
 			}
 		}
