@@ -6,6 +6,9 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/cases"
+	"golang.org/x/text/language"
 )
 
 // boundMethod is a Python method looked up on a value (s.strip, d.items).
@@ -811,16 +814,32 @@ func pySplitLines(s string, keepEnds bool) []any {
 	return out
 }
 
-// pyUpper and pyLower apply full case mappings where they differ from
-// Go's simple ones for the characters that matter in practice.
+// pyUpper and pyLower are Python's str.upper and str.lower: full Unicode
+// case mappings (ß → SS, ﬁ → FI, final sigma), which Go's strings.ToUpper
+// lacks. A Caser is stateful, so one is made per call; ASCII takes the
+// fast path.
 func pyUpper(s string) string {
-	if !strings.ContainsRune(s, 'ß') {
+	if isASCII(s) {
 		return strings.ToUpper(s)
 	}
-	return strings.ToUpper(strings.ReplaceAll(s, "ß", "SS"))
+	return cases.Upper(language.Und).String(s)
 }
 
-func pyLower(s string) string { return strings.ToLower(s) }
+func pyLower(s string) string {
+	if isASCII(s) {
+		return strings.ToLower(s)
+	}
+	return cases.Lower(language.Und).String(s)
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
 
 func isCased(c rune) bool { return unicode.IsUpper(c) || unicode.IsLower(c) || unicode.IsTitle(c) }
 

@@ -214,6 +214,25 @@ def jinja_cases():
     s("tool_call_string_vs_dict", "{% for tc in calls %}{% if tc.arguments is string %}S:{{ tc.arguments }}{% else %}D:{{ tc.arguments | tojson }}{% endif %};{% endfor %}",
       calls=[{"arguments": "{\"a\": 1}"}, {"arguments": {"b": [1, "x"]}}])
     s("upper_unicode", "{{ 'straße'.upper() }}|{{ 'ÀÉÎ'.lower() }}|{{ 'ǆ'.title() }}")
+    # Constructs from other public chat templates (Llama 3.1/3.2 instruct, Mistral, Phi, Hermes).
+    s("llama31_tools_style", "{%- set date_string = strftime_now('%d %b %Y') %}Today Date: {{ date_string }}\n{%- if tools is not none %}\n{%- for t in tools %}{{- t | tojson(indent=4) }}{{- '\\n\\n' }}{%- endfor %}{%- endif %}\n{%- for message in messages %}{%- if message.tool_calls is defined and message.tool_calls|length != 1 %}{{- raise_exception('one tool call only') }}{%- endif %}{%- if message.tool_calls is defined %}{%- set tool_call = message.tool_calls[0].function %}{{- '{\"name\": \"' + tool_call.name + '\", ' }}{{- '\"parameters\": ' }}{{- tool_call.arguments | tojson }}{{- '}' }}{%- for arg_name, arg_val in tool_call.arguments | items %}[{{ arg_name }}={{ arg_val }}]{%- endfor %}{%- endif %}{%- endfor %}",
+      tools=[WEATHER_TOOL], messages=[{"role": "assistant", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"location": "Oslo", "unit": "celsius"}}}]}])
+    s("mistral_alternation", "{%- for message in messages %}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{- raise_exception('alternate') }}{%- endif %}{{ message.role[0] }}{%- endfor %}",
+      messages=[{"role": "user"}, {"role": "assistant"}, {"role": "user"}])
+    s("set_block_trim", "{%- set sys -%}\n  System text\n{%- endset -%}\n[{{ sys }}]")
+    s("filtered_loop_previtem", "{% for x in items if x != 2 %}{{ loop.previtem | default('-') }}{{ x }}{{ loop.nextitem | default('-') }}{{ loop.length }};{% endfor %}", items=[1, 2, 3, 4])
+    s("misc_values", "{{ 1.5 | string }}|{{ none | trim }}|{{ none == none }}|{{ missing in [1] }}|{{ d[0] | default('no-int-key') }}|{{ [1, [2, 3]] | length }}|{{ range(10, 0, -3) | list }}|{{ 'a' in ['a', 'b'] and 'c' not in 'abc' }}|{{ '' ~ 0.1 + 0.2 }}|{{ 10 // 3 * 3 + 10 % 3 }}|{{ (1, 2) == (1, 2) }}|{{ [1] == (1,) }}",
+      d={"a": 1})
+    s("tojson_undefined_error", "{{ missing | tojson }}")
+    s("openai_content_index", "{{ messages[0]['content'][0]['text'] }}|{{ messages[0].content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join(' ') }}",
+      messages=[{"role": "user", "content": [{"type": "text", "text": "first"}, {"type": "image"}, {"type": "text", "text": "second"}]}])
+    s("nested_namespace_loops", "{% set ns = namespace(out=[]) %}{% for m in messages %}{% for c in m.calls %}{% set ns.out = ns.out + [m.role ~ ':' ~ c] %}{% endfor %}{% endfor %}{{ ns.out | join(',') }}",
+      messages=[{"role": "a", "calls": [1, 2]}, {"role": "b", "calls": []}, {"role": "c", "calls": [3]}])
+    s("whitespace_heavy", "<s>\n  {%- for m in messages %}\n    {%- if m.role == 'user' %}\n      [INST] {{ m.content | trim }} [/INST]\n    {%- else %}\n      {{ ' ' + m.content | trim }}</s>\n    {%- endif %}\n  {%- endfor %}\n",
+      messages=[{"role": "user", "content": " hi "}, {"role": "assistant", "content": "\nyo\n"}])
+    s("macro_scoping", "{% set g = 'global' %}{% macro m(x) %}{{ g }}-{{ x }}{% set g = 'local' %}-{{ g }}{% endmacro %}{{ m(1) }}|{{ g }}")
+    s("string_split_edge", "{{ 'a<think>b</think>c'.split('</think>')[-1] }}|{{ 'no-tag'.split('</think>')[0] }}|{{ '  x  y  '.split(' ') }}|{{ 'a\tb\nc'.split() }}|{{ 'x'.split('x') }}|{{ ''.split() }}|{{ ''.split(',') }}")
+    s("unicode_methods", "{{ 'ÉCOLE'.lower() }}|{{ 'ﬁ'.upper() }}|{{ ' \u3000x\u3000 '.strip() }}|{{ 'x\u00a0'.strip() }}|{{ '\u200bx'.strip() }}|{{ 'ab\u0301c'[2] }}|{{ '日本語'[::-1] }}|{{ '🚀x' | length }}")
     s("syntax_error_unclosed", "{% if true %}never closed")
     s("syntax_error_unknown_tag", "{% frobnicate %}")
     return S
