@@ -301,6 +301,15 @@ func TestErrorsAreVLLMStyle(t *testing.T) {
 			}
 		})
 	}
+	// Wrong method: 405 in the same shape.
+	resp, err := http.Get(e.URL() + "/v1/completions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("x-engine-id") != e.ID() || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		t.Errorf("GET /v1/completions: %d %v", resp.StatusCode, resp.Header)
+	}
 	// The body bound.
 	big := strings.Repeat("x", int(DefaultMaxRequestBytes)+10)
 	r := post(t, e.URL()+"/v1/completions", map[string]any{"prompt": big})

@@ -219,8 +219,16 @@ func (e *Engine) routes() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-engine-id", e.cfg.ID)
 		r.Body = http.MaxBytesReader(w, r.Body, e.cfg.MaxRequestBytes)
-		if _, pattern := mux.Handler(r); pattern == "" {
-			writeError(w, &badRequest{status: http.StatusNotFound, typ: "NotFoundError", msg: "Not Found"})
+		if h, pattern := mux.Handler(r); pattern == "" {
+			// The mux's own 404/405: answer in vLLM's JSON error shape.
+			rec := &statusRecorder{header: http.Header{}}
+			h.ServeHTTP(rec, r)
+			typ := "NotFoundError"
+			if rec.status == http.StatusMethodNotAllowed {
+				typ = "MethodNotAllowedError"
+				w.Header().Set("Allow", rec.header.Get("Allow"))
+			}
+			writeError(w, &badRequest{status: rec.status, typ: typ, msg: http.StatusText(rec.status)})
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -739,4 +747,26 @@ func (e *Engine) EventSubscriptions() []string {
 		return nil
 	}
 	return e.pub.topics()
+}
+
+// statusRecorder captures the status (and headers) of the mux's fallback
+// handlers without writing them.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (s *statusRecorder) Header() http.Header { return s.header }
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return len(b), nil
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
 }
