@@ -76,7 +76,8 @@ type breaker struct {
 	failures int // consecutive connect failures
 	origin   int // consecutive origin 5xx
 	openedAt time.Time
-	trials   int // requests admitted while half-open
+	halfAt   time.Time // when the current half-open trial window began
+	trials   int       // requests admitted while half-open
 }
 
 // due reports whether an open breaker's open time has passed.
@@ -88,7 +89,27 @@ func (b *breaker) due(c BreakerConfig, now time.Time) bool {
 // whether the state changed.
 func (b *breaker) tick(c BreakerConfig, now time.Time) bool {
 	if b.due(c, now) {
-		b.state, b.trials = BreakerHalfOpen, 0
+		b.state, b.trials, b.halfAt = BreakerHalfOpen, 0, now
+		return true
+	}
+	return false
+}
+
+// renewDue is when a half-open breaker whose trials are all used but never
+// reported gets a fresh trial window (a lost trial must not exclude the
+// endpoint for ever); zero when not applicable.
+func (b *breaker) renewDue(c BreakerConfig) time.Time {
+	if b.state == BreakerHalfOpen && b.trials >= c.HalfOpenTrials {
+		return b.halfAt.Add(c.OpenFor)
+	}
+	return time.Time{}
+}
+
+// renew opens a fresh trial window when renewDue has passed; it reports
+// whether anything changed.
+func (b *breaker) renew(c BreakerConfig, now time.Time) bool {
+	if d := b.renewDue(c); !d.IsZero() && !now.Before(d) {
+		b.trials, b.halfAt = 0, now
 		return true
 	}
 	return false
@@ -103,6 +124,7 @@ func (b *breaker) blocks(c BreakerConfig) bool {
 // half-open, never when open.
 func (b *breaker) allow(c BreakerConfig, now time.Time) bool {
 	b.tick(c, now)
+	b.renew(c, now)
 	switch b.state {
 	case BreakerClosed:
 		return true

@@ -71,6 +71,10 @@ func TestBreakerStateMachine(t *testing.T) {
 	if tr.Allow(0) || !open() {
 		t.Fatal("half-open admitted a fourth trial / not excluded once trials are used")
 	}
+	clk.Advance(30 * time.Second) // trials never reported: a fresh window, no new flip
+	if open() || !tr.Allow(0) {
+		t.Fatal("lost half-open trials excluded the endpoint for ever")
+	}
 	tr.ConnectFailure(0) // a failed trial reopens
 	if tr.Breaker(0) != BreakerOpen {
 		t.Fatal("failure in half-open did not reopen")

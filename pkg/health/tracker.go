@@ -205,6 +205,9 @@ func (t *Tracker) publishLocked(adminDown epset.Set) {
 		if b.state == BreakerOpen {
 			next = min(next, b.openedAt.Add(t.breakerCfg.OpenFor).UnixNano())
 		}
+		if d := b.renewDue(t.breakerCfg); !d.IsZero() {
+			next = min(next, d.UnixNano())
+		}
 	}
 	t.snap.Store(&st)
 	t.nextDue.Store(next)
@@ -247,12 +250,17 @@ func (t *Tracker) notify(trs []Transition) {
 // advanceLocked moves due breakers to half-open; call with t.mu held.
 func (t *Tracker) advanceLocked(now time.Time) []Transition {
 	var trs []Transition
+	changed := false
 	for ep := t.members.Next(0); ep >= 0; ep = t.members.Next(ep + 1) {
-		if t.breakers[ep].tick(t.breakerCfg, now) {
+		b := &t.breakers[ep]
+		if b.tick(t.breakerCfg, now) {
 			trs = append(trs, Transition{t.serviceID, ep, EventBreakerHalfOpen})
+			changed = true
+		} else if b.renew(t.breakerCfg, now) {
+			changed = true
 		}
 	}
-	if len(trs) > 0 {
+	if changed {
 		t.publishLocked(t.snap.Load().AdminDown)
 	}
 	return trs
