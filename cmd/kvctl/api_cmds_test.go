@@ -34,8 +34,7 @@ func startAPI(t *testing.T) *httptest.Server {
 		t.Fatal(err)
 	}
 	m := metrics.New(metrics.Options{NoProcessCollectors: true})
-	m.InitRule(1)
-	srv := api.New(api.Options{Settings: config.DefaultSettings(), Store: st, Gatherer: m.Registry, Log: log,
+	srv := api.New(api.Options{Settings: config.DefaultSettings(), Store: st, Metrics: m, Gatherer: m.Registry, Log: log,
 		Inventory: staticInventory{{1, 0}: {7, 3}}})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

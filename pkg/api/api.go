@@ -78,6 +78,17 @@ type HealthSource interface {
 	EndpointActive(serviceID, epIdx int) (active, known bool)
 }
 
+// RuleMetrics keeps per-rule metric series in step with the rule table
+// (*metrics.Metrics implements it): InitRule pre-creates a new rule's series
+// (the nine miss reasons at 0), DeleteRule and DeleteEndpoint drop the series
+// of what went away, SetAdminDown mirrors the admin state.
+type RuleMetrics interface {
+	InitRule(serviceID int)
+	DeleteRule(serviceID int)
+	DeleteEndpoint(serviceID, epIdx int)
+	SetAdminDown(serviceID, epIdx int, down bool)
+}
+
 // Options configure a Server. Every interface may be nil.
 type Options struct {
 	// Settings are the process settings (the hash seed matters to validation).
@@ -86,6 +97,7 @@ type Options struct {
 	Store     Persister
 	Inventory InventorySource
 	Health    HealthSource
+	Metrics   RuleMetrics
 	// Gatherer is served on /netlox/v1/metrics and /metrics.
 	Gatherer prometheus.Gatherer
 	Log      *slog.Logger
@@ -130,6 +142,7 @@ func (s *Server) Restore(rules []config.Rule) error {
 		s.rules[k] = r
 	}
 	for _, r := range s.sortedLocked() {
+		s.metricsChanged(nil, r)
 		if s.opts.Sink != nil {
 			if err := s.opts.Sink.RuleChanged(nil, r.Clone()); err != nil {
 				s.log.Error("restored rule could not be started; it is kept", "rule", r.Key().String(), "service_id", r.ServiceID, "err", err)
@@ -315,7 +328,30 @@ func (s *Server) commitLocked(key config.RuleKey, old, updated *config.Rule) err
 			return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not saved: %v", key, err)}
 		}
 	}
+	s.metricsChanged(old, updated)
 	return nil
+}
+
+// metricsChanged creates and deletes per-rule series for a committed change.
+func (s *Server) metricsChanged(old, updated *config.Rule) {
+	m := s.opts.Metrics
+	if m == nil {
+		return
+	}
+	switch {
+	case updated == nil:
+		m.DeleteRule(old.ServiceID)
+		return
+	case old == nil:
+		m.InitRule(updated.ServiceID)
+	default:
+		for _, e := range config.DiffEndpoints(old, updated).Removed {
+			m.DeleteEndpoint(old.ServiceID, e.Idx)
+		}
+	}
+	for _, e := range updated.Endpoints {
+		m.SetAdminDown(updated.ServiceID, e.Idx, e.AdminDown)
+	}
 }
 
 // Delete removes one rule.

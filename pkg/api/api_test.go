@@ -2,11 +2,13 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/metrics"
@@ -53,10 +56,11 @@ func (m mapInventory) Snapshot(sid, ep int) (string, []uint64, bool) {
 }
 
 type fixture struct {
-	srv   *Server
-	ts    *httptest.Server
-	sink  *recordingSink
-	store *state.Store
+	srv     *Server
+	ts      *httptest.Server
+	sink    *recordingSink
+	store   *state.Store
+	metrics *metrics.Metrics
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -68,9 +72,8 @@ func newFixture(t *testing.T, dir string, inv InventorySource) *fixture {
 		t.Fatal(err)
 	}
 	m := metrics.New(metrics.Options{NoProcessCollectors: true})
-	m.InitRule(1)
-	f := &fixture{sink: &recordingSink{}, store: st}
-	f.srv = New(Options{Settings: config.DefaultSettings(), Sink: f.sink, Store: st, Inventory: inv, Gatherer: m.Registry, Log: quiet()})
+	f := &fixture{sink: &recordingSink{}, store: st, metrics: m}
+	f.srv = New(Options{Settings: config.DefaultSettings(), Sink: f.sink, Store: st, Inventory: inv, Metrics: m, Gatherer: m.Registry, Log: quiet()})
 	rules, err := st.Load()
 	if err != nil {
 		t.Fatal(err)
@@ -568,13 +571,64 @@ func TestInventoryShape(t *testing.T) {
 	}
 }
 
-func TestMetricsEndpoints(t *testing.T) {
+func TestMetricsEndpointsAndSeriesLifecycle(t *testing.T) {
 	f := newFixture(t, t.TempDir(), nil)
+	if code, body := f.do(t, "GET", "/metrics", ""); code != 200 || strings.Contains(body, "loxilb_pd_kv_tier15_miss_reason_total{") {
+		t.Fatalf("series before any rule: %d %.300s", code, body)
+	}
+	f.do(t, "POST", lbPath, mode3Rule(epBody("10.0.1.1", 8000, 0, ""), epBody("10.0.1.2", 8000, 0, "")))
 	for _, p := range []string{"/netlox/v1/metrics", "/metrics"} {
 		code, body := f.do(t, "GET", p, "")
-		if code != 200 || !strings.Contains(body, `loxilb_pd_kv_tier15_miss_reason_total{reason="shallow",service="1"} 0`) {
-			t.Errorf("%s: %d %.300s", p, code, body)
+		for _, r := range metrics.MissReasons {
+			if code != 200 || !strings.Contains(body, `loxilb_pd_kv_tier15_miss_reason_total{reason="`+r+`",service="1"} 0`) {
+				t.Errorf("%s: %d lacks miss reason %s at 0", p, code, r)
+			}
 		}
+		if !strings.Contains(body, `loxilb_pd_kv_tier15_fallthrough_total{service="1"} 0`) || !strings.Contains(body, "kvgate_rules 1") {
+			t.Errorf("%s: fallthrough or kvgate_rules missing", p)
+		}
+	}
+	f.metrics.SetKVBlocks(1, 1, 5)
+	f.do(t, "POST", lbPath, mode3Rule(epBody("10.0.1.1", 8000, 0, "")))
+	if _, body := f.do(t, "GET", "/metrics", ""); strings.Contains(body, `loxilb_pd_kv_blocks{ep_idx="1"`) {
+		t.Error("a removed endpoint's series survived the update")
+	}
+	f.do(t, "PUT", lbPath+"/externalipaddress/10.0.0.1/port/9000/protocol/tcp/endpoint", `{"endpointIP":"10.0.1.1","targetPort":8000,"admin":"down"}`)
+	if _, body := f.do(t, "GET", "/metrics", ""); !strings.Contains(body, `kvgate_endpoint_admin_down{ep_idx="0",service="1"} 1`) {
+		t.Error("admin gauge not set")
+	}
+	f.do(t, "DELETE", lbPath+"/all", "")
+	if _, body := f.do(t, "GET", "/metrics", ""); strings.Contains(body, `service="1"`) || !strings.Contains(body, "kvgate_rules 0") {
+		t.Errorf("rule series survived delete:\n%s", body)
+	}
+}
+
+func TestServeOnLoopback(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(Options{Settings: config.DefaultSettings(), Log: quiet()})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	resp, err := http.Get("http://" + ln.Addr().String() + lbPath + "/all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.TrimSpace(string(b)) != `{"lbAttr":[]}` {
+		t.Fatalf("%s", b)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after cancel")
 	}
 }
 

@@ -317,7 +317,7 @@ func EffectiveProtocol(p string) string {
 }
 
 func canonicalIP(s string) string {
-	if ip := net.ParseIP(s); ip != nil {
+	if ip := net.ParseIP(strings.TrimSpace(s)); ip != nil {
 		return ip.String()
 	}
 	return s
