@@ -1,0 +1,220 @@
+// Command kvgate is the KV-cache-aware gateway daemon. It only parses flags
+// and the environment; pkg/gateway does the work.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvgate/kvgate/pkg/api"
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/demo"
+	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/state"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
+)
+
+// version is set with -ldflags "-X main.version=…".
+var version = "dev"
+
+const envHelp = `Environment (parsed once at start; a bad value is a start-up error naming the variable):
+  LLB_KV_NONE_HASH_SEED        NONE_HASH seed; must equal vLLM's PYTHONHASHSEED (unset = unset)
+  LLB_KV_HASH_DEBUG=1          log every computed block hash (parity forensics)
+  LLB_KV_MIN_MATCH_TOKENS      shallow guard in tokens, 0-4096, 0 disables (16)
+  LLB_KV_LOADGUARD             mode 1: skip tier 1.5 when the prefill load spread is too wide (off)
+  LLB_KV_REPLAY_PORT_OFFSET    KV replay port = PUB port + offset, 0 disables (1000)
+  LOXILB_KV_LB_MODE            off|hard|soft|adaptive|adaptive-soft load blend (hard)
+  LOXILB_KV_UNIFIED_MODE       legacy switch, read only when LOXILB_KV_LB_MODE is unset
+  LOXILB_KV_MEAN_LOAD_FACTOR   CHWBL cap factor (1+eps)*100, 100-1000 (175)
+  LOXILB_KV_LOAD_PENALTY       soft-mode lambda, 1-100000 (32)
+  LOXILB_KV_SPILL_RELIEF       auto|on|off (auto: on for mode 3, off for mode 1)
+  LOXILB_KV_COLDSTART_SEED_N   every Nth hit seeds a cold endpoint, 0 disables (16)
+  LOXILB_KV_COLDSTART_MIN_BLOCKS  fewer blocks than this is cold (16)
+  LOXILB_KV_MAX_BLOCKS         per-endpoint inventory cap, 1000-100000000 (1000000)
+  LOXILB_KV_ZERO_HIT_N         zero-hit watchdog threshold (50)
+  LOXILB_KV_SCORE              leading|overlap block scoring (leading)
+  LLB_PD_PREFILL_TIMEOUT_SEC   P/D prefill leg and decode first-byte bound (30)
+  LLB_PD_DECODE_SILENCE_SEC    P/D decode stream silence bound (120)
+  LLB_PD_MAX_INFLIGHT_PER_EP   per-prefill-endpoint in-flight cap, 0 = off
+  LLB_PD_QUEUE_DEPTH_PER_EP    parked FIFO per endpoint instead of 429, 0 = off
+  LLB_PD_MAX_PARK_SEC          park bound (0 = the prefill timeout)
+  LLB_PD_MAX_TOTAL_INFLIGHT    process-wide in-flight cap, 0 = off
+  LLB_PD_ORIGIN_ERR_THRESHOLD  consecutive prefill 5xx that open the breaker (3)
+  LLB_PD_DECODE_ONLY_FALLBACK  send to decode when every prefill fails (1)`
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kvgate:", err)
+		os.Exit(1)
+	}
+}
+
+type daemonFlags struct {
+	api            string
+	tokenizerDir   string
+	stateDir       string
+	datapath       string
+	shutdownGrace  time.Duration
+	decisionHeader bool
+	accessLog      string
+	logLevel       string
+}
+
+func newRoot() *cobra.Command {
+	var f daemonFlags
+	root := &cobra.Command{
+		Use:   "kvgate",
+		Short: "kvgate: KV-cache-aware gateway for vLLM fleets",
+		Long: `kvgate routes each OpenAI-compatible request to the vLLM worker that already holds the
+most KV blocks of its prompt. It mirrors every worker's block-hash inventory from its
+ZeroMQ KV-event stream, recomputes vLLM's block hashes for each prompt and picks the
+endpoint through the guard ladder blended with a capacity-weighted bounded-load cap.
+
+Without a subcommand kvgate runs the daemon: the management API on --api (LoxiLB's
+/netlox/v1 REST paths; rules persist in --state-dir) and one HTTP/1.1 proxy listener
+per load-balancer rule on its externalIP:port. SIGTERM or SIGINT stops accepting, lets
+in-flight streams finish within --shutdown-grace, then exits.
+
+Tokenizers are staged at <tokenizer-dir>/<model slug>/tokenizer.json, where the slug
+is the client's model string with "/" replaced by "__" (Qwen/Qwen3-0.6B ->
+Qwen__Qwen3-0.6B). No network fetch happens.
+
+` + envHelp,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), f) },
+	}
+	fl := root.Flags()
+	fl.StringVar(&f.api, "api", api.DefaultAddr, "management API listen address (no auth or TLS yet: keep it on loopback)")
+	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
+	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
+	fl.StringVar(&f.datapath, "datapath", gateway.DatapathAuto, "response body path: auto|sockmap|userspace (sockmap needs the eBPF build; auto = userspace until then)")
+	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight streams may finish after SIGTERM")
+	fl.BoolVar(&f.decisionHeader, "decision-header", false, "add x-kvgate-decision: tier=…; ep=…; score=…; reason=… to proxied responses")
+	fl.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to FILE ('-' or the bare flag: stdout)")
+	fl.Lookup("access-log").NoOptDefVal = "-"
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
+
+	root.AddCommand(newDemo(), &cobra.Command{
+		Use:   "version",
+		Short: "print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "kvgate %s (%s)\n", version, revision())
+		},
+	})
+	return root
+}
+
+func newDemo() *cobra.Command {
+	var opts demo.Options
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "run simulated vLLM engines in-process and compare kvgate with round-robin",
+		Long: `demo starts simulated vLLM engines on 127.0.0.11… and 127.0.0.21… (no root, no network),
+a kvgate rule with KV-aware routing (kvExactMode 3) and a plain round-robin rule, runs the
+same bounded shared-prefix workload (RAG preambles, few-shot headers, multi-turn chats,
+a hot system prompt) through each, and prints requests, tier-1.5 hits, hit ratio,
+cached-token ratio and TTFT p50/p90 side by side. It uses the Qwen3 tokenizer committed
+in the repository (pkg/tokenizer/testdata/qwen3, found from the working directory).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if verbose {
+				opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return demo.Run(ctx, cmd.OutOrStdout(), opts)
+		},
+	}
+	cmd.Flags().StringVar(&opts.TokenizerDir, "tokenizer-dir", "", "directory holding the Qwen3 tokenizer.json and tokenizer_config.json (default: found in the repository)")
+	cmd.Flags().IntVar(&opts.Engines, "engines", 4, "simulated engines per side")
+	cmd.Flags().IntVar(&opts.Concurrency, "concurrency", 6, "concurrent clients")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log the engines and the gateway to stderr")
+	return cmd
+}
+
+func runDaemon(ctx context.Context, f daemonFlags) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level=%q: want debug, info, warn or error", f.logLevel)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+
+	settings, err := config.SettingsFromOS()
+	if err != nil {
+		return err
+	}
+	if f.shutdownGrace <= 0 {
+		return fmt.Errorf("--shutdown-grace=%s: want > 0", f.shutdownGrace)
+	}
+	var access io.Writer
+	switch f.accessLog {
+	case "":
+	case "-":
+		access = os.Stdout
+	default:
+		fh, err := os.OpenFile(f.accessLog, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o640)
+		if err != nil {
+			return fmt.Errorf("--access-log: %w", err)
+		}
+		defer fh.Close()
+		access = fh
+	}
+	g, err := gateway.New(gateway.Options{
+		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
+		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
+		Version: version, Revision: revision(), Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", f.api)
+	if err != nil {
+		g.Shutdown()
+		return fmt.Errorf("--api %s: %w", f.api, err)
+	}
+	if host, _, _ := net.SplitHostPort(f.api); host == "" || host == "0.0.0.0" || host == "::" {
+		log.Warn("the management API has no authentication or TLS yet; it is reachable from the network", "api", f.api)
+	}
+	log.Info("kvgate started", "version", version, "api", ln.Addr().String(), "tokenizer_dir", f.tokenizerDir,
+		"state_dir", f.stateDir, "datapath", f.datapath)
+
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = g.Run(ctx, ln)
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	log.Info("kvgate stopped")
+	return err
+}
+
+func revision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return strings.TrimSpace(s.Value)
+			}
+		}
+	}
+	return "unknown"
+}

@@ -1,0 +1,374 @@
+// Package gateway composes kvgate's packages into the running daemon: the
+// management API (pkg/api) owns the rule table and tells the gateway about
+// every change; for each rule the gateway runs an inventory (pkg/inventory),
+// a selector (pkg/selector), a hash contract (pkg/kvhash) and a fullproxy
+// listener (pkg/fullproxy) whose Router tokenizes (pkg/tokenizer), hashes and
+// decides; one kvevents.Manager follows every KV endpoint's event stream; and
+// every observer is wired to pkg/metrics. cmd/kvgate only parses flags and
+// calls Run.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/api"
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/datapath"
+	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/inventory"
+	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/metrics"
+	"github.com/kvgate/kvgate/pkg/selector"
+	"github.com/kvgate/kvgate/pkg/state"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
+)
+
+// Datapath choices for Options.Datapath.
+const (
+	DatapathAuto      = "auto"
+	DatapathSockmap   = "sockmap"
+	DatapathUserspace = "userspace"
+)
+
+// Options configure a Gateway.
+type Options struct {
+	// Settings are the process environment, parsed once (config.SettingsFromOS).
+	Settings config.Settings
+	// TokenizerDir is the staging directory (<dir>/<model slug>/tokenizer.json).
+	TokenizerDir string
+	// StateDir persists rules; "" keeps them in memory only (tests, the demo).
+	StateDir string
+	// Datapath is auto, sockmap or userspace. Until the eBPF body leg lands,
+	// auto means userspace and sockmap is refused.
+	Datapath string
+	// DecisionHeader adds x-kvgate-decision to proxied responses.
+	DecisionHeader bool
+	// AccessLog, when non-nil, receives one structured line per request.
+	AccessLog io.Writer
+	// ShutdownGrace bounds how long in-flight streams may finish at shutdown.
+	ShutdownGrace time.Duration
+	// Limits bound the proxies (zero fields: fullproxy.DefaultLimits).
+	Limits fullproxy.Limits
+	// Version labels kvgate_build_info.
+	Version, Revision string
+	Logger            *slog.Logger
+	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
+	SubscriberOptions kvevents.Options
+}
+
+// Gateway is the running daemon minus its flags.
+type Gateway struct {
+	opts    Options
+	log     *slog.Logger
+	Metrics *metrics.Metrics
+	API     *api.Server
+	pool    *tokenizer.Pool
+	subs    *kvevents.Manager
+	leg     datapath.BodyLeg
+	selOpts selector.Options
+	access  *slog.Logger
+	store   *state.Store
+
+	mu    sync.Mutex
+	rules map[int]*ruleRuntime
+}
+
+type ruleRuntime struct {
+	rule   *config.Rule
+	index  *inventory.Index
+	sel    *selector.Selector
+	router *router
+	server *fullproxy.Server
+	loads  *fullproxy.Loads
+	served chan struct{}
+}
+
+// New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
+// the management API (with persisted rules restored when StateDir is set).
+func New(opts Options) (*Gateway, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ShutdownGrace <= 0 {
+		opts.ShutdownGrace = 30 * time.Second
+	}
+	g := &Gateway{opts: opts, log: opts.Logger, rules: map[int]*ruleRuntime{}}
+	selOpts, err := selectorOptions(opts.Settings)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g.selOpts = selOpts
+	switch opts.Datapath {
+	case "", DatapathAuto, DatapathUserspace:
+		g.leg = datapath.NewUserspace(0)
+	case DatapathSockmap:
+		return nil, errors.New("gateway: --datapath=sockmap: the eBPF body leg is not in this build yet; use auto or userspace")
+	default:
+		return nil, fmt.Errorf("gateway: --datapath=%q: want auto, sockmap or userspace", opts.Datapath)
+	}
+	g.Metrics = metrics.New(metrics.Options{Version: opts.Version, Revision: opts.Revision})
+	g.Metrics.SetDatapath(g.leg.Path())
+	if opts.AccessLog != nil {
+		g.access = slog.New(slog.NewJSONHandler(opts.AccessLog, nil))
+	}
+	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(g.log), tokenizer.WithObserver(poolObserver{g.log}))
+	so := opts.SubscriberOptions
+	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
+	so.Logger = g.log
+	so.Observer = subscriberObserver{g.Metrics}
+	g.subs = kvevents.NewManager(so)
+
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Gatherer: g.Metrics.Registry, Log: g.log}
+	if opts.StateDir != "" {
+		st, err := state.Open(opts.StateDir, g.log)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: state dir: %w", err)
+		}
+		g.store = st
+		apiOpts.Store = st
+	}
+	g.API = api.New(apiOpts)
+	if g.store != nil {
+		rules, err := g.store.Load()
+		if err != nil {
+			return nil, fmt.Errorf("gateway: restore rules: %w", err)
+		}
+		if err := g.API.Restore(rules); err != nil {
+			return nil, fmt.Errorf("gateway: restore rules: %w", err)
+		}
+	}
+	return g, nil
+}
+
+// Run serves the management API on apiLn until ctx ends, then drains: the
+// proxies stop accepting, in-flight streams get ShutdownGrace to finish, and
+// the subscribers stop. Rules are already persisted.
+func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
+	apiErr := make(chan error, 1)
+	go func() { apiErr <- g.API.Serve(ctx, apiLn) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-apiErr:
+		if err != nil {
+			err = fmt.Errorf("gateway: management API: %w", err)
+		}
+	}
+	g.Shutdown()
+	return err
+}
+
+// Shutdown drains every proxy within ShutdownGrace and stops the subscribers.
+func (g *Gateway) Shutdown() {
+	g.mu.Lock()
+	rts := make([]*ruleRuntime, 0, len(g.rules))
+	for _, rt := range g.rules {
+		rts = append(rts, rt)
+	}
+	g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, rt := range rts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := rt.server.Shutdown(ctx); err != nil {
+				g.log.Warn("shutdown grace exhausted; streams cut", "service", rt.rule.ServiceID, "grace", g.opts.ShutdownGrace)
+			}
+		}()
+	}
+	wg.Wait()
+	g.subs.Close()
+}
+
+// Loads returns the in-flight counts of a rule's endpoints (tests assert
+// they return to 0 at rest).
+func (g *Gateway) Loads(serviceID int) (*fullproxy.Loads, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	rt, ok := g.rules[serviceID]
+	if !ok {
+		return nil, false
+	}
+	return rt.loads, true
+}
+
+// ProxyAddr is the bound address of a rule's listener.
+func (g *Gateway) ProxyAddr(serviceID int) (net.Addr, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	rt, ok := g.rules[serviceID]
+	if !ok {
+		return nil, false
+	}
+	return rt.server.Addr(), true
+}
+
+// Subscribers reports the KV-event subscribers' state.
+func (g *Gateway) Subscribers() []kvevents.EndpointStatus { return g.subs.Status() }
+
+// Snapshot implements api.InventorySource.
+func (g *Gateway) Snapshot(serviceID, epIdx int) (string, []uint64, bool) {
+	g.mu.Lock()
+	rt, ok := g.rules[serviceID]
+	g.mu.Unlock()
+	if !ok {
+		return "", nil, false
+	}
+	for _, e := range rt.rule.KVEndpoints() {
+		if e.Idx == epIdx {
+			return rt.rule.EffectiveHashAlgo(), rt.index.Snapshot(epIdx), true
+		}
+	}
+	return "", nil, false
+}
+
+// RuleChanged implements api.RuleSink.
+func (g *Gateway) RuleChanged(old, updated *config.Rule) error {
+	switch {
+	case old == nil && updated != nil:
+		return g.create(updated)
+	case old != nil && updated != nil:
+		return g.update(old, updated)
+	case old != nil:
+		g.remove(old)
+	}
+	return nil
+}
+
+func (g *Gateway) create(rule *config.Rule) error {
+	id := rule.ServiceID
+	st, err := newRuleState(rule, g.opts.Settings, g.log)
+	if err != nil {
+		return err
+	}
+	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks,
+		Observer: kvevents.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
+	if err != nil {
+		return fmt.Errorf("service %d: inventory: %w", id, err)
+	}
+	loads := &fullproxy.Loads{}
+	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
+		Scorer: idx, Loads: loads, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+	})
+	if err != nil {
+		return fmt.Errorf("service %d: %w", id, err)
+	}
+	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, served: make(chan struct{})}
+	rt.router = &router{service: id, sel: sel, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id)}
+	rt.router.state.Store(st)
+
+	addr := net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port))
+	srv, err := fullproxy.Listen(fullproxy.Config{
+		Service: strconv.Itoa(id), Addr: addr, Router: rt.router, Leg: g.leg, Loads: loads,
+		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
+		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log,
+	})
+	if err != nil {
+		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
+	}
+	rt.server = srv
+	go func() {
+		defer close(rt.served)
+		if err := srv.Serve(); err != nil {
+			g.log.Error("proxy stopped", "service", id, "err", err)
+		}
+	}()
+
+	g.mu.Lock()
+	g.rules[id] = rt
+	g.mu.Unlock()
+	g.Metrics.InitRule(id)
+	for _, e := range rule.Endpoints {
+		g.Metrics.SetAdminDown(id, e.Idx, e.AdminDown)
+	}
+	g.reconcile()
+	g.log.Info("rule started", "service", id, "listen", srv.Addr().String(), "kvExactMode", rule.Args.KVExactMode,
+		"endpoints", len(rule.Endpoints), "kv_endpoints", len(rule.KVEndpoints()))
+	return nil
+}
+
+func (g *Gateway) update(old, updated *config.Rule) error {
+	g.mu.Lock()
+	rt, ok := g.rules[updated.ServiceID]
+	g.mu.Unlock()
+	if !ok {
+		return g.create(updated)
+	}
+	st, err := newRuleState(updated, g.opts.Settings, g.log)
+	if err != nil {
+		return err
+	}
+	if err := rt.sel.SetRule(selectorRule(updated)); err != nil {
+		return fmt.Errorf("service %d: %w", updated.ServiceID, err)
+	}
+	oldState := rt.router.state.Load()
+	rt.router.state.Store(st)
+	// A different hash contract makes the mirrored hashes meaningless.
+	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
+		for _, e := range old.Endpoints {
+			_ = rt.index.ClearEndpoint(e.Idx)
+		}
+	}
+	for _, e := range old.Endpoints {
+		if _, stays := updated.EndpointByKey(e.Key()); !stays {
+			rt.sel.DropEndpoint(e.Idx)
+			_ = rt.index.ClearEndpoint(e.Idx)
+			g.Metrics.DeleteEndpoint(updated.ServiceID, e.Idx)
+		}
+	}
+	for _, e := range updated.Endpoints {
+		g.Metrics.SetAdminDown(updated.ServiceID, e.Idx, e.AdminDown)
+	}
+	g.mu.Lock()
+	rt.rule = updated
+	g.mu.Unlock()
+	g.reconcile()
+	return nil
+}
+
+func (g *Gateway) remove(rule *config.Rule) {
+	g.mu.Lock()
+	rt, ok := g.rules[rule.ServiceID]
+	delete(g.rules, rule.ServiceID)
+	g.mu.Unlock()
+	if !ok {
+		return
+	}
+	g.reconcile()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)
+		defer cancel()
+		_ = rt.server.Shutdown(ctx)
+	}()
+	g.Metrics.DeleteRule(rule.ServiceID)
+	g.log.Info("rule removed", "service", rule.ServiceID)
+}
+
+// reconcile points the subscriber manager at every KV endpoint of every rule.
+func (g *Gateway) reconcile() {
+	g.mu.Lock()
+	var targets []kvevents.Target
+	for _, rt := range g.rules {
+		r := rt.rule
+		for _, e := range r.KVEndpoints() {
+			targets = append(targets, kvevents.Target{
+				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
+				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index,
+			})
+		}
+	}
+	g.mu.Unlock()
+	if err := g.subs.Reconcile(targets); err != nil {
+		g.log.Error("KV subscribers: reconcile failed", "err", err)
+	}
+}

@@ -1,0 +1,134 @@
+package gateway
+
+import (
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/metrics"
+)
+
+// proxyObserver feeds one rule's proxy measurements to pkg/metrics.
+type proxyObserver struct {
+	m       *metrics.Metrics
+	service int
+	pd      bool
+}
+
+func (o *proxyObserver) ConnectFailed(_ string, ep int) {
+	o.m.ConnectFailure(o.service, ep)
+	if o.pd {
+		o.m.PDInc(o.m.PDConnectFailover, o.service)
+	}
+}
+
+func (o *proxyObserver) TTFB(_ string, _ int, d time.Duration) { o.m.ObserveTTFB(o.service, d) }
+
+func (o *proxyObserver) Inflight(_ string, ep, n int) { o.m.SetInflight(o.service, ep, n) }
+
+func (o *proxyObserver) Done(r *fullproxy.Record) {
+	ep := -1
+	if r.Routed {
+		ep = r.Decision.Endpoint
+	}
+	outcome := r.Outcome
+	if outcome == "ok" {
+		outcome = statusClass(r.Status)
+	}
+	if ep >= 0 {
+		o.m.ObserveRequest(o.service, ep, outcome, r.Duration)
+	}
+	if r.Decision.Model != "" {
+		o.m.ObserveAIRequest(r.Decision.Model, "", r.Status, r.Duration)
+	}
+}
+
+func statusClass(status int) string {
+	switch {
+	case status >= 500:
+		return "5xx"
+	case status >= 400:
+		return "4xx"
+	case status >= 300:
+		return "3xx"
+	case status >= 200:
+		return "2xx"
+	}
+	return "other"
+}
+
+// selectorObserver feeds the selector's non-decision counters.
+type selectorObserver struct{ m *metrics.Metrics }
+
+func (o selectorObserver) ZeroHitWatchdog(id uint32) { o.m.ZeroHitWatchdogInc(int(id)) }
+func (o selectorObserver) SessionHit(id uint32)      { o.m.Tier1Hit(int(id), "session") }
+func (o selectorObserver) TrieHit(id uint32)         { o.m.Tier1Hit(int(id), "trie") }
+func (o selectorObserver) Sessions(id uint32, n int) {
+	o.m.PDSessionsActive.WithLabelValues(strconv.Itoa(int(id))).Set(float64(n))
+}
+
+// subscriberObserver feeds the KV-event subscribers' metrics.
+type subscriberObserver struct{ m *metrics.Metrics }
+
+func (o subscriberObserver) EndpointInfo(ep kvevents.EndpointRef) {
+	o.m.SetEPInfo(int(ep.Service), ep.EPIdx, ep.IP, ep.IP)
+}
+func (o subscriberObserver) EndpointGone(ep kvevents.EndpointRef) {
+	o.m.DeleteEndpoint(int(ep.Service), ep.EPIdx)
+}
+func (o subscriberObserver) Connected(ep kvevents.EndpointRef, up bool) {
+	o.m.SetSubscriberConnected(int(ep.Service), ep.EPIdx, up)
+}
+func (o subscriberObserver) RankConnected(ep kvevents.EndpointRef, rank int, up bool) {
+	o.m.SetRankConnected(int(ep.Service), ep.EPIdx, rank, up)
+}
+func (o subscriberObserver) Reconnected(ep kvevents.EndpointRef) {
+	o.m.SubscriberReconnect(int(ep.Service), ep.EPIdx)
+}
+func (o subscriberObserver) RecvError(ep kvevents.EndpointRef) {
+	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
+}
+func (o subscriberObserver) Blocks(ep kvevents.EndpointRef, blocks int) {
+	o.m.SetKVBlocks(int(ep.Service), ep.EPIdx, blocks)
+}
+func (o subscriberObserver) CapEvicted(ep kvevents.EndpointRef, n int) {
+	o.m.InvCapEvicted(int(ep.Service), ep.EPIdx, n)
+}
+func (o subscriberObserver) Sequence(ep kvevents.EndpointRef, _ int, c kvevents.SeqCase, _ uint64) {
+	switch kind := c.String(); kind {
+	case "small_gap":
+		o.m.SubscriberGap(int(ep.Service), ep.EPIdx, "small")
+	case "large_gap":
+		o.m.SubscriberGap(int(ep.Service), ep.EPIdx, "large")
+	case "restart":
+		o.m.SubscriberGap(int(ep.Service), ep.EPIdx, "restart")
+	}
+}
+func (o subscriberObserver) Cleared(ep kvevents.EndpointRef, _ int, r kvevents.ClearReason) {
+	o.m.SubscriberClear(int(ep.Service), ep.EPIdx, r.String())
+}
+func (o subscriberObserver) Replay(ep kvevents.EndpointRef, _ int, _ kvevents.ReplayPurpose, ok bool, batches int) {
+	outcome := "ok"
+	if !ok {
+		outcome = "error"
+	}
+	o.m.SubscriberReplay(int(ep.Service), ep.EPIdx, outcome)
+	if batches > 0 {
+		o.m.SubscriberBatches(int(ep.Service), ep.EPIdx, 0, batches)
+	}
+}
+func (o subscriberObserver) DecodeError(ep kvevents.EndpointRef, _ int) {
+	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
+}
+
+// poolObserver logs tokenizer loads (there is no tokenizer metric yet).
+type poolObserver struct{ log *slog.Logger }
+
+func (o poolObserver) TokenizerLoaded(model string, reload bool, d time.Duration) {
+	o.log.Info("tokenizer loaded", "model", model, "reload", reload, "took", d)
+}
+func (o poolObserver) TokenizerLoadFailed(model string, err error) {
+	o.log.Warn("tokenizer load failed; requests for this model take the fallback (reason tokenize)", "model", model, "err", err)
+}

@@ -1,0 +1,340 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/chattemplate"
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/epset"
+	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/kvhash"
+	"github.com/kvgate/kvgate/pkg/metrics"
+	"github.com/kvgate/kvgate/pkg/reqfacts"
+	"github.com/kvgate/kvgate/pkg/selector"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
+)
+
+// ruleState is the immutable per-version view of a rule the router reads.
+type ruleState struct {
+	rule   *config.Rule
+	hasher *kvhash.Hasher // nil when the rule is not a KV rule or its contract is invalid
+	addrs  [epset.Max]string
+	ids    [epset.Max]string
+}
+
+// router implements fullproxy.Router for one rule: request facts →
+// tokenize → hash → selector.
+type router struct {
+	service int
+	state   atomic.Pointer[ruleState]
+	sel     *selector.Selector
+	opts    selector.Options
+	pool    *tokenizer.Pool
+	m       *metrics.Metrics
+	log     *slog.Logger
+}
+
+// scratch is the per-request state kept across connect-failure retries.
+type scratch struct {
+	selReq  selector.Request
+	attempt selector.Attempt
+	facts   reqfacts.Facts
+	tokens  int
+	blocks  int
+	stages  []fullproxy.Stage
+}
+
+// Route implements fullproxy.Router.
+func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset.Set) (fullproxy.Decision, error) {
+	st := r.state.Load()
+	sc, _ := req.Scratch.(*scratch)
+	if sc == nil {
+		sc = r.prepare(st, req)
+		req.Scratch = sc
+	}
+	for ep := excluded.Next(0); ep >= 0; ep = excluded.Next(ep + 1) {
+		if !sc.attempt.Excluded().Has(ep) {
+			sc.attempt.Exclude(ep)
+		}
+	}
+	t0 := time.Now()
+	d := sc.attempt.Decide()
+	sel := fullproxy.Stage{Name: "select", Duration: time.Since(t0)}
+
+	if d.Reason.Miss() {
+		r.m.Tier15Miss(r.service, d.Reason.String())
+	}
+	if d.Fallthrough {
+		r.m.Tier15FallthroughInc(r.service)
+	}
+	out := fullproxy.Decision{
+		Endpoint: d.Endpoint, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
+		Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: sc.blocks,
+		Stages: append(append([]fullproxy.Stage(nil), sc.stages...), sel),
+	}
+	if d.Endpoint < 0 {
+		if d.Saturated {
+			return out, fmt.Errorf("every prefill endpoint is at its admission cap: %w", fullproxy.ErrNoBackend)
+		}
+		return out, fullproxy.ErrNoBackend
+	}
+	out.Addr, out.EndpointID = st.addrs[d.Endpoint], st.ids[d.Endpoint]
+	if out.Addr == "" {
+		return out, fmt.Errorf("selector chose ep_idx %d, which the rule no longer has: %w", d.Endpoint, fullproxy.ErrNoBackend)
+	}
+	return out, nil
+}
+
+func reasonLabel(d selector.Decision) string {
+	if d.Reason == selector.ReasonNone {
+		return "-"
+	}
+	return d.Reason.String()
+}
+
+// Finish implements fullproxy.Router: the routed decision is committed once,
+// so a request counts as one hit at most across retries.
+func (r *router) Finish(req *fullproxy.Request, d fullproxy.Decision, connected bool) {
+	sc, _ := req.Scratch.(*scratch)
+	if sc == nil {
+		return
+	}
+	for _, s := range d.Stages {
+		r.m.ObserveStage(r.service, s.Name, s.Duration)
+	}
+	if !connected {
+		return
+	}
+	o := sc.attempt.Commit()
+	r.m.Decision(r.service, o.Tier.String())
+	if o.Hit {
+		r.m.Tier15Hit(r.service, o.Endpoint)
+	}
+	if o.Spilled {
+		r.m.Tier15Spill(r.service, o.Endpoint)
+	}
+	if o.ColdSeed {
+		r.m.Tier15ColdSeed(r.service, o.Endpoint)
+	}
+}
+
+// prepare extracts the request facts, tokenizes and hashes the prompt, and
+// begins the selector attempt. Failures become the guard reason the selector
+// reports (text_empty, model_empty, tokenize, hashes).
+func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
+	sc := &scratch{}
+	sr := &sc.selReq
+	if ap, err := netip.ParseAddrPort(req.RemoteAddr.String()); err == nil {
+		sr.Client = ap.Addr().Unmap()
+	}
+	if !st.rule.KVEnabled() {
+		sc.attempt = r.sel.Begin(sr)
+		return sc
+	}
+
+	t0 := time.Now()
+	if req.BodyInspected {
+		sc.facts = reqfacts.Extract(req.Body, req.Get("X-Model"), reqfacts.Options{})
+	}
+	f := &sc.facts
+	sr.Model = f.Model
+	sr.SessionKey = r.opts.SessionKey(req.Get, f.User)
+	switch {
+	case !req.BodyInspected:
+		// Above the inspection limit: forwarded unread (text_empty).
+	case f.Kind == reqfacts.KindUnknown && len(req.Body) > 0 && !isJSONObject(req.Body):
+		// Not OpenAI JSON: there is text, but no model (model_empty).
+		sr.HasText = true
+	default:
+		sr.HasText = f.HasPrompt()
+	}
+	sr.TrieText = trieText(f)
+	sc.stages = append(sc.stages, fullproxy.Stage{Name: "extract", Duration: time.Since(t0)})
+	if !sr.HasText || sr.Model == "" {
+		sc.attempt = r.sel.Begin(sr)
+		return sc
+	}
+
+	t1 := time.Now()
+	ids, err := r.tokenize(f)
+	sc.stages = append(sc.stages, fullproxy.Stage{Name: "tokenize", Duration: time.Since(t1)})
+	if err != nil {
+		r.log.Debug("tokenize miss", "model", f.Model, "err", err)
+		sr.Upstream = selector.ReasonTokenize
+		sc.attempt = r.sel.Begin(sr)
+		return sc
+	}
+	ids = reqfacts.Truncate(ids, f.TruncatePromptTokens)
+	sc.tokens = len(ids)
+
+	t2 := time.Now()
+	if st.hasher == nil {
+		sr.Upstream = selector.ReasonHashes
+	} else {
+		sr.Hashes = st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
+		sc.blocks = len(sr.Hashes)
+	}
+	sc.stages = append(sc.stages, fullproxy.Stage{Name: "hash", Duration: time.Since(t2)})
+	sc.attempt = r.sel.Begin(sr)
+	return sc
+}
+
+// tokenize produces the prompt ids vLLM computes for the request: chat
+// through the model's template, completion strings with the tokenizer's
+// special tokens unless add_special_tokens says otherwise, token ids as
+// given. A list of prompts routes by its first prompt (vLLM runs each as its
+// own engine request; the first shares the request's prefix).
+func (r *router) tokenize(f *reqfacts.Facts) ([]uint32, error) {
+	if f.Kind == reqfacts.KindCompletion && f.Prompts[0].IsTokens {
+		return f.Prompts[0].Tokens, nil
+	}
+	m, err := r.pool.Get(f.Model)
+	if err != nil {
+		return nil, err
+	}
+	if f.Kind == reqfacts.KindCompletion {
+		return m.EncodePrompt(f.Prompts[0].Text, f.AddSpecialTokens)
+	}
+	tools := f.Tools
+	if len(tools) > 0 {
+		if tools, err = chattemplate.VLLMToolDicts(tools, true); err != nil {
+			return nil, fmt.Errorf("tools: %w", err)
+		}
+	}
+	agp := f.AddGenerationPrompt
+	ids, _, err := m.EncodeChat(tokenizer.ChatRequest{
+		Messages:             f.Messages,
+		Tools:                tools,
+		Documents:            f.Documents,
+		AddGenerationPrompt:  &agp,
+		ContinueFinalMessage: f.ContinueFinalMessage,
+		ChatTemplateKwargs:   f.ChatTemplateKwargs,
+		ChatTemplate:         f.ChatTemplate,
+		AddSpecialTokens:     f.SpecialTokens(),
+	})
+	return ids, err
+}
+
+// trieText is what the Tier-1 trie keys on: the completion prompt, or a
+// chat's first system message.
+func trieText(f *reqfacts.Facts) string {
+	switch f.Kind {
+	case reqfacts.KindCompletion:
+		if !f.Prompts[0].IsTokens {
+			return f.Prompts[0].Text
+		}
+	case reqfacts.KindChat:
+		for _, m := range f.Messages {
+			if m["role"] == "system" {
+				t, _ := reqfacts.TextContent(m["content"])
+				return t
+			}
+		}
+	}
+	return ""
+}
+
+func isJSONObject(b []byte) bool {
+	for _, c := range b {
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		case '{':
+			return true
+		}
+		return false
+	}
+	return false
+}
+
+// newRuleState compiles a rule for the router.
+func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ruleState, error) {
+	st := &ruleState{rule: rule}
+	for _, e := range rule.Endpoints {
+		st.addrs[e.Idx] = net.JoinHostPort(e.IP, strconv.Itoa(e.TargetPort))
+		st.ids[e.Idx] = e.Key()
+	}
+	if !rule.KVEnabled() {
+		return st, nil
+	}
+	algo, err := kvhash.ParseAlgo(rule.EffectiveHashAlgo())
+	if err != nil {
+		return nil, fmt.Errorf("service %d: %w", rule.ServiceID, err)
+	}
+	seed, set := rule.HashSeed(env)
+	contract := kvhash.Contract{Algo: algo, BlockSize: rule.BlockSize(), Seed: kvhash.Seed{Value: seed, Set: set}}
+	var opts []kvhash.Option
+	if env.HashDebug {
+		opts = append(opts, kvhash.WithDebugLogger(log))
+	}
+	h, err := kvhash.New(contract, opts...)
+	if err != nil {
+		// Validation normally refuses such a rule; a restored one keeps
+		// routing through the fallback (reason hashes) rather than failing.
+		if errors.Is(err, kvhash.ErrUnsetSeed) || errors.Is(err, kvhash.ErrUnsupported) {
+			log.Warn("KV hashing disabled for this rule; requests take the fallback (reason hashes)", "service", rule.ServiceID, "err", err)
+			return st, nil
+		}
+		return nil, fmt.Errorf("service %d: hash contract %s: %w", rule.ServiceID, contract, err)
+	}
+	st.hasher = h
+	return st, nil
+}
+
+// selectorRule maps the rule model to the selector's view.
+func selectorRule(r *config.Rule) selector.Rule {
+	out := selector.Rule{
+		ServiceID:        uint32(r.ServiceID),
+		KVExactMode:      r.Args.KVExactMode,
+		PD:               r.PDDisagg(),
+		Sel:              r.Args.Sel,
+		BlockSize:        r.BlockSize(),
+		KVWarmupSec:      r.Args.KVWarmupSec,
+		SessionTTL:       r.SessionTTL(),
+		CacheAware:       r.Args.PDCacheAwareMode,
+		CacheThreshold:   r.CacheThreshold(),
+		BalanceThreshold: r.BalanceAbsThreshold(),
+	}
+	for _, e := range r.Endpoints {
+		out.Endpoints = append(out.Endpoints, selector.Endpoint{Idx: e.Idx, Role: selector.Role(e.Role), Weight: e.Weight})
+	}
+	return out
+}
+
+// selectorOptions maps the process settings (parsed once by pkg/config) to
+// the selector's options.
+func selectorOptions(s config.Settings) (selector.Options, error) {
+	o := selector.DefaultOptions()
+	o.MinMatchTokens = s.MinMatchTokens
+	mode, err := selector.ParseLBMode(string(s.LBMode))
+	if err != nil {
+		return o, err
+	}
+	o.LBMode = mode
+	o.MeanLoadFactor = s.MeanLoadFactor
+	o.LoadPenalty = s.LoadPenalty
+	switch s.SpillRelief {
+	case config.SpillReliefOn:
+		o.SpillRelief = selector.ReliefOn
+	case config.SpillReliefOff:
+		o.SpillRelief = selector.ReliefOff
+	default:
+		o.SpillRelief = selector.ReliefAuto
+	}
+	o.ColdStartSeedN = s.ColdStartSeedN
+	o.ColdStartMinBlocks = s.ColdStartMinBlocks
+	o.ZeroHitN = s.ZeroHitN
+	if s.Score == config.ScoreOverlap {
+		o.Score = selector.ScoreOverlap
+	}
+	o.LoadGuard = s.LoadGuard
+	return o, o.Validate()
+}
