@@ -446,3 +446,31 @@ func TestSetRule(t *testing.T) {
 		t.Fatal("mode 1 without pd accepted")
 	}
 }
+
+// TestParkAndAssign: a saturated pool exposes its park candidates; a slot
+// granted later is assigned with a decode endpoint and pins the session.
+func TestParkAndAssign(t *testing.T) {
+	e := newEnv(t, pdRule([]int{0, 1, 2}, []int{3, 4}), noSeed())
+	e.states.st = States{Saturated: epsOf(0, 1), ProbeDown: epsOf(2)}
+	e.loads.l = [256]int{3: 2, 4: 1}
+	req := &Request{SessionKey: "s"}
+	a := e.sel.Begin(req)
+	if d := a.Decide(); !d.Saturated {
+		t.Fatalf("%+v", d)
+	}
+	if p := a.Parkable(); p != epsOf(0, 1) {
+		t.Fatalf("parkable %v", p)
+	}
+	d := a.Assign(1)
+	if d.Endpoint != 1 || d.Decode != 4 || d.Tier != TierLoad {
+		t.Fatalf("assign %+v", d)
+	}
+	a.Commit()
+	e.states.st = States{}
+	if d := e.decide(req); d.Tier != TierSession || d.Endpoint != 1 {
+		t.Fatalf("session not pinned by the assigned decision: %+v", d)
+	}
+	if d := a.Assign(3); d.Endpoint != -1 {
+		t.Fatal("decode endpoint assigned as prefill")
+	}
+}

@@ -285,6 +285,7 @@ type Attempt struct {
 	excluded       epset.Set
 	excludedDecode epset.Set
 	tick           uint64 // cold-seed tick taken by this request; 0 before its first tier-1.5 hit
+	parkable       epset.Set
 	last           Decision
 	decided        bool
 }
@@ -316,6 +317,33 @@ func (a *Attempt) Decide() Decision {
 	} else {
 		d = s.decidePool(a, c, sc)
 	}
+	s.pool.Put(sc)
+	a.last, a.decided = d, true
+	return d
+}
+
+// Parkable is, after a P/D Decide, the healthy prefill endpoints not
+// excluded by this request, saturated or not: the candidates to park on
+// when the decision is Saturated.
+func (a *Attempt) Parkable() epset.Set { return a.parkable }
+
+// Assign makes a P/D decision for a prefill endpoint chosen outside the
+// ladder (admission granted a parked request a slot on it): tier 2, with
+// the decode endpoint chosen as usual. Commit it like any decision.
+func (a *Attempt) Assign(prefill int) Decision {
+	s := a.s
+	c := s.rule.Load()
+	d := Decision{Endpoint: -1, Decode: -1, Argmax: -1}
+	if !c.rule.PD || !c.prefill.Has(prefill) {
+		a.last, a.decided = d, true
+		return d
+	}
+	st := s.states.States()
+	decE := c.decode.AndNot(st.Unavailable().Or(a.excludedDecode))
+	sc := s.pool.Get().(*scratch)
+	s.fillLoads(decE, sc)
+	d.Endpoint, d.Tier = prefill, TierLoad
+	d.Decode = s.minLoad(decE, sc, &s.rrDecode)
 	s.pool.Put(sc)
 	a.last, a.decided = d, true
 	return d
@@ -401,6 +429,7 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 	st := s.states.States()
 	down := st.Unavailable().Or(a.excluded)
 	prefE := c.prefill.AndNot(down)
+	a.parkable = prefE
 	saturated := prefE.And(st.Saturated)
 	prefE = prefE.AndNot(st.Saturated)
 	decE := c.decode.AndNot(st.Unavailable().Or(a.excludedDecode))
