@@ -41,7 +41,8 @@ func (m *Metrics) scopes() *scoped {
 
 // InitRule pre-creates a rule's series at 0: the nine miss reasons, the
 // fallthrough counter and the tier-1 hit counters, so that rate() and the
-// spec's §9 assertions work before the first request.
+// spec's §9 assertions work before the first request. Calling it again for
+// the same rule is harmless.
 func (m *Metrics) InitRule(service int) {
 	s := itoa(service)
 	for _, r := range MissReasons {
@@ -51,7 +52,10 @@ func (m *Metrics) InitRule(service int) {
 	m.Tier1SessionHits.WithLabelValues(s)
 	m.Tier1TrieHits.WithLabelValues(s)
 	m.ZeroHitWatchdog.WithLabelValues(s)
-	m.Rules.Inc()
+	m.rulesMu.Lock()
+	m.ruleIDs[service] = true
+	m.Rules.Set(float64(len(m.ruleIDs)))
+	m.rulesMu.Unlock()
 }
 
 // DeleteRule removes every series of the rule (on rule delete), so a later
@@ -62,7 +66,10 @@ func (m *Metrics) DeleteRule(service int) {
 		v.DeletePartialMatch(l)
 	}
 	m.ZeroHitWatchdog.DeletePartialMatch(prometheus.Labels{"service_id": itoa(service)})
-	m.Rules.Dec()
+	m.rulesMu.Lock()
+	delete(m.ruleIDs, service)
+	m.Rules.Set(float64(len(m.ruleIDs)))
+	m.rulesMu.Unlock()
 }
 
 // DeleteEndpoint removes every series of one endpoint of a rule (when the

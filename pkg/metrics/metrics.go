@@ -121,6 +121,8 @@ type Metrics struct {
 	BuildInfo *prometheus.GaugeVec
 
 	models    modelLabels
+	rulesMu   sync.Mutex
+	ruleIDs   map[int]bool // rules initialised, so InitRule and DeleteRule are idempotent
 	scopeOnce sync.Once
 	scope     *scoped
 }
@@ -137,7 +139,7 @@ var (
 // New creates every collector and registers it on a new registry.
 func New(opts Options) *Metrics {
 	reg := prometheus.NewRegistry()
-	m := &Metrics{Registry: reg, models: modelLabels{seen: map[string]bool{}}}
+	m := &Metrics{Registry: reg, models: modelLabels{seen: map[string]bool{}}, ruleIDs: map[int]bool{}}
 	f := factory{reg: reg}
 
 	m.Tier15Hits = f.counter("loxilb_pd_kv_tier15_hits_total", "Requests routed by the KV-overlap tier (Tier 1.5) to this endpoint: the decision proof.", "service", "ep_idx")

@@ -126,6 +126,7 @@ func TestDeleteEndpointAndRule(t *testing.T) {
 	m := New(Options{NoProcessCollectors: true})
 	m.InitRule(1)
 	m.InitRule(2)
+	m.InitRule(2) // idempotent
 	for _, svc := range []int{1, 2} {
 		for ep := 0; ep < 2; ep++ {
 			m.SetKVBlocks(svc, ep, 10)
