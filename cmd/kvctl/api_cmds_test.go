@@ -146,6 +146,10 @@ func TestKvctlAgainstRunningAPI(t *testing.T) {
 	if table := run(0, "get", "lb"); !strings.Contains(table, "down") {
 		t.Errorf("admin down not shown:\n%s", table)
 	}
+	run(0, strings.Fields(specLine)...) // re-running the create line updates the rule and keeps the drain
+	if table := run(0, "get", "lb"); !strings.Contains(table, "down") {
+		t.Errorf("re-running create lb brought a drained endpoint back:\n%s", table)
+	}
 	if msg := run(1, "set", "endpoint", "10.10.10.254", "--tcp=8080", "--ep=192.0.2.9:8000", "--admin=down"); !strings.Contains(msg, "API error 404") || !strings.Contains(msg, "192.0.2.9:8000") {
 		t.Errorf("unknown endpoint: %s", msg)
 	}

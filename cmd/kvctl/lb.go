@@ -18,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/spf13/cobra"
 )
 
@@ -141,49 +142,15 @@ func errorMessage(b []byte) string {
 
 // Wire types: the JSON the API takes and gives (LoxiLB's names).
 
+// lbArgs is serviceArguments as the API gives it: the rule model's fields
+// plus the service_id GET adds.
 type lbArgs struct {
-	ExternalIP string `json:"externalIP"`
-	Port       int    `json:"port"`
-	Protocol   string `json:"protocol"`
-	Sel        int    `json:"sel"`
-	Mode       int    `json:"mode"`
-	Name       string `json:"name,omitempty"`
-
-	KVExactMode   int     `json:"kvExactMode,omitempty"`
-	KVZmqPort     int     `json:"kvZmqPort,omitempty"`
-	KVHashAlgo    string  `json:"kvHashAlgo,omitempty"`
-	KVBlockSize   int     `json:"kvBlockSize,omitempty"`
-	KVWarmupSec   int     `json:"kvWarmupSec,omitempty"`
-	KVEngineType  string  `json:"kvEngineType,omitempty"`
-	KVDpRankCount int     `json:"kvDpRankCount,omitempty"`
-	KVReplayPort  int     `json:"kvReplayPort,omitempty"`
-	KVHashSeed    *string `json:"kvHashSeed,omitempty"`
-
-	PDBootstrapPort       int  `json:"pdBootstrapPort,omitempty"`
-	PDDisaggMode          bool `json:"pd_disagg_mode,omitempty"`
-	PDCacheAwareMode      bool `json:"pd_cache_aware_mode,omitempty"`
-	PDSessionTTLSec       int  `json:"pd_session_ttl_sec,omitempty"`
-	PDCacheThreshold      int  `json:"pd_cache_threshold,omitempty"`
-	PDBalanceAbsThreshold int  `json:"pd_balance_abs_threshold,omitempty"`
-	CBEnable              bool `json:"cb_enable,omitempty"`
-	PDRequestIDReceipt    bool `json:"pd_request_id_receipt,omitempty"`
-
-	CHWBLMeanLoadFactor  int  `json:"chwbl_mean_load_factor,omitempty"`
-	CHWBLReplication     int  `json:"chwbl_replication,omitempty"`
-	CHWBLPrefixHashLevel int  `json:"chwbl_prefix_hash_level,omitempty"`
-	CHWBLPrefixHashFlags int  `json:"chwbl_prefix_hash_flags,omitempty"`
-	CHWBLEnableCacheSalt bool `json:"chwbl_enable_cache_salt,omitempty"`
-
-	ProbeType     string `json:"probetype,omitempty"`
-	ProbePort     int    `json:"probeport,omitempty"`
-	ProbeReq      string `json:"probereq,omitempty"`
-	ProbeTimeout  int    `json:"probeTimeout,omitempty"`
-	ProbeRetries  int    `json:"probeRetries,omitempty"`
-	ProbeInterval int    `json:"probeInterval,omitempty"`
-
+	config.ServiceArguments
 	ServiceID int `json:"service_id,omitempty"`
 }
 
+// lbEndpoint is an endpoint on the wire. admin is sent only when given, so
+// re-running create lb for an existing rule keeps drained endpoints down.
 type lbEndpoint struct {
 	EndpointIP string `json:"endpointIP"`
 	TargetPort int    `json:"targetPort"`
@@ -328,7 +295,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 			if err != nil {
 				return err
 			}
-			rule := lbRule{Endpoints: eps, ServiceArguments: lbArgs{
+			rule := lbRule{Endpoints: eps, ServiceArguments: lbArgs{ServiceArguments: config.ServiceArguments{
 				ExternalIP: ip, Port: port, Protocol: "tcp", Sel: s, Mode: m, Name: name,
 				KVExactMode: kvExact, KVZmqPort: kvZmq, KVHashAlgo: kvHashAlgo, KVBlockSize: kvBlock, KVWarmupSec: kvWarmup,
 				KVEngineType: kvEngine, KVDpRankCount: kvRanks, KVReplayPort: kvReplay,
@@ -338,7 +305,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 				CHWBLPrefixHashFlags: chwblFlags, CHWBLEnableCacheSalt: chwblSalt,
 				ProbeType: probeType, ProbePort: probePort, ProbeReq: probeReq, ProbeTimeout: probeTimeout,
 				ProbeRetries: probeRetries, ProbeInterval: probeInterval,
-			}}
+			}}}
 			if cmd.Flags().Changed("kv-hash-seed") {
 				rule.ServiceArguments.KVHashSeed = &kvHashSeed
 			}
