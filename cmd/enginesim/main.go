@@ -93,10 +93,14 @@ Example (three engines on separate loopback addresses, same ports):
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			<-sig
+			got := <-sig
+			cfg.Logger.Info("shutting down", "signal", got.String())
 			for _, e := range engines {
-				e.Close()
+				if err := e.Close(); err != nil {
+					cfg.Logger.Warn("close", "id", e.ID(), "err", err)
+				}
 			}
+			cfg.Logger.Info("stopped")
 			return nil
 		},
 	}
