@@ -54,6 +54,9 @@ type Store struct {
 	dir string
 	log *slog.Logger
 	mu  sync.Mutex
+	// curGood records that rules.json is known to be a good generation (this
+	// store wrote it or loaded it), so Save need not re-read it.
+	curGood bool
 }
 
 // Open creates dir if missing (mode 0700) and returns a store for it.
@@ -118,7 +121,11 @@ func (s *Store) Save(rules []config.Rule) error {
 	cur := s.Path()
 	// Keep the current generation as the previous one, but only if it is
 	// good: a corrupt current file must never replace a good previous one.
-	if _, err := readFile(cur); err == nil {
+	if !s.curGood {
+		_, err := readFile(cur)
+		s.curGood = err == nil
+	}
+	if s.curGood {
 		if err := os.Rename(cur, cur+prevSuffix); err != nil {
 			cleanup()
 			return fmt.Errorf("state: keep previous generation: %w", err)
@@ -126,8 +133,10 @@ func (s *Store) Save(rules []config.Rule) error {
 	}
 	if err := os.Rename(tmpName, cur); err != nil {
 		cleanup()
+		s.curGood = false
 		return fmt.Errorf("state: rename %s to %s: %w", tmpName, cur, err)
 	}
+	s.curGood = true
 	if err := syncDir(s.dir); err != nil {
 		return fmt.Errorf("state: fsync %s: %w", s.dir, err)
 	}
@@ -144,6 +153,7 @@ func (s *Store) Load() ([]config.Rule, error) {
 	s.removeStaleTemps()
 	cur := s.Path()
 	rules, curErr := readFile(cur)
+	s.curGood = curErr == nil
 	if curErr == nil {
 		return rules, nil
 	}
@@ -163,6 +173,7 @@ func (s *Store) Load() ([]config.Rule, error) {
 		// Make the restored generation current again, so the next Save keeps it as prev.
 		if err := os.Rename(cur+prevSuffix, cur); err == nil {
 			_ = syncDir(s.dir)
+			s.curGood = true
 		}
 		return prev, nil
 	case curMissing:
