@@ -429,7 +429,7 @@ func (s *Server) handleInventory(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if algo == "" {
-		algo = config.HashSHA256CBOR
+		algo = rule.EffectiveHashAlgo() // sha256_cbor for vLLM rules without kvHashAlgo
 	}
 	hashes = slices.Clone(hashes)
 	slices.Sort(hashes)
