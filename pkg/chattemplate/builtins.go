@@ -174,7 +174,7 @@ func jinjaTitle(s string) string {
 			continue
 		}
 		if word {
-			b.WriteString(strings.ToUpper(string(c)))
+			b.WriteString(pyUpper(string(c)))
 		} else {
 			b.WriteString(pyLower(string(c)))
 		}
@@ -555,6 +555,24 @@ func filterRound(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		return nil, fmt.Errorf("must be real number, not %s", typeName(v))
 	}
 	prec, _ := intIndex(a[0])
+	if !n.isFloat && a[1] == "common" {
+		// round(int, ndigits) stays an int in Python.
+		if prec >= 0 {
+			return n.i, nil
+		}
+		p := int64(math.Pow(10, float64(min(-prec, 18))))
+		q := n.i / p
+		rem := n.i - q*p
+		switch {
+		case 2*abs64(rem) > p || (2*abs64(rem) == p && q%2 != 0):
+			if rem > 0 {
+				q++
+			} else {
+				q--
+			}
+		}
+		return q * p, nil
+	}
 	if a[1] == "common" {
 		// Python's round(): correctly rounded, ties to even.
 		if prec >= 0 && prec <= 300 {

@@ -263,3 +263,14 @@ func TestDecodeJSONKeepsOrderAndNumbers(t *testing.T) {
 		}
 	}
 }
+
+func TestDeepValuesStayBounded(t *testing.T) {
+	src := `{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x == ns.x }}{{ ns.x < ns.x }}{{ (ns.x | string) | length > 0 }}`
+	tmpl, err := Compile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmpl.Render(nil); err != nil {
+		t.Logf("render error (acceptable): %v", err)
+	}
+}

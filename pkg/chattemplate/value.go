@@ -226,8 +226,18 @@ func pyStr(v any) string {
 	}
 }
 
+// maxReprDepth bounds recursion when printing or comparing nested values
+// (Python would raise RecursionError around this depth).
+const maxReprDepth = 1000
+
 // writeRepr writes Python's repr(x).
-func writeRepr(b *strings.Builder, v any) {
+func writeRepr(b *strings.Builder, v any) { writeReprDepth(b, v, 0) }
+
+func writeReprDepth(b *strings.Builder, v any, depth int) {
+	if depth > maxReprDepth {
+		b.WriteString("...")
+		return
+	}
 	switch x := v.(type) {
 	case string:
 		writeStrRepr(b, x)
@@ -237,7 +247,7 @@ func writeRepr(b *strings.Builder, v any) {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			writeRepr(b, e)
+			writeReprDepth(b, e, depth+1)
 		}
 		b.WriteByte(']')
 	case tuple:
@@ -246,7 +256,7 @@ func writeRepr(b *strings.Builder, v any) {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			writeRepr(b, e)
+			writeReprDepth(b, e, depth+1)
 		}
 		if len(x) == 1 {
 			b.WriteByte(',')
@@ -260,12 +270,12 @@ func writeRepr(b *strings.Builder, v any) {
 			}
 			writeStrRepr(b, k)
 			b.WriteString(": ")
-			writeRepr(b, x.val(k))
+			writeReprDepth(b, x.val(k), depth+1)
 		}
 		b.WriteByte('}')
 	case *namespace:
 		b.WriteString("<Namespace ")
-		writeRepr(b, x.attrs)
+		writeReprDepth(b, x.attrs, depth+1)
 		b.WriteByte('>')
 	case undefined:
 		b.WriteString("Undefined")
@@ -365,7 +375,12 @@ func pyFloatRepr(f float64) string {
 }
 
 // valuesEqual is Python ==.
-func valuesEqual(a, b any) bool {
+func valuesEqual(a, b any) bool { return valuesEqualDepth(a, b, 0) }
+
+func valuesEqualDepth(a, b any, depth int) bool {
+	if depth > maxReprDepth {
+		return false
+	}
 	if na, ok := numeric(a); ok {
 		if nb, ok := numeric(b); ok {
 			return na.eq(nb)
@@ -380,10 +395,10 @@ func valuesEqual(a, b any) bool {
 		return ok && x == y
 	case []any:
 		y, ok := b.([]any)
-		return ok && seqEqual(x, y)
+		return ok && seqEqual(x, y, depth)
 	case tuple:
 		y, ok := b.(tuple)
-		return ok && seqEqual(x, y)
+		return ok && seqEqual(x, y, depth)
 	case *Dict:
 		y, ok := b.(*Dict)
 		if !ok || x.Len() != y.Len() {
@@ -391,7 +406,7 @@ func valuesEqual(a, b any) bool {
 		}
 		for _, k := range x.keys {
 			yv, ok := y.Get(k)
-			if !ok || !valuesEqual(x.val(k), yv) {
+			if !ok || !valuesEqualDepth(x.val(k), yv, depth+1) {
 				return false
 			}
 		}
@@ -404,12 +419,12 @@ func valuesEqual(a, b any) bool {
 	}
 }
 
-func seqEqual(a, b []any) bool {
+func seqEqual(a, b []any, depth int) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if !valuesEqual(a[i], b[i]) {
+		if !valuesEqualDepth(a[i], b[i], depth+1) {
 			return false
 		}
 	}
@@ -454,7 +469,12 @@ func (n number) eq(o number) bool {
 
 // compareValues orders two values as Python's < does; ok is false when the
 // types cannot be ordered.
-func compareValues(a, b any) (int, bool) {
+func compareValues(a, b any) (int, bool) { return compareValuesDepth(a, b, 0) }
+
+func compareValuesDepth(a, b any, depth int) (int, bool) {
+	if depth > maxReprDepth {
+		return 0, false
+	}
 	if na, ok := numeric(a); ok {
 		nb, ok := numeric(b)
 		if !ok {
@@ -484,13 +504,13 @@ func compareValues(a, b any) (int, bool) {
 		if !ok {
 			return 0, false
 		}
-		return compareSeq(x, y)
+		return compareSeq(x, y, depth)
 	case tuple:
 		y, ok := b.(tuple)
 		if !ok {
 			return 0, false
 		}
-		return compareSeq(x, y)
+		return compareSeq(x, y, depth)
 	}
 	return 0, false
 }
@@ -505,12 +525,12 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-func compareSeq(a, b []any) (int, bool) {
+func compareSeq(a, b []any, depth int) (int, bool) {
 	for i := 0; i < len(a) && i < len(b); i++ {
 		if valuesEqual(a[i], b[i]) {
 			continue
 		}
-		return compareValues(a[i], b[i])
+		return compareValuesDepth(a[i], b[i], depth+1)
 	}
 	return cmpInt(int64(len(a)), int64(len(b))), true
 }

@@ -233,6 +233,8 @@ def jinja_cases():
     s("macro_scoping", "{% set g = 'global' %}{% macro m(x) %}{{ g }}-{{ x }}{% set g = 'local' %}-{{ g }}{% endmacro %}{{ m(1) }}|{{ g }}")
     s("string_split_edge", "{{ 'a<think>b</think>c'.split('</think>')[-1] }}|{{ 'no-tag'.split('</think>')[0] }}|{{ '  x  y  '.split(' ') }}|{{ 'a\tb\nc'.split() }}|{{ 'x'.split('x') }}|{{ ''.split() }}|{{ ''.split(',') }}")
     s("unicode_methods", "{{ 'ÉCOLE'.lower() }}|{{ 'ﬁ'.upper() }}|{{ ' \u3000x\u3000 '.strip() }}|{{ 'x\u00a0'.strip() }}|{{ '\u200bx'.strip() }}|{{ 'ab\u0301c'[2] }}|{{ '日本語'[::-1] }}|{{ '🚀x' | length }}")
+    s("round_and_numbers", "{{ 5 | round }}|{{ 1250 | round(-2) }}|{{ 1350 | round(-2) }}|{{ -1250 | round(-2) }}|{{ 2.675 | round(2) }}|{{ 0.5 | round }}|{{ 1.5 | round }}|{{ 2.4 | round(0, 'ceil') }}|{{ 2.6 | round(0, 'floor') }}|{{ '12.7' | int }}|{{ ' 7 ' | int }}|{{ 'abc' | float(1.5) }}|{{ 3 | float }}|{{ true + 1 }}|{{ 7 % -3 }}|{{ -7.5 // 2 }}")
+    s("title_filter_unicode", "{{ 'ﬁve ﬂat-ǆungle (élan) [x]<y>' | title }}|{{ 'hELLO wORLD' | capitalize }}")
     s("syntax_error_unclosed", "{% if true %}never closed")
     s("syntax_error_unknown_tag", "{% frobnicate %}")
     return S
