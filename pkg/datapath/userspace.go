@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,6 +15,9 @@ import (
 // Make one with NewUserspace and share it; it is safe for concurrent use.
 type Userspace struct {
 	buffers sync.Pool
+	// moved counts every body byte this leg wrote to clients, for
+	// kvgate_spliced_bytes_total{path="userspace"}.
+	moved atomic.Uint64
 }
 
 // NewUserspace returns a userspace body leg whose copy buffers are bufSize
@@ -33,8 +37,9 @@ func (*Userspace) Path() string { return "userspace" }
 // Run implements BodyLeg. Each read from the backend carries a deadline of
 // opts.Silence, so a silent stream ends instead of hanging; a cancelled
 // context unblocks the copy by expiring both connections' deadlines.
-func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options) Result {
-	res := Result{Path: u.Path(), LastActivity: time.Now()}
+func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options) (res Result) {
+	res = Result{Path: u.Path(), LastActivity: time.Now()}
+	defer func() { u.moved.Add(uint64(res.Bytes)) }()
 	if len(prefix) > 0 {
 		n, err := client.Write(prefix)
 		res.Bytes += int64(n)
@@ -87,5 +92,19 @@ func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []
 		// The client keeps no stale deadline for its next request.
 		_ = client.SetWriteDeadline(time.Time{})
 		return res
+	}
+}
+
+// Stats implements StatsReporter.
+func (u *Userspace) Stats() Stats {
+	return Stats{Path: u.Path(), Moved: map[string]uint64{u.Path(): u.moved.Load()}}
+}
+
+// Count records n body bytes written to a client in userspace by another
+// leg (the sockmap leg's prefixes and small bodies), so
+// kvgate_spliced_bytes_total{path="userspace"} covers them.
+func (u *Userspace) Count(n int64) {
+	if n > 0 {
+		u.moved.Add(uint64(n))
 	}
 }

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//
+// kvgate's kernel data path.
+//
+// splice_verdict: an SK_SKB stream-verdict program attached to the
+// `backends` SOCKHASH. Every skb that arrives on a backend socket in that map
+// is redirected to the egress of the client socket its pair names (in the
+// `clients` SOCKHASH, which has no programs, so client ingress stays with
+// userspace). It counts bytes and last activity per pair and per endpoint.
+//
+// endpoint_load: a sock_ops program on the cgroup v2 root. It counts the
+// established TCP connections towards the endpoints listed in `endpoints`
+// (filled by kvgate), decrementing exactly once when such a connection
+// leaves ESTABLISHED.
+//
+// Keys: sockets are keyed by their socket cookie (SO_COOKIE), which is unique
+// for the life of the kernel and readable from both userspace and BPF.
+
+#include "vmlinux.h"
+#include "bpf_helpers.h"
+#include "bpf_endian.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define MAX_PAIRS 65536
+#define MAX_ENDPOINTS 256
+#define NO_ENDPOINT 0xffffffff
+
+// TCP states (include/net/tcp_states.h), not in vmlinux.h as macros.
+#define KV_TCP_ESTABLISHED 1
+
+// One spliced response: backend socket -> client socket.
+struct pair {
+	__u64 client_cookie; // key of the client in `clients`
+	__u32 endpoint;      // index into ep_load, or NO_ENDPOINT
+	__u32 _pad;
+	__u64 bytes;         // body bytes redirected by the kernel
+	__u64 first_ns;      // bpf_ktime_get_ns of the first redirected byte
+	__u64 last_ns;       // bpf_ktime_get_ns of the latest redirected byte
+	__u64 dropped;       // bytes whose redirect found no client
+};
+
+// Per-endpoint load, the BPF mirror of the proxy's counts.
+struct ep_load {
+	__u64 active_conns;  // established backend connections (sock_ops)
+	__u64 spliced_bytes; // body bytes spliced towards clients
+	__u64 first_byte_ns; // first body byte of the latest spliced response
+	__u64 streams;       // responses whose first body byte was spliced
+};
+
+// Endpoint address: IPv4 as ::ffff:a.b.c.d, port in host order.
+struct ep_key {
+	__u8 addr[16];
+	__u32 port;
+};
+
+struct conn_state {
+	__u32 endpoint;
+	__u32 counted;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, MAX_PAIRS);
+	__type(key, __u64);
+	__type(value, __u64);
+} backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, MAX_PAIRS);
+	__type(key, __u64);
+	__type(value, __u64);
+} clients SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PAIRS);
+	__type(key, __u64); // backend socket cookie
+	__type(value, struct pair);
+} pairs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__type(key, __u32);
+	__type(value, struct ep_load);
+} ep_loads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ENDPOINTS * 4);
+	__type(key, struct ep_key);
+	__type(value, __u32);
+} endpoints SEC(".maps");
+
+// Index 0: all bytes this instance spliced, for kvgate_spliced_bytes_total.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} totals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct conn_state);
+} conn_states SEC(".maps");
+
+SEC("sk_skb/stream_verdict")
+int splice_verdict(struct __sk_buff *skb)
+{
+	__u64 cookie = bpf_get_socket_cookie(skb);
+	struct pair *p = bpf_map_lookup_elem(&pairs, &cookie);
+	if (!p)
+		return SK_PASS; // not ours (yet): leave it to userspace
+
+	__u64 len = skb->len;
+	long verdict = bpf_sk_redirect_hash(skb, &clients, &p->client_cookie, 0);
+	if (verdict != SK_PASS) {
+		__sync_fetch_and_add(&p->dropped, len);
+		return SK_DROP;
+	}
+	if (len == 0)
+		return verdict;
+
+	__u64 now = bpf_ktime_get_ns();
+	int first = __sync_fetch_and_add(&p->bytes, len) == 0;
+	if (first)
+		p->first_ns = now;
+	p->last_ns = now;
+
+	__u32 zero = 0;
+	__u64 *total = bpf_map_lookup_elem(&totals, &zero);
+	if (total)
+		__sync_fetch_and_add(total, len);
+
+	__u32 ep = p->endpoint;
+	struct ep_load *l = bpf_map_lookup_elem(&ep_loads, &ep);
+	if (l) {
+		__sync_fetch_and_add(&l->spliced_bytes, len);
+		if (first) {
+			l->first_byte_ns = now;
+			__sync_fetch_and_add(&l->streams, 1);
+		}
+	}
+	return verdict;
+}
+
+static __always_inline int remote_endpoint(struct bpf_sock_ops *ops, __u32 *ep)
+{
+	struct ep_key k = {};
+	if (ops->family == 2 /* AF_INET */) {
+		__u32 ip = ops->remote_ip4;
+		k.addr[10] = 0xff;
+		k.addr[11] = 0xff;
+		__builtin_memcpy(&k.addr[12], &ip, 4);
+	} else if (ops->family == 10 /* AF_INET6 */) {
+		__u32 w;
+		w = ops->remote_ip6[0];
+		__builtin_memcpy(&k.addr[0], &w, 4);
+		w = ops->remote_ip6[1];
+		__builtin_memcpy(&k.addr[4], &w, 4);
+		w = ops->remote_ip6[2];
+		__builtin_memcpy(&k.addr[8], &w, 4);
+		w = ops->remote_ip6[3];
+		__builtin_memcpy(&k.addr[12], &w, 4);
+	} else {
+		return 0;
+	}
+	// remote_port is in network byte order in the low 16 bits.
+	k.port = bpf_ntohs((__u16)ops->remote_port);
+	__u32 *v = bpf_map_lookup_elem(&endpoints, &k);
+	if (!v)
+		return 0;
+	*ep = *v;
+	return 1;
+}
+
+SEC("sockops")
+int endpoint_load(struct bpf_sock_ops *ops)
+{
+	switch (ops->op) {
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB: {
+		__u32 ep;
+		if (!remote_endpoint(ops, &ep))
+			return 1;
+		struct bpf_sock *sk = ops->sk;
+		if (!sk)
+			return 1;
+		struct conn_state *st = bpf_sk_storage_get(&conn_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!st)
+			return 1;
+		struct ep_load *l = bpf_map_lookup_elem(&ep_loads, &ep);
+		if (!l)
+			return 1;
+		st->endpoint = ep;
+		st->counted = 1;
+		__sync_fetch_and_add(&l->active_conns, 1);
+		bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+		return 1;
+	}
+	case BPF_SOCK_OPS_STATE_CB: {
+		// args[0] old state, args[1] new state.
+		if (ops->args[1] == KV_TCP_ESTABLISHED)
+			return 1;
+		struct bpf_sock *sk = ops->sk;
+		if (!sk)
+			return 1;
+		struct conn_state *st = bpf_sk_storage_get(&conn_states, sk, 0, 0);
+		if (!st || !st->counted)
+			return 1;
+		st->counted = 0;
+		__u32 ep = st->endpoint;
+		struct ep_load *l = bpf_map_lookup_elem(&ep_loads, &ep);
+		if (l)
+			__sync_fetch_and_sub(&l->active_conns, 1);
+		return 1;
+	}
+	}
+	return 1;
+}

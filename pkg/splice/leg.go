@@ -1,0 +1,356 @@
+//go:build linux
+
+package splice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvgate/kvgate/pkg/datapath"
+)
+
+// noEndpoint marks a pair whose backend is not a registered endpoint.
+const noEndpoint = 0xffffffff
+
+// drainBound caps how long a finished leg waits for the kernel to hand the
+// last redirected bytes to the client socket when no silence bound is set.
+const drainBound = 30 * time.Second
+
+// worth reports whether a body is worth splicing: streamed bodies, and
+// bodies whose declared length reaches the threshold.
+func (d *Datapath) worth(opts datapath.Options) bool {
+	if d.cfg.Threshold < 0 || opts.Streamed {
+		return true
+	}
+	return opts.ContentLength >= d.cfg.Threshold
+}
+
+// tcpSocket returns the raw connection of a plain TCP socket, or false for
+// anything else (a TLS client, a pipe). kTLS seam: once TLS termination
+// installs kTLS on the client socket, the client side can be passed here as
+// its underlying *net.TCPConn (sockmap redirects into kTLS sockets); until
+// then TLS clients stay on the userspace copy.
+func tcpSocket(c net.Conn) (syscall.RawConn, bool) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil, false
+	}
+	rc, err := tc.SyscallConn()
+	return rc, err == nil
+}
+
+// Run implements datapath.BodyLeg: it writes prefix, then moves the body in
+// the kernel until the backend closes, the client goes away, the stream is
+// silent for opts.Silence, or ctx ends. Small or non-TCP bodies take the
+// userspace copy.
+func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts datapath.Options) datapath.Result {
+	crc, okc := tcpSocket(client)
+	brc, okb := tcpSocket(backend)
+	if !d.worth(opts) || !okc || !okb || d.closed.Load() {
+		return d.user.Run(ctx, client, backend, prefix, opts)
+	}
+	res := datapath.Result{Path: d.Path(), LastActivity: time.Now()}
+	if len(prefix) > 0 {
+		n, err := client.Write(prefix)
+		res.Bytes += int64(n)
+		if err != nil {
+			res.Ending, res.Err = datapath.ClientGone, err
+			d.user.Count(res.Bytes)
+			return res
+		}
+	}
+	d.user.Count(res.Bytes)
+
+	s, err := d.attach(crc, brc, backend.RemoteAddr())
+	if err != nil {
+		// Nothing was redirected: the userspace copy carries on, in order.
+		d.log.Warn("sockmap attach failed; copying in userspace", "err", err)
+		r := d.user.Run(ctx, client, backend, nil, opts)
+		r.Bytes += res.Bytes
+		return r
+	}
+	return d.follow(ctx, s, client, backend, crc, res, opts)
+}
+
+// session is one spliced response.
+type session struct {
+	clientCookie, backendCookie uint64
+	clientFD                    int
+	// base is the byte count the client socket had taken before the splice.
+	base uint64
+}
+
+func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, error) {
+	s := &session{}
+	var err error
+	if cerr := crc.Control(func(fd uintptr) {
+		s.clientFD = int(fd)
+		if s.clientCookie, err = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+			err = fmt.Errorf("client SO_COOKIE: %w", err)
+			return
+		}
+		s.base, err = written(int(fd))
+	}); cerr != nil || err != nil {
+		return nil, errors.Join(cerr, err)
+	}
+	var bfd int
+	if cerr := brc.Control(func(fd uintptr) {
+		bfd = int(fd)
+		if s.backendCookie, err = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+			err = fmt.Errorf("backend SO_COOKIE: %w", err)
+		}
+	}); cerr != nil || err != nil {
+		return nil, errors.Join(cerr, err)
+	}
+
+	p := splicePair{ClientCookie: s.clientCookie, Endpoint: d.endpointOf(remote)}
+	if err := d.objs.Pairs.Update(s.backendCookie, &p, ebpf.UpdateNoExist); err != nil {
+		return nil, fmt.Errorf("adding pair: %w", err)
+	}
+	// The client goes in first: once the backend is in its map, the verdict
+	// program redirects to it.
+	if err := d.objs.Clients.Update(s.clientCookie, uint64(s.clientFD), ebpf.UpdateNoExist); err != nil {
+		_ = d.objs.Pairs.Delete(s.backendCookie)
+		return nil, fmt.Errorf("adding client socket to sockhash: %w", err)
+	}
+	// The backend's fd must stay open while we insert it: Control holds it.
+	if cerr := brc.Control(func(fd uintptr) {
+		err = d.objs.Backends.Update(s.backendCookie, uint64(fd), ebpf.UpdateNoExist)
+	}); cerr != nil || err != nil {
+		_ = d.objs.Clients.Delete(s.clientCookie)
+		_ = d.objs.Pairs.Delete(s.backendCookie)
+		return nil, fmt.Errorf("adding backend socket to sockhash: %w", errors.Join(cerr, err))
+	}
+	_ = bfd
+	return s, nil
+}
+
+// follow waits for the spliced response to end and tears the splice down.
+//
+// Hand-over: bytes that reached the backend socket between the proxy's last
+// read and the insertion sit in its receive queue, which the verdict does not
+// see at insertion. The backend reader below reads right after insertion;
+// with a verdict attached, recvmsg (tcp_bpf_recvmsg_parser) first runs the
+// queued skbs through the verdict under the socket lock, so they are
+// redirected before any later skb. Later arrivals run the whole queue in
+// order too (tcp_read_skb). The reader then sees only EOF or an error.
+func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.Conn, crc syscall.RawConn, res datapath.Result, opts datapath.Options) datapath.Result {
+	backendDone := make(chan error, 1)
+	go func() {
+		var b [512]byte
+		for {
+			n, err := backend.Read(b[:])
+			if n > 0 {
+				// Unreachable by construction (the pair exists before the
+				// backend enters the map, so nothing is passed to userspace).
+				backendDone <- fmt.Errorf("%d body bytes bypassed the splice", n)
+				return
+			}
+			if err != nil {
+				backendDone <- err
+				return
+			}
+		}
+	}()
+	clientDone := make(chan error, 1)
+	go func() {
+		var peek [1]byte
+		var gone error
+		err := crc.Read(func(fd uintptr) bool {
+			n, _, rerr := unix.Recvfrom(int(fd), peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			switch {
+			case rerr == unix.EAGAIN || rerr == unix.EINTR:
+				return false
+			case rerr != nil:
+				gone = rerr
+				return true
+			case n == 0:
+				gone = io.EOF
+				return true
+			}
+			// The client sent its next request early: leave it queued.
+			return false
+		})
+		if gone == nil {
+			gone = err
+		}
+		clientDone <- gone
+	}()
+
+	var silence <-chan time.Time
+	var timer *time.Timer
+	if opts.Silence > 0 {
+		timer = time.NewTimer(opts.Silence)
+		defer timer.Stop()
+		silence = timer.C
+	}
+
+	var endErr error
+loop:
+	for {
+		select {
+		case err := <-backendDone:
+			backendDone = nil
+			switch {
+			case errors.Is(err, io.EOF):
+				res.Ending = datapath.BackendEOF
+			case ctx.Err() != nil:
+				res.Ending = datapath.Cancelled
+			default:
+				res.Ending, endErr = datapath.BackendError, err
+			}
+			break loop
+		case err := <-clientDone:
+			clientDone = nil
+			res.Ending, endErr = datapath.ClientGone, err
+			break loop
+		case <-silence:
+			last := d.lastActivity(s, res.LastActivity)
+			if idle := time.Since(last); idle < opts.Silence {
+				timer.Reset(opts.Silence - idle)
+				continue
+			}
+			res.Ending = datapath.Silence
+			break loop
+		case <-ctx.Done():
+			res.Ending = datapath.Cancelled
+			break loop
+		}
+	}
+
+	// The backend leaves the map first: no new redirects after this.
+	_ = d.objs.Backends.Delete(s.backendCookie)
+	var p splicePair
+	_ = d.objs.Pairs.Lookup(s.backendCookie, &p)
+	if res.Ending == datapath.BackendEOF {
+		bound := opts.Silence
+		if bound <= 0 {
+			bound = drainBound
+		}
+		if err := d.waitDrained(s, p.Bytes, bound, clientDone); err != nil {
+			res.Ending, endErr = datapath.ClientGone, err
+		}
+	}
+	_ = d.objs.Pairs.Lookup(s.backendCookie, &p)
+	_ = d.objs.Clients.Delete(s.clientCookie)
+	_ = d.objs.Pairs.Delete(s.backendCookie)
+
+	// Stop the watchers and wait for them, so nothing touches the
+	// connections after Run returns.
+	past := time.Unix(1, 0)
+	_ = backend.SetReadDeadline(past)
+	if backendDone != nil {
+		<-backendDone
+	}
+	_ = client.SetReadDeadline(past)
+	if clientDone != nil {
+		<-clientDone
+	}
+	_ = client.SetReadDeadline(time.Time{})
+
+	res.KernelBytes = int64(p.Bytes)
+	res.Bytes += int64(p.Bytes)
+	if p.LastNs != 0 {
+		res.LastActivity = monoToTime(p.LastNs)
+	}
+	if res.Ending == datapath.ClientGone || res.Ending == datapath.BackendError {
+		res.Err = endErr
+	}
+	return res
+}
+
+// waitDrained waits until the client socket has taken every byte the
+// verdict redirected: redirects to egress are queued on the client's psock
+// and sent by a kernel worker, and removing the client from the map before
+// that would drop them.
+func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duration, clientDone <-chan error) error {
+	want := s.base + redirected
+	deadline := time.Now().Add(bound)
+	pause := 20 * time.Microsecond
+	for {
+		got, err := written(s.clientFD)
+		if err != nil {
+			return fmt.Errorf("reading client socket counters: %w", err)
+		}
+		if got >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("client took %d of %d spliced bytes within %s", got-s.base, redirected, bound)
+		}
+		select {
+		case err := <-clientDone:
+			if err == nil {
+				err = io.EOF
+			}
+			return fmt.Errorf("client went away with spliced bytes pending: %w", err)
+		case <-time.After(pause):
+		}
+		if pause < 5*time.Millisecond {
+			pause *= 2
+		}
+	}
+}
+
+// written is the number of bytes ever queued on a TCP socket for sending:
+// bytes acknowledged plus bytes still in the send queue. Read in that order
+// so a concurrent ACK can only make it an underestimate.
+func written(fd int) (uint64, error) {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, fmt.Errorf("TCP_INFO: %w", err)
+	}
+	outq, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+	if err != nil {
+		return 0, fmt.Errorf("SIOCOUTQ: %w", err)
+	}
+	return info.Bytes_acked + uint64(outq), nil
+}
+
+func (d *Datapath) lastActivity(s *session, floor time.Time) time.Time {
+	var p splicePair
+	if err := d.objs.Pairs.Lookup(s.backendCookie, &p); err != nil || p.LastNs == 0 {
+		return floor
+	}
+	if t := monoToTime(p.LastNs); t.After(floor) {
+		return t
+	}
+	return floor
+}
+
+// monoToTime converts a bpf_ktime_get_ns (CLOCK_MONOTONIC) stamp to wall time.
+func monoToTime(ns uint64) time.Time {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return time.Now()
+	}
+	return time.Now().Add(-time.Duration(uint64(ts.Nano()) - ns))
+}
+
+// endpointOf maps a backend address to its endpoint index in the load map.
+func (d *Datapath) endpointOf(a net.Addr) uint32 {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return noEndpoint
+	}
+	ap := ta.AddrPort()
+	var idx uint32
+	k := epKey(ap)
+	if err := d.objs.Endpoints.Lookup(&k, &idx); err != nil {
+		return noEndpoint
+	}
+	return idx
+}
+
+func epKey(ap netip.AddrPort) spliceEpKey {
+	return spliceEpKey{Addr: ap.Addr().As16(), Port: uint32(ap.Port())}
+}
