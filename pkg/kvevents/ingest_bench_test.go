@@ -1,0 +1,101 @@
+package kvevents
+
+import (
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvgate/kvgate/pkg/inventory"
+)
+
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// BenchmarkIngest measures decode + apply of vLLM map-layout payloads into
+// an index that already holds ~1M blocks over 8 endpoints: each iteration
+// applies one BlockStored batch and the BlockRemoved batch of the same
+// hashes. "tokens" payloads carry 16 token ids per block, as vLLM sends;
+// "hashes" payloads carry only the hashes. Reproduce with
+//
+//	go test -run '^$' -bench Ingest ./pkg/kvevents
+//
+// cpu-Mhash/s divides by the benchmark thread's CPU time, which the shared
+// machine's load does not inflate.
+func BenchmarkIngest(b *testing.B) {
+	for _, withTokens := range []bool{false, true} {
+		name := "hashes"
+		if withTokens {
+			name = "tokens"
+		}
+		b.Run(name, func(b *testing.B) {
+			ix, err := inventory.New(inventory.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r := rand.New(rand.NewPCG(1, 1))
+			fill := make([]uint64, 125_000)
+			for e := range 8 {
+				for i := range fill {
+					fill[i] = r.Uint64()
+				}
+				if err := ix.Add(e, 0, "", fill); err != nil {
+					b.Fatal(err)
+				}
+			}
+			const pairs, blocks = 64, 256
+			var stores, removes [][]byte
+			for range pairs {
+				hs := make([]uint64, blocks)
+				for i := range hs {
+					hs[i] = r.Uint64()
+				}
+				st := Event{Type: BlockStored, BlockHashes: hs, BlockSize: 16, Medium: "GPU", HasGroupIdx: true,
+					KVCacheSpecKind: "full_attention"}
+				if withTokens {
+					st.TokenIDs = make([]uint32, 16*blocks)
+					for i := range st.TokenIDs {
+						st.TokenIDs[i] = uint32(r.IntN(151000))
+					}
+				}
+				p, err := AppendEncode(nil, &Batch{TS: 1.5, Events: []Event{st}, HasRank: true}, LayoutMap)
+				if err != nil {
+					b.Fatal(err)
+				}
+				stores = append(stores, p)
+				rm := Event{Type: BlockRemoved, BlockHashes: hs, Medium: "GPU", HasGroupIdx: true}
+				p, err = AppendEncode(nil, &Batch{TS: 1.5, Events: []Event{rm}, HasRank: true}, LayoutMap)
+				if err != nil {
+					b.Fatal(err)
+				}
+				removes = append(removes, p)
+			}
+			ins := make([]*Ingester, 8)
+			for e := range ins {
+				ins[e] = &Ingester{Inventory: ix, EPIdx: e}
+			}
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			c0 := threadCPU()
+			i := 0
+			for b.Loop() {
+				in := ins[i%8]
+				if _, err := in.Apply(stores[i%pairs]); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := in.Apply(removes[i%pairs]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			hashes := float64(2 * blocks * b.N)
+			b.ReportMetric(hashes/b.Elapsed().Seconds()/1e6, "Mhash/s")
+			b.ReportMetric(hashes/(threadCPU()-c0).Seconds()/1e6, "cpu-Mhash/s")
+		})
+	}
+}
