@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -51,7 +52,9 @@ Output text is synthetic (deterministic words from the vocabulary). Timing model
 At most --max-num-seqs requests run; the rest wait in FIFO order (and for KV blocks).
 
 Environment: PYTHONHASHSEED (the NONE_HASH seed, exactly as vLLM reads it; unset
-means "vllm-none-hash" for sha256*, a random seed for xxhash*).
+means "vllm-none-hash" for sha256*, a random seed for xxhash*) and
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1: 64-bit integer hashes in events;
+0: raw digest bytes, as vLLM).
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version.
@@ -69,6 +72,13 @@ Example (three engines on separate loopback addresses, same ports):
 			cfg.Role = enginesim.Role(role)
 			if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
 				cfg.PythonHashSeed, cfg.HashSeedSet = v, true
+			}
+			if v, ok := os.LookupEnv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"); ok {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				if err != nil {
+					return fmt.Errorf("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=%q: want 0 or 1", v)
+				}
+				cfg.BytesBlockHashes = n == 0
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {

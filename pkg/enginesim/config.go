@@ -77,6 +77,9 @@ type Config struct {
 	EventTopic       string // ZMQ topic frame; vLLM's default is ""
 	ReplayBuffer     int    // batches kept for replay (vLLM buffer_steps)
 	DataParallelRank int
+	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
+	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
+	BytesBlockHashes bool
 
 	Role Role
 

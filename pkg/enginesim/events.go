@@ -32,7 +32,9 @@ func parseEventLayout(s string) (kvevents.Layout, error) {
 // toWireEvents converts one step's pool events into the codec's events as
 // vLLM's GPU block pool fills them: medium "GPU", group_idx 0,
 // kv_cache_spec_kind "full_attention", extra_keys one entry per block.
-func toWireEvents(evs []poolEvent, blockSize int) []kvevents.Event {
+// With bytesHashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) block and parent
+// hashes are sent as the raw digests.
+func toWireEvents(evs []poolEvent, blockSize int, bytesHashes bool) []kvevents.Event {
 	out := make([]kvevents.Event, 0, len(evs))
 	for _, ev := range evs {
 		switch ev.kind {
@@ -59,6 +61,17 @@ func toWireEvents(evs []poolEvent, blockSize int) []kvevents.Event {
 			})
 		case eventCleared:
 			out = append(out, kvevents.Event{Type: kvevents.AllBlocksCleared})
+			continue
+		}
+		if bytesHashes && len(ev.digests) > 0 {
+			w := &out[len(out)-1]
+			w.HashBytesLen = len(ev.digests[0])
+			for _, d := range ev.digests {
+				w.HashBytes = append(w.HashBytes, d...)
+			}
+			if ev.hasParent {
+				w.ParentDigest = ev.parentDigest
+			}
 		}
 	}
 	return out
@@ -94,7 +107,7 @@ func (e *Engine) publishStep(evs []poolEvent, now time.Time) {
 	if e.pub == nil || len(evs) == 0 {
 		return
 	}
-	payload, err := encodeBatch(evs, e.cfg.BlockSize, float64(now.UnixNano())/1e9, e.cfg.DataParallelRank, e.layout)
+	payload, err := encodeBatch(evs, e.cfg.BlockSize, float64(now.UnixNano())/1e9, e.cfg.DataParallelRank, e.layout, e.cfg.BytesBlockHashes)
 	if err != nil {
 		e.cfg.Logger.Error("kv events: encode failed", "err", err)
 		return
@@ -104,10 +117,10 @@ func (e *Engine) publishStep(evs []poolEvent, now time.Time) {
 
 // encodeBatch is one KVEventBatch's payload: [ts, events, data_parallel_rank]
 // (vLLM's publisher always fills the rank).
-func encodeBatch(evs []poolEvent, blockSize int, ts float64, rank int, layout kvevents.Layout) ([]byte, error) {
+func encodeBatch(evs []poolEvent, blockSize int, ts float64, rank int, layout kvevents.Layout, bytesHashes bool) ([]byte, error) {
 	batch := kvevents.Batch{
 		TS:               ts,
-		Events:           toWireEvents(evs, blockSize),
+		Events:           toWireEvents(evs, blockSize, bytesHashes),
 		DataParallelRank: rank,
 		HasRank:          true,
 	}

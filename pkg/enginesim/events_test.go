@@ -150,7 +150,7 @@ func TestEventBytesEqualVectors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := encodeBatch(tc.events, 16, v.TS, tc.rank, layout)
+			got, err := encodeBatch(tc.events, 16, v.TS, tc.rank, layout, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -158,6 +158,43 @@ func TestEventBytesEqualVectors(t *testing.T) {
 				t.Errorf("payload\n got %x\nwant %s", got, want)
 			}
 		})
+	}
+}
+
+// TestBytesHashesVector checks VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 (raw
+// digests on the wire) against the vector, whose event also carries a LoRA
+// adapter the simulator does not serve; those fields are set by hand.
+func TestBytesHashesVector(t *testing.T) {
+	v := loadEventVectors(t)
+	tokens := vectorTokens(t, v)
+	h, _ := kvhash.New(kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: 16, Seed: kvhash.SeedOf("0")})
+	b := h.AppendBlocks(nil, tokens[:16], kvhash.Extra{})[0]
+	p, _ := newBlockPool(3)
+	p.reserve(1)
+	id, _ := p.allocate()
+	p.cacheFull([]blockID{id}, []blockHash{{Digest: b.Digest, Wire: b.Hash}}, nil, tokens[:16], kvhash.Extra{LoRAName: "my-lora"}, 0)
+	evs := toWireEvents(p.takeEvents(), 16, true)
+	evs[0].LoRAID, evs[0].HasLoRAID = 1, true
+	for name, layout := range map[string]kvevents.Layout{"map/block_stored_bytes_hash_lora": kvevents.LayoutMap, "array/block_stored_bytes_hash_lora": kvevents.LayoutArrayV0_25} {
+		batch := kvevents.Batch{TS: v.TS, Events: evs, HasRank: true}
+		got, err := kvevents.AppendEncode(nil, &batch, layout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range v.Payloads {
+			if p.Name == name && hex.EncodeToString(got) != p.PayloadHex {
+				t.Errorf("%s\n got %x\nwant %s", name, got, p.PayloadHex)
+			}
+		}
+	}
+	// A child block carries its parent as bytes too.
+	p.reserve(1)
+	id2, _ := p.allocate()
+	b2 := h.AppendBlocks(nil, tokens[:32], kvhash.Extra{})[1]
+	p.cacheFull([]blockID{id2}, []blockHash{{Digest: b2.Digest, Wire: b2.Hash}}, &blockHash{Digest: b.Digest, Wire: b.Hash}, tokens[16:32], kvhash.Extra{}, 1)
+	child := toWireEvents(p.takeEvents(), 16, true)[0]
+	if string(child.ParentDigest) != string(b.Digest) || string(child.HashBytes) != string(b2.Digest) || child.HashBytesLen != 32 {
+		t.Errorf("child event %+v", child)
 	}
 }
 

@@ -40,6 +40,10 @@ type poolEvent struct {
 	parent    uint64
 	hasParent bool
 	tokens    []uint32
+	// The full digests behind hashes (and parent), for
+	// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, where events carry raw bytes.
+	digests      [][]byte
+	parentDigest []byte
 	// For BlockStored: the request's extra hash keys and the index of the
 	// first stored block in the request, which decide extra_keys per block.
 	extra      kvhash.Extra
@@ -197,9 +201,9 @@ func (p *blockPool) allocate() (blockID, error) {
 		p.reserved--
 	}
 	if b.hash != "" {
-		wire := b.wire
+		wire, digest := b.wire, []byte(b.hash)
 		p.dropHash(b)
-		p.events = append(p.events, poolEvent{kind: eventRemoved, hashes: []uint64{wire}})
+		p.events = append(p.events, poolEvent{kind: eventRemoved, hashes: []uint64{wire}, digests: [][]byte{digest}})
 	}
 	b.refs = 1
 	return b.id, nil
@@ -230,7 +234,7 @@ func (p *blockPool) cacheFull(ids []blockID, hashes []blockHash, parent *blockHa
 	}
 	ev := poolEvent{kind: eventStored, hashes: make([]uint64, 0, len(ids)), tokens: tokens, extra: extra, firstBlock: firstBlock}
 	if parent != nil {
-		ev.parent, ev.hasParent = parent.Wire, true
+		ev.parent, ev.hasParent, ev.parentDigest = parent.Wire, true, parent.Digest
 	}
 	for i, id := range ids {
 		b := &p.blocks[id]
@@ -239,6 +243,7 @@ func (p *blockPool) cacheFull(ids []blockID, hashes []blockHash, parent *blockHa
 		b.dupIndex = len(p.byHash[key])
 		p.byHash[key] = append(p.byHash[key], b)
 		ev.hashes = append(ev.hashes, hashes[i].Wire)
+		ev.digests = append(ev.digests, hashes[i].Digest)
 	}
 	p.events = append(p.events, ev)
 }
