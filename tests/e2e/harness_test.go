@@ -1,0 +1,379 @@
+// Package e2e runs kvgate end to end on loopback: simulated vLLM engines
+// (pkg/enginesim) publishing real ZeroMQ KV events, the gateway (in-process
+// or the real binary), and real HTTP clients, including the official OpenAI
+// Node SDK.
+//
+// Every test allocates its own loopback addresses (127.<a>.<b>.<c>, drawn at
+// random) and ports, so packages and tests can run in parallel.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/enginesim"
+	"github.com/kvgate/kvgate/pkg/gateway"
+)
+
+const model = "Qwen/Qwen3-0.6B"
+
+var (
+	tokOnce sync.Once
+	tok     enginesim.Tokenizer
+	tokErr  error
+)
+
+// repoTokenizerDir is the Qwen3 tokenizer committed in the repository.
+func repoTokenizerDir(t *testing.T) string {
+	t.Helper()
+	d, err := filepath.Abs("../../pkg/tokenizer/testdata/qwen3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(d, "tokenizer.json")); err != nil {
+		t.Fatalf("Qwen3 tokenizer missing: %v", err)
+	}
+	return d
+}
+
+// stagingDir stages the Qwen3 tokenizer under its model slug.
+func stagingDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Symlink(repoTokenizerDir(t), filepath.Join(dir, "Qwen__Qwen3-0.6B")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func engineTokenizer(t *testing.T) enginesim.Tokenizer {
+	t.Helper()
+	tokOnce.Do(func() { tok, tokErr = enginesim.LoadTokenizer(repoTokenizerDir(t)) })
+	if tokErr != nil {
+		t.Fatal(tokErr)
+	}
+	return tok
+}
+
+// netBlock is a random 127.a.b.0/24 for one test.
+func netBlock(t *testing.T) string {
+	t.Helper()
+	return fmt.Sprintf("127.%d.%d.", 100+rand.IntN(150), rand.IntN(250))
+}
+
+func freePort(t *testing.T, host string) int {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if p+1000 <= 65535 {
+			return p
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+type engineSpec struct {
+	role     enginesim.Role
+	decodeTS float64 // decode tokens/s (0: fast)
+}
+
+// startEngines starts one engine per spec on <block>.11, .12, …, all
+// publishing KV events on the same port.
+func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.Engine, int) {
+	t.Helper()
+	tk := engineTokenizer(t)
+	var lastErr error
+	for try := 0; try < 10; try++ {
+		port := freePort(t, block+"11")
+		var engines []*enginesim.Engine
+		for i, s := range specs {
+			host := fmt.Sprintf("%s%d", block, 11+i)
+			dts := s.decodeTS
+			if dts == 0 {
+				dts = 2000
+			}
+			e, err := enginesim.New(enginesim.Config{
+				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
+				PythonHashSeed: "0", HashSeedSet: true, Role: s.role,
+				KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port),
+				ReplayEndpoint:   fmt.Sprintf("tcp://%s:%d", host, port+1000),
+				PrefillUsPerToken: 20, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			})
+			if err != nil {
+				lastErr = err
+				break
+			}
+			engines = append(engines, e)
+		}
+		if len(engines) == len(specs) {
+			t.Cleanup(func() {
+				for _, e := range engines {
+					e.Close()
+				}
+			})
+			return engines, port
+		}
+		for _, e := range engines {
+			e.Close()
+		}
+	}
+	t.Fatalf("start engines: %v", lastErr)
+	return nil, 0
+}
+
+func engineHostPort(t *testing.T, e *enginesim.Engine) (string, int) {
+	t.Helper()
+	h, p, err := net.SplitHostPort(strings.TrimPrefix(e.URL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(p)
+	return h, n
+}
+
+// ruleJSON renders a spec §8.1-style rule body.
+func ruleJSON(t *testing.T, vip string, port int, args map[string]any, engines []*enginesim.Engine, roles []int) []byte {
+	t.Helper()
+	a := map[string]any{"externalIP": vip, "port": port, "protocol": "tcp", "sel": 0, "mode": 4}
+	for k, v := range args {
+		a[k] = v
+	}
+	var eps []map[string]any
+	for i, e := range engines {
+		h, p := engineHostPort(t, e)
+		ep := map[string]any{"endpointIP": h, "targetPort": p, "weight": 1}
+		if roles != nil {
+			ep["ep_role"] = roles[i]
+		}
+		eps = append(eps, ep)
+	}
+	b, err := json.Marshal(map[string]any{"serviceArguments": a, "endpoints": eps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// testGateway is an in-process gateway with its API served on loopback.
+type testGateway struct {
+	g      *gateway.Gateway
+	api    string
+	access *syncBuffer
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startGateway(t *testing.T, block string) *testGateway {
+	t.Helper()
+	settings := config.DefaultSettings()
+	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
+	access := &syncBuffer{}
+	g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: stagingDir(t), DecisionHeader: true,
+		AccessLog: access, ShutdownGrace: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", block+"2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tg := &testGateway{g: g, api: "http://" + ln.Addr().String(), access: access, cancel: cancel, done: make(chan error, 1)}
+	go func() { tg.done <- g.Run(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		<-tg.done
+	})
+	return tg
+}
+
+// createRule POSTs a rule to the management API and returns its service_id.
+func (tg *testGateway) createRule(t *testing.T, body []byte) int {
+	t.Helper()
+	resp, err := http.Post(tg.api+"/netlox/v1/config/loadbalancer", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Result    string `json:"result"`
+		ServiceID int    `json:"service_id"`
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || json.Unmarshal(b, &out) != nil || out.Result != "Success" {
+		t.Fatalf("create rule: %d %s", resp.StatusCode, b)
+	}
+	return out.ServiceID
+}
+
+// metric reads one series' value from GET /netlox/v1/metrics; labels are
+// matched as a subset. Missing series read as 0.
+func (tg *testGateway) metric(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	resp, err := http.Get(tg.api + "/netlox/v1/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	total := 0.0
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) || strings.HasPrefix(line, "#") {
+			continue
+		}
+		rest := line[len(name):]
+		var lbl string
+		if strings.HasPrefix(rest, "{") {
+			end := strings.Index(rest, "}")
+			lbl, rest = rest[1:end], rest[end+1:]
+		} else if !strings.HasPrefix(rest, " ") {
+			continue
+		}
+		if !labelsMatch(lbl, labels) {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err == nil {
+			total += v
+		}
+	}
+	return total
+}
+
+var labelRE = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
+
+func labelsMatch(s string, want map[string]string) bool {
+	got := map[string]string{}
+	for _, m := range labelRE.FindAllStringSubmatch(s, -1) {
+		got[m[1]] = m[2]
+	}
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitSubscribed waits until n subscribers of the rule are connected.
+func (tg *testGateway) waitSubscribed(t *testing.T, service, n int) {
+	t.Helper()
+	waitFor(t, "KV subscribers", 10*time.Second, func() bool {
+		return tg.metric(t, "loxilb_kv_subscriber_connected", map[string]string{"service": strconv.Itoa(service)}) == float64(n)
+	})
+	time.Sleep(200 * time.Millisecond) // ZeroMQ subscriptions settle after the connect
+}
+
+// reply is what a test needs from one proxied response.
+type reply struct {
+	status   int
+	engine   string
+	decision string
+	body     []byte
+	usage    struct {
+		PromptTokens int `json:"prompt_tokens"`
+		Details      *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	}
+}
+
+func (r reply) cached() int {
+	if r.usage.Details == nil {
+		return 0
+	}
+	return r.usage.Details.CachedTokens
+}
+
+func post(t *testing.T, url string, body any) reply {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := reply{status: resp.StatusCode, engine: resp.Header.Get("x-engine-id"), decision: resp.Header.Get("x-kvgate-decision")}
+	r.body, _ = io.ReadAll(resp.Body)
+	var u struct {
+		Usage json.RawMessage `json:"usage"`
+	}
+	if json.Unmarshal(r.body, &u) == nil && len(u.Usage) > 0 {
+		_ = json.Unmarshal(u.Usage, &r.usage)
+	}
+	return r
+}
+
+// decisionField reads one field of an x-kvgate-decision header.
+func decisionField(h, key string) string {
+	for _, part := range strings.Split(h, ";") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// lines returns the access-log records so far.
+func (s *syncBuffer) lines() []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(s.b.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
