@@ -118,8 +118,8 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 			e, err := enginesim.New(enginesim.Config{
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
 				PythonHashSeed: "0", HashSeedSet: true, Role: s.role,
-				KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port),
-				ReplayEndpoint:   fmt.Sprintf("tcp://%s:%d", host, port+1000),
+				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
+				ReplayEndpoint:    fmt.Sprintf("tcp://%s:%d", host, port+1000),
 				PrefillUsPerToken: 20, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})
