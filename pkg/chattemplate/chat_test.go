@@ -49,11 +49,21 @@ func TestReferenceDisagreementsAreRecorded(t *testing.T) {
 	if strings.Join(differ, ",") != strings.Join(recorded, ",") {
 		t.Fatalf("disagreement list out of date:\n computed %v\n recorded %v", differ, recorded)
 	}
+	// In chat cases the references may differ only in the wording of an
+	// error both raise, or in whitespace: @huggingface/jinja ignores the
+	// chars argument of strip/lstrip/rstrip (snippet strip_chars_argument),
+	// which Qwen3 uses around <think> blocks.
+	squash := func(s string) string { return strings.Join(strings.Fields(s), "") }
 	for _, name := range differ {
-		// In chat cases the references may differ only in the wording of
-		// an error both raise.
-		if !strings.HasPrefix(name, "jinja/") && (jinja2[name].Error == nil || hf[name].Error == nil) {
-			t.Errorf("chat case %s: references disagree", name)
+		if strings.HasPrefix(name, "jinja/") {
+			continue
+		}
+		a, b := jinja2[name], hf[name]
+		switch {
+		case a.Error != nil && b.Error != nil:
+		case a.Render != nil && b.Render != nil && squash(*a.Render) == squash(*b.Render):
+		default:
+			t.Errorf("chat case %s: references disagree beyond whitespace", name)
 		}
 	}
 }

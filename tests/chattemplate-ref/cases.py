@@ -235,6 +235,74 @@ def jinja_cases():
     s("unicode_methods", "{{ 'ÉCOLE'.lower() }}|{{ 'ﬁ'.upper() }}|{{ ' \u3000x\u3000 '.strip() }}|{{ 'x\u00a0'.strip() }}|{{ '\u200bx'.strip() }}|{{ 'ab\u0301c'[2] }}|{{ '日本語'[::-1] }}|{{ '🚀x' | length }}")
     s("round_and_numbers", "{{ 5 | round }}|{{ 1250 | round(-2) }}|{{ 1350 | round(-2) }}|{{ -1250 | round(-2) }}|{{ 2.675 | round(2) }}|{{ 0.5 | round }}|{{ 1.5 | round }}|{{ 2.4 | round(0, 'ceil') }}|{{ 2.6 | round(0, 'floor') }}|{{ '12.7' | int }}|{{ ' 7 ' | int }}|{{ 'abc' | float(1.5) }}|{{ 3 | float }}|{{ true + 1 }}|{{ 7 % -3 }}|{{ -7.5 // 2 }}")
     s("title_filter_unicode", "{{ 'ﬁve ﬂat-ǆungle (élan) [x]<y>' | title }}|{{ 'hELLO wORLD' | capitalize }}")
+    s("strip_chars_argument", "[{{ ' \\t\\nx\\n\\t '.strip('\\n') }}][{{ '\\n\\t x'.lstrip('\\n') }}][{{ 'x \\n'.rstrip('\\n') }}][{{ 'xxhixx'.strip('x') }}]")
     s("syntax_error_unclosed", "{% if true %}never closed")
     s("syntax_error_unknown_tag", "{% frobnicate %}")
     return S
+
+
+PIECES = ["Hello", "world", "¿Qué tal?", "日本語", "👩‍💻", "e\u0301", "שלום", " ", "  ", "\n", "\n\n", "\t", "\u00a0", "\u3000",
+          "\u2028", "<think>", "</think>", "<tool_response>", "</tool_response>", "<|im_end|>", "<|eot_id|>", "{{ x }}",
+          "{% if %}", "\"quoted\"", "'single'", "back\\slash", "json: {\"a\": [1, 2]}", "%s", "🚀", "\u200b", "x" * 40]
+
+
+def random_text(rng, max_pieces=8):
+    return "".join(rng.choice(PIECES) for _ in range(rng.randint(0, max_pieces)))
+
+
+def random_args(rng):
+    args = {}
+    for key in rng.sample(["location", "unit", "q", "k", "nested", "flag", "ünï"], rng.randint(0, 4)):
+        args[key] = rng.choice([random_text(rng, 3), rng.randint(-5, 1000), 2.5, True, None, [1, "a"], {"z": 1, "a": {"b": []}}])
+    return args
+
+
+def random_chat_cases(seed=20261129, per_template=30):
+    """Randomised chats (fixed seed) for differential testing against Jinja2."""
+    import random
+    rng = random.Random(seed)
+    tools_pool = [WEATHER_TOOL, SEARCH_TOOL, BARE_TOOL]
+    out = []
+    for t in ("qwen3", "llama3", "llama3_1", "gemma3", "deepseek_v3"):
+        for n in range(per_template):
+            msgs = []
+            if rng.random() < 0.5:
+                msgs.append({"role": "system", "content": random_text(rng)})
+            for turn in range(rng.randint(1, 6)):
+                msgs.append({"role": "user", "content": random_text(rng) if rng.random() < 0.8 else
+                             [{"type": "text", "text": random_text(rng, 3)} for _ in range(rng.randint(1, 3))]})
+                if rng.random() < 0.25:
+                    calls = []
+                    for i in range(rng.randint(1, 2)):
+                        args = random_args(rng)
+                        calls.append({"id": f"c{turn}{i}", "type": "function", "function": {
+                            "name": rng.choice(["get_weather", "search", "now"]),
+                            "arguments": json_dumps(args) if rng.random() < 0.8 else args}})
+                    msgs.append({"role": "assistant", "content": rng.choice(["", None, random_text(rng, 3)]), "tool_calls": calls})
+                    for c in calls:
+                        msgs.append({"role": "tool", "tool_call_id": c["id"], "content": random_text(rng, 4)})
+                if rng.random() < 0.8:
+                    content = random_text(rng)
+                    if rng.random() < 0.4:
+                        content = rng.choice(["<think>", "<think>\n", ""]) + random_text(rng, 4) + rng.choice(["</think>", "\n</think>\n\n"]) + random_text(rng, 4)
+                    msg = {"role": "assistant", "content": content}
+                    if rng.random() < 0.1:
+                        msg["reasoning"] = random_text(rng, 3)
+                    msgs.append(msg)
+            case = {"name": f"random/{t}/{n:02d}", "template": t, "messages": msgs,
+                    "add_generation_prompt": rng.random() < 0.7}
+            if rng.random() < 0.3:
+                case["tools"] = rng.sample(tools_pool, rng.randint(0, 3))
+            r = rng.random()
+            if r < 0.3:
+                case["kwargs"] = {"enable_thinking": rng.choice([True, False])}
+            if not case["add_generation_prompt"] and msgs[-1]["role"] in ("assistant", "user") and rng.random() < 0.3 \
+                    and isinstance(msgs[-1]["content"], str) and msgs[-1]["content"].strip():
+                case["continue_final_message"] = True
+            out.append(case)
+    return out
+
+
+def json_dumps(v):
+    import json
+    return json.dumps(v, ensure_ascii=False)

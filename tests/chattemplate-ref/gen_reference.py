@@ -248,7 +248,7 @@ def render_chat(env, template_src, case):
 
 def main():
     sys.path.insert(0, HERE)
-    from cases import chat_cases, jinja_cases  # noqa: E402
+    from cases import chat_cases, jinja_cases, random_chat_cases  # noqa: E402
 
     env = make_env()
     templates = {}
@@ -261,7 +261,7 @@ def main():
 
     expected = {}
     chats = []
-    for case in chat_cases():
+    for case in chat_cases() + random_chat_cases():
         case = dict(case)
         case.setdefault("special_tokens", special[case["template"]])
         case["content_format"] = detect_content_format(env, templates[case["template"]])
