@@ -64,7 +64,7 @@ type request struct {
 // token but the last (it is sampled, never fed back).
 func (r *request) totalTokens() int { return len(r.prompt) + r.maxTokens - 1 }
 
-// seq returns the request's token sequence position i (prompt, then output).
+// tokenAt returns the token at position i of the request (prompt, then output).
 func (r *request) tokenAt(i int) uint32 {
 	if i < len(r.prompt) {
 		return r.prompt[i]
