@@ -353,23 +353,33 @@ func (ix *Index) Score(hashes []uint64, eligible epset.Set, leadingRun bool, cou
 func (t *table) scoreRun(hashes []uint64, eligible epset.Set, counts *[epset.Max]uint32) {
 	var ph [scoreChunkSize]uint64
 	var sink uint64
+	// Work on the words of the bitset that can hold eligible endpoints only:
+	// one word for rules of up to 64 endpoints.
+	nw := len(eligible)
+	for nw > 0 && eligible[nw-1] == 0 {
+		nw--
+	}
 	alive := eligible
+	left := eligible.Len()
 	eps := t.sets.eps
 	for start := 0; start < len(hashes); start += scoreChunkSize {
 		part := hashes[start:min(start+scoreChunkSize, len(hashes))]
 		sink += t.prefetch(part, ph[:])
 		for j := range part {
 			p := ph[j]
-			held := eps[t.shards[p>>keyBits].lookup(p&keyMask)]
-			if m := alive.And(held); m != alive {
-				dropped := alive.AndNot(m)
-				for e := dropped.Next(0); e >= 0; e = dropped.Next(e + 1) {
-					counts[e] = uint32(start + j)
+			held := &eps[t.shards[p>>keyBits].lookup(p&keyMask)]
+			for w := 0; w < nw; w++ {
+				a := alive[w]
+				if m := a & held[w]; m != a {
+					for d := a &^ m; d != 0; d &= d - 1 {
+						counts[w<<6|bits.TrailingZeros64(d)] = uint32(start + j)
+						left--
+					}
+					alive[w] = m
 				}
-				alive = m
-				if alive.Empty() {
-					return
-				}
+			}
+			if left == 0 {
+				return
 			}
 		}
 	}
