@@ -2,6 +2,7 @@ package chattemplate
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -52,6 +53,28 @@ func BenchmarkCompileQwen3(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := Compile(src); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRenderChatQwen3LongPrompt renders a RAG-style chat whose system
+// prompt is ~128 KB (about 32k tokens), the size class of long prompts.
+func BenchmarkRenderChatQwen3LongPrompt(b *testing.B) {
+	tmpl := compileNamed(b, "qwen3")
+	doc := strings.Repeat("The quick brown fox jumps over the lazy dog; 東京 🚀. ", 2400)
+	in := ChatInput{Messages: []map[string]any{
+		{"role": "system", "content": "Answer from the documents.\n" + doc},
+		{"role": "user", "content": "Summarise the documents."},
+	}, AddGenerationPrompt: true}
+	out, err := tmpl.RenderChat(in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(out)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := tmpl.RenderChat(in); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -92,11 +92,23 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 	root.set("tools", tools)
 	root.set("documents", documents)
 	root.set("add_generation_prompt", addGen)
-	out, err := t.render(root)
+	out, err := t.render(root, 1024+2*inputTextBytes(msgs))
 	if err != nil || !cont {
 		return out, err
 	}
 	return continueFinalMessage(out, msgs[len(msgs)-1].(*Dict))
+}
+
+// inputTextBytes sums the string content of the messages, to pre-size the
+// output buffer.
+func inputTextBytes(msgs []any) int {
+	n := 0
+	for _, m := range msgs {
+		if s, ok := m.(*Dict).val("content").(string); ok {
+			n += len(s)
+		}
+	}
+	return n
 }
 
 // continueFinalMessage cuts the render after the final message's content,

@@ -481,6 +481,11 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return ok, nil
 	case *binExpr:
+		if e.op == "+" {
+			if _, nested := e.l.(*binExpr); nested {
+				return r.evalPlusChain(e, sc)
+			}
+		}
 		l, err := r.eval(e.l, sc)
 		if err != nil {
 			return nil, err
@@ -582,6 +587,58 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		return nil, errors.New("slice outside of a subscript")
 	}
 	return nil, fmt.Errorf("chattemplate: internal error: unknown expression %T", e)
+}
+
+// evalPlusChain evaluates a left-nested chain a + b + c + ... . Operands are
+// evaluated left to right as Python does; when all are strings (the common
+// case in chat templates) the result is built with one allocation instead
+// of one copy per "+".
+func (r *renderer) evalPlusChain(e *binExpr, sc *scope) (any, error) {
+	var operands []expr
+	cur := expr(e)
+	for {
+		b, ok := cur.(*binExpr)
+		if !ok || b.op != "+" {
+			break
+		}
+		operands = append(operands, b.r)
+		cur = b.l
+	}
+	operands = append(operands, cur)
+	vals := make([]any, len(operands))
+	allStrings := true
+	total := 0
+	for i := range operands {
+		v, err := r.eval(operands[len(operands)-1-i], sc)
+		if err != nil {
+			return nil, err
+		}
+		vals[i] = v
+		if s, ok := v.(string); ok {
+			total += len(s)
+		} else {
+			allStrings = false
+		}
+	}
+	if allStrings {
+		if err := r.checkSize(total); err != nil {
+			return nil, err
+		}
+		var b strings.Builder
+		b.Grow(total)
+		for _, v := range vals {
+			b.WriteString(v.(string))
+		}
+		return b.String(), nil
+	}
+	acc := vals[0]
+	for _, v := range vals[1:] {
+		var err error
+		if acc, err = r.binaryOp("+", acc, v); err != nil {
+			return nil, err
+		}
+	}
+	return acc, nil
 }
 
 func compareOp(op string, l, r any) (bool, error) {

@@ -108,12 +108,13 @@ func (t *Template) Render(vars map[string]any) (string, error) {
 		}
 		root.set(k, v)
 	}
-	return t.render(root)
+	return t.render(root, 4096)
 }
 
-func (t *Template) render(root *scope) (string, error) {
+func (t *Template) render(root *scope, sizeHint int) (string, error) {
 	r := &renderer{cfg: &t.cfg}
 	var out strings.Builder
+	out.Grow(min(sizeHint, t.cfg.maxOutput))
 	if _, err := r.execBody(t.body, root, &out); err != nil {
 		var te *TemplateException
 		if errors.As(err, &te) {
