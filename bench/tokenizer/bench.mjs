@@ -58,7 +58,7 @@ for (const name of ["qwen3", "llama3"]) {
   const lc = [], lr = [], lw = [];
   const seen = prompt.slice(0, Math.floor(prompt.length * 0.9));
   let seed = 7;
-  const rnd = (n) => { seed = (seed * 1103515245 + 12345) >>> 0; return seed % n; };
+  const rnd = (n) => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return (seed >>> 8) % n; };
   for (let r = 0; r < rounds; r++) {
     const tok = make();
     lc.push(time(() => tok.encode(prompt, { add_special_tokens: false })));

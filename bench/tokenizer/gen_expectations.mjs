@@ -132,6 +132,16 @@ for (let n = 0; n < 300; n++) {
   add(s);
 }
 
+// Canonical compositions added in Unicode 16.0 (Qwen3 normalizes with NFC).
+const nfcAtoms = [0x105d2, 0x105da, 0x105c9, 0x11382, 0x113c9, 0x11384, 0x113bb, 0x1138b, 0x113c2, 0x11390, 0x113b8, 0x113c5,
+  0x1611e, 0x16129, 0x1611f, 0x16120, 0x16121, 0x16d67, 0x16d63, 0x16d69, 0x0307, 0x0323, 0x0020, 0x0061];
+for (let n = 0; n < 40; n++) {
+  let s = "";
+  const len = 2 + Math.floor(rand() * 10);
+  for (let i = 0; i < len; i++) s += String.fromCodePoint(pick(nfcAtoms));
+  add(s);
+}
+
 const names = ["qwen3", "llama3"];
 const out = {};
 for (const name of names) {

@@ -26,7 +26,13 @@ type patternJSON struct {
 
 type unicodeForm struct{ form norm.Form }
 
-func (u unicodeForm) normalize(s string) string { return u.form.String(s) }
+func (u unicodeForm) normalize(s string) string {
+	out := u.form.String(s)
+	if u.form == norm.NFC || u.form == norm.NFKC {
+		out = composeRecent(out)
+	}
+	return out
+}
 
 type lowercase struct{}
 

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
+	"golang.org/x/text/unicode/norm"
 )
 
 // comparableWithGo reports whether regexp2 (which uses Go's Unicode tables)
@@ -170,5 +171,24 @@ func TestRecentUnicodeClasses(t *testing.T) {
 	got := sc.split(" \U00010D50\U00010D51 x", nil)
 	if want := []string{" \U00010D50\U00010D51", " x"}; !slices.Equal(got, want) {
 		t.Errorf("split %q, want %q", got, want)
+	}
+}
+
+// TestRecentCompositions: NFC composes the Unicode 16.0 pairs x/text does
+// not know, exactly as the reference engine does.
+func TestRecentCompositions(t *testing.T) {
+	pairs := readJSONLines[[2]string](t, filepath.Join("testdata", "nfc_recent.jsonl"))
+	changed := 0
+	for _, p := range pairs {
+		got := unicodeForm{norm.NFC}.normalize(p[0])
+		if got != p[1] {
+			t.Errorf("NFC(%+q) = %+q, want %+q", p[0], got, p[1])
+		}
+		if p[0] != p[1] {
+			changed++
+		}
+	}
+	if changed < 20 {
+		t.Errorf("only %d inputs exercise a composition", changed)
 	}
 }

@@ -369,3 +369,41 @@ func FuzzEncode(f *testing.F) {
 		_ = cold.Decode(a)
 	})
 }
+
+// TestConcurrentEncode: one Tokenizer shared by goroutines (caches included)
+// gives every goroutine the reference ids. Run with -race.
+func TestConcurrentEncode(t *testing.T) {
+	tk := mustParse(t, mustRead(t, filepath.Join("testdata", "qwen3", "tokenizer.json")), withChunkMin(16), WithWordCache(64), WithPrefixCache(1<<12))
+	texts := readJSONLines[string](t, filepath.Join("testdata", "corpus.jsonl"))
+	want := readJSONLines[[]uint32](t, filepath.Join("testdata", "corpus.qwen3.ids"))
+	done := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func(g int) {
+			for round := 0; round < 3; round++ {
+				for i := range texts {
+					j := (i*7 + g*13 + round) % len(texts)
+					got, err := tk.Encode(texts[j], false)
+					if err != nil || !slices.Equal(got, want[j]) {
+						done <- errors.New("mismatch on " + texts[j])
+						return
+					}
+				}
+			}
+			done <- nil
+		}(g)
+	}
+	for g := 0; g < 4; g++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func mustRead(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
