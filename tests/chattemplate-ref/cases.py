@@ -236,6 +236,10 @@ def jinja_cases():
     s("round_and_numbers", "{{ 5 | round }}|{{ 1250 | round(-2) }}|{{ 1350 | round(-2) }}|{{ -1250 | round(-2) }}|{{ 2.675 | round(2) }}|{{ 0.5 | round }}|{{ 1.5 | round }}|{{ 2.4 | round(0, 'ceil') }}|{{ 2.6 | round(0, 'floor') }}|{{ '12.7' | int }}|{{ ' 7 ' | int }}|{{ 'abc' | float(1.5) }}|{{ 3 | float }}|{{ true + 1 }}|{{ 7 % -3 }}|{{ -7.5 // 2 }}")
     s("title_filter_unicode", "{{ 'ﬁve ﬂat-ǆungle (élan) [x]<y>' | title }}|{{ 'hELLO wORLD' | capitalize }}")
     s("strip_chars_argument", "[{{ ' \\t\\nx\\n\\t '.strip('\\n') }}][{{ '\\n\\t x'.lstrip('\\n') }}][{{ 'x \\n'.rstrip('\\n') }}][{{ 'xxhixx'.strip('x') }}]")
+    s("lexer_edges", "{{ '}}' }}|{% set x = '%}' %}{{ x }}|{# {{ not a var }} #}|a { b } {{ '{' }}|{{ {'a': {'b': 1}} }}|{{ {'a': {'b': 1}}['a'] }}|x {%- raw -%}  {{ y }}  {%- endraw -%}  z|{{- '\\n' -}}\u3000 after")
+    s("lexer_unicode_ws", "a\u3000{%- if true -%}\u3000b\u3000{%- endif %}\u00a0\n\u3000{% if true %}c{% endif %}")
+    s("lexer_comment_trim", "a\n  {#- c -#}\n  b\n{# keep #}\nc\n    {# lstrip #}\nd")
+    s("lexer_adjacent_tags", "{% if true %}{% if true %}x{% endif %}{% endif %}\n{{ 1 }}{{ 2 }}\n{%- for i in [1,2] -%}\n{{ i }}\n{%- endfor -%}\n!")
     s("syntax_error_unclosed", "{% if true %}never closed")
     s("syntax_error_unknown_tag", "{% frobnicate %}")
     return S
