@@ -224,6 +224,9 @@ type Config struct {
 	Logger    *slog.Logger
 	// Dial overrides the backend dialer (tests); nil uses net.Dialer.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// PD, for a pd_disagg_mode rule, serves requests through the two-leg
+	// prefill/decode flow (pd_hook.go); nil means the plain path only.
+	PD PDHandler
 }
 
 // Server is one rule's listener and its connections.
@@ -525,6 +528,11 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 		s.accessLog(rec)
 	}()
 	ctx := s.ctx
+	if s.cfg.PD != nil {
+		if keep, handled := s.servePD(ctx, c, req, rec); handled {
+			return keep
+		}
+	}
 
 	var (
 		d        Decision
