@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -66,8 +67,15 @@ type Pool struct {
 	log        *slog.Logger
 	now        func() time.Time
 
-	mu      sync.Mutex
+	mu      sync.RWMutex
 	entries map[string]*poolEntry
+}
+
+// freshModel is a loaded model and until when it needs no stat: Get's
+// lock-free fast path.
+type freshModel struct {
+	model *Model
+	until time.Time
 }
 
 type poolEntry struct {
@@ -76,6 +84,7 @@ type poolEntry struct {
 	reloading bool    // a reload runs without mu; Get serves model meanwhile
 	sig       fileSig // files the model was loaded from
 	checked   time.Time
+	fresh     atomic.Pointer[freshModel]
 	err       error   // last failure (when model is nil, returned to callers)
 	errSig    fileSig // files as they were at the failure
 	failures  int
@@ -165,12 +174,20 @@ func (p *Pool) Get(model string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	now := p.now()
+	if f := e.fresh.Load(); f != nil && now.Before(f.until) {
+		return f.model, nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := p.now()
 	if e.model != nil && (e.reloading || now.Sub(e.checked) < p.check) {
 		return e.model, nil
 	}
+	defer func() {
+		if e.model != nil && !e.reloading {
+			e.fresh.Store(&freshModel{model: e.model, until: e.checked.Add(p.check)})
+		}
+	}()
 	dir := filepath.Join(p.dir, slug)
 	sig, statErr := statFiles(dir)
 	if e.model != nil {
@@ -211,6 +228,12 @@ func (p *Pool) Get(model string) (*Model, error) {
 }
 
 func (p *Pool) entry(slug string) (*poolEntry, error) {
+	p.mu.RLock()
+	e, ok := p.entries[slug]
+	p.mu.RUnlock()
+	if ok {
+		return e, nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e, ok := p.entries[slug]; ok {
@@ -231,7 +254,7 @@ func (p *Pool) entry(slug string) (*poolEntry, error) {
 			return nil, fmt.Errorf("tokenizer: pool holds %d models, the limit", p.maxEntries)
 		}
 	}
-	e := &poolEntry{}
+	e = &poolEntry{}
 	p.entries[slug] = e
 	return e, nil
 }
