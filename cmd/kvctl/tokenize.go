@@ -21,6 +21,9 @@ const tokenizeMaxInput = 256 << 20
 
 func init() { root.AddCommand(newTokenizeCmd()) }
 
+// loadTokenizerModel loads --tokenizer PATH; tests swap in a memoizing loader.
+var loadTokenizerModel = func(path string) (*tokenizer.Model, error) { return tokenizer.LoadModel(path) }
+
 type tokenizeFlags struct {
 	tokenizer, text, jsonl, chat, kwargs, tools string
 	addSpecial, render, addGenPrompt, cont      bool
@@ -90,7 +93,7 @@ func runTokenize(cmd *cobra.Command, fl *tokenizeFlags) error {
 	if fl.chat == "" && (fl.render || fl.kwargs != "" || fl.tools != "") {
 		return badInput("tokenize: --render, --chat-template-kwargs and --tools need --chat")
 	}
-	m, err := tokenizer.LoadModel(fl.tokenizer)
+	m, err := loadTokenizerModel(fl.tokenizer)
 	if err != nil {
 		if errors.Is(err, tokenizer.ErrNotFound) {
 			return badInput("--tokenizer %s: %v", fl.tokenizer, err)

@@ -6,10 +6,32 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
 const tokTestdata = "../../pkg/tokenizer/testdata"
+
+// Loading a real tokenizer takes about a second; the tests share loads.
+func init() {
+	var mu sync.Mutex
+	loaded := map[string]*tokenizer.Model{}
+	load := loadTokenizerModel
+	loadTokenizerModel = func(path string) (*tokenizer.Model, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if m, ok := loaded[path]; ok {
+			return m, nil
+		}
+		m, err := load(path)
+		if err == nil {
+			loaded[path] = m
+		}
+		return m, err
+	}
+}
 
 // tokenizeRun runs a fresh `tokenize` command (fresh flags) in-process.
 func tokenizeRun(t *testing.T, stdin string, args ...string) (string, error) {
