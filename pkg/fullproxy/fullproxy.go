@@ -135,6 +135,12 @@ type Decision struct {
 	Addr     string // host:port to dial
 	// EndpointID names the endpoint in logs ("ip:port").
 	EndpointID string
+	// Decode is the decode endpoint a P/D (mode 1) decision pairs with the
+	// prefill Endpoint, -1 otherwise; DecodeAddr is its dial address. The
+	// two-leg P/D exchange (issue 9) reads them; the single-leg forward
+	// ignores them.
+	Decode     int
+	DecodeAddr string
 	Tier       string // "1", "1.5", "2" or "sel" (mode-3 rule selector)
 	Reason     string // "hit", or the guard miss reason that sent it to the fallback
 	Score      int    // matched blocks

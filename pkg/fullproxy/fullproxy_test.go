@@ -548,3 +548,21 @@ func FuzzParseHead(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkParseHead(b *testing.B) {
+	raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway.example:8080\r\nUser-Agent: OpenAI/JS 5.23.2\r\n" +
+		"Content-Type: application/json\r\nAccept: application/json\r\nAuthorization: Bearer sk-xxxxxxxxxxxxxxxx\r\n" +
+		"X-Stainless-Lang: js\r\nX-Stainless-Retry-Count: 0\r\nContent-Length: 1234\r\nConnection: keep-alive\r\n\r\n"
+	b.ReportAllocs()
+	b.SetBytes(int64(len(raw)))
+	for i := 0; i < b.N; i++ {
+		br := bufio.NewReader(strings.NewReader(raw))
+		head, err := readHead(br, 64<<10)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := parseHead(head); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

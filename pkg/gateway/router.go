@@ -76,7 +76,7 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 		r.m.Tier15FallthroughInc(r.service)
 	}
 	out := fullproxy.Decision{
-		Endpoint: d.Endpoint, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
+		Endpoint: d.Endpoint, Decode: d.Decode, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
 		Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: sc.blocks,
 		Stages: append(append([]fullproxy.Stage(nil), sc.stages...), sel),
 	}
@@ -87,6 +87,9 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 		return out, fullproxy.ErrNoBackend
 	}
 	out.Addr, out.EndpointID = st.addrs[d.Endpoint], st.ids[d.Endpoint]
+	if d.Decode >= 0 && d.Decode < len(st.addrs) {
+		out.DecodeAddr = st.addrs[d.Decode]
+	}
 	if out.Addr == "" {
 		return out, fmt.Errorf("selector chose ep_idx %d, which the rule no longer has: %w", d.Endpoint, fullproxy.ErrNoBackend)
 	}

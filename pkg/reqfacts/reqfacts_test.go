@@ -251,3 +251,16 @@ func FuzzExtract(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkExtractChat(b *testing.B) {
+	sys := strings.Repeat("You are a careful assistant for an operations team. ", 150) // ~8 KB
+	body := []byte(`{"model":"Qwen/Qwen3-0.6B","stream":true,"max_tokens":64,"messages":[{"role":"system","content":"` + sys +
+		`"},{"role":"user","content":[{"type":"text","text":"How do I drain a worker?"}]}],"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object","properties":{"q":{"type":"string"}}}}}]}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for i := 0; i < b.N; i++ {
+		if f := Extract(body, "", Options{}); !f.HasPrompt() {
+			b.Fatal(f.Problem)
+		}
+	}
+}
