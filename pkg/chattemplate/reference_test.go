@@ -72,46 +72,99 @@ func loadChatCases(t testing.TB) []chatCase {
 	var out []chatCase
 	for _, item := range v.([]any) {
 		c := item.(*Dict)
-		msgsJSON, err := pyJSONDumps(c.val("messages"), jsonOptions{itemSep: ",", keySep: ":"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		msgs, err := DecodeMessages([]byte(msgsJSON))
-		if err != nil {
-			t.Fatal(err)
-		}
-		in := ChatInput{Messages: msgs}
-		if b, ok := c.val("add_generation_prompt").(bool); ok {
-			in.AddGenerationPrompt = b
-		}
-		if b, ok := c.val("continue_final_message").(bool); ok {
-			in.ContinueFinalMessage = b
-		}
-		if tools, ok := c.val("tools").([]any); ok {
-			strict, _ := c.val("tools_strict_field").(bool)
-			if in.Tools, err = VLLMToolDicts(tools, strict); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if docs, ok := c.val("documents").([]any); ok {
-			in.Documents = docs
-		}
-		if kw, ok := c.val("kwargs").(*Dict); ok {
-			in.Kwargs = map[string]any{}
-			for _, k := range kw.keys {
-				in.Kwargs[k] = kw.val(k)
-			}
-		}
-		if st, ok := c.val("special_tokens").(*Dict); ok {
-			in.SpecialTokens = map[string]string{}
-			for _, k := range st.keys {
-				in.SpecialTokens[k] = st.val(k).(string)
-			}
-		}
 		out = append(out, chatCase{name: c.val("name").(string), template: c.val("template").(string),
-			contentFormat: c.val("content_format").(string), input: in})
+			contentFormat: c.val("content_format").(string), input: chatInputFromCase(t, c)})
 	}
 	return out
+}
+
+// chatInputFromCase builds the ChatInput of one generated case.
+func chatInputFromCase(t testing.TB, c *Dict) ChatInput {
+	t.Helper()
+	msgsJSON, err := pyJSONDumps(c.val("messages"), jsonOptions{itemSep: ",", keySep: ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := DecodeMessages([]byte(msgsJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := ChatInput{Messages: msgs}
+	if b, ok := c.val("add_generation_prompt").(bool); ok {
+		in.AddGenerationPrompt = b
+	}
+	if b, ok := c.val("continue_final_message").(bool); ok {
+		in.ContinueFinalMessage = b
+	}
+	if tools, ok := c.val("tools").([]any); ok {
+		strict, _ := c.val("tools_strict_field").(bool)
+		if in.Tools, err = VLLMToolDicts(tools, strict); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if docs, ok := c.val("documents").([]any); ok {
+		in.Documents = docs
+	}
+	if kw, ok := c.val("kwargs").(*Dict); ok {
+		in.Kwargs = map[string]any{}
+		for _, k := range kw.keys {
+			in.Kwargs[k] = kw.val(k)
+		}
+	}
+	if st, ok := c.val("special_tokens").(*Dict); ok {
+		in.SpecialTokens = map[string]string{}
+		for _, k := range st.keys {
+			in.SpecialTokens[k] = st.val(k).(string)
+		}
+	}
+	return in
+}
+
+// TestExtraCorpus runs a locally generated corpus (other templates rendered
+// by Jinja2 the same way as chat_cases.json) when CHATTEMPLATE_EXTRA_CORPUS
+// names it: a JSON list of {name, template_src, content_format, case,
+// expected}. It lets third-party templates be checked without committing them.
+func TestExtraCorpus(t *testing.T) {
+	path := os.Getenv("CHATTEMPLATE_EXTRA_CORPUS")
+	if path == "" {
+		t.Skip("CHATTEMPLATE_EXTRA_CORPUS not set")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := DecodeJSON(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compiled := map[string]*Template{}
+	for _, item := range v.([]any) {
+		e := item.(*Dict)
+		name := e.val("name").(string)
+		t.Run(name, func(t *testing.T) {
+			src := e.val("template_src").(string)
+			tmpl, ok := compiled[src]
+			if !ok {
+				if tmpl, err = Compile(src, WithClock(func() time.Time { return fixedNow })); err != nil {
+					t.Fatalf("compile: %v", err)
+				}
+				compiled[src] = tmpl
+			}
+			if got, want := tmpl.ContentFormat(), e.val("content_format").(string); got != want {
+				t.Fatalf("content format %q, vLLM's detection says %q", got, want)
+			}
+			var exp expectation
+			ed := e.val("expected").(*Dict)
+			if r, ok := ed.val("render").(string); ok {
+				exp.Render = &r
+			}
+			if er, ok := ed.val("error").(string); ok {
+				exp.Error = &er
+			}
+			got, err := tmpl.RenderChat(chatInputFromCase(t, e.val("case").(*Dict)))
+			checkAgainst(t, got, err, exp)
+		})
+	}
 }
 
 func compileNamed(t testing.TB, name string) *Template {
