@@ -290,9 +290,9 @@ func (ix *Index) Snapshot(ep int) []uint64 {
 	out := make([]uint64, 0, t.blocks[ep].Load())
 	for si := range t.shards {
 		s := &t.shards[si]
-		for i, id := range s.ids {
-			if id != emptySet && t.sets.eps[id].Has(ep) {
-				out = append(out, unmix(uint64(si)<<keyBits|s.keys[i]&keyMask))
+		for i := range s.slots {
+			if id := s.slots[i].id; id != emptySet && t.sets.eps[id].Has(ep) {
+				out = append(out, unmix(uint64(si)<<keyBits|s.slots[i].key()&keyMask))
 			}
 		}
 	}
@@ -314,7 +314,7 @@ func (ix *Index) Stats() Stats {
 	defer ix.writeMu.Unlock()
 	var st Stats
 	for i := range ix.gpu.shards {
-		st.Slots += len(ix.gpu.shards[i].ids)
+		st.Slots += len(ix.gpu.shards[i].slots)
 		st.Used += ix.gpu.shards[i].used
 	}
 	st.Sets = ix.gpu.sets.liveSets()

@@ -10,15 +10,15 @@ import (
 
 // The table is one open-addressing hash set of block hashes for all endpoints
 // of a rule, split into numShards shards by the top bits of the mixed hash.
-// A slot is 12 bytes in two parallel arrays:
+// A slot is 12 bytes:
 //
-//	keys[i]: generation (8 bits) << 56 | low 56 bits of the mixed hash
-//	ids[i]:  holder set id (0 = empty slot)
+//	key: generation (8 bits) << 56 | low 56 bits of the mixed hash
+//	id:  holder set id (0 = empty slot)
 //
 // The top 8 bits of the mixed hash are implied by the shard, which frees the
 // key word's top byte for the generation used by cap eviction. Probing is
 // Robin Hood linear probing with backward-shift deletion, so lookups of absent
-// hashes stop early even at the 92% maximum load, and the table never holds
+// hashes stop early even at the 85% maximum load, and the table never holds
 // tombstones.
 //
 // Shards exist so that growing is incremental: one shard (1/256 of the table)
@@ -62,10 +62,21 @@ const (
 	agingPassGens = 64
 )
 
+// slot is one table entry: the key word split in two halves so the struct
+// is 12 bytes with 4-byte alignment. Key and holder id share a cache line
+// (a lookup misses once, not once per array).
+type slot struct {
+	lo, hi uint32 // key word: generation << 56 | low 56 bits of the mixed hash
+	id     uint32 // holder set; emptySet marks a free slot
+}
+
+func (sl *slot) key() uint64 { return uint64(sl.hi)<<32 | uint64(sl.lo) }
+
+func (sl *slot) setKey(k uint64) { sl.lo, sl.hi = uint32(k), uint32(k>>32) }
+
 type shard struct {
-	keys []uint64
-	ids  []uint32
-	used int
+	slots []slot
+	used  int
 }
 
 func homeOf(k56 uint64, n int) int {
@@ -84,14 +95,14 @@ func displacement(k uint64, i, n int) int {
 // find returns the slot holding k56, or the slot and displacement at which it
 // should be inserted.
 func (s *shard) find(k56 uint64) (i, d int, found bool) {
-	n := len(s.ids)
-	keys, ids := s.keys[:n], s.ids[:n]
+	n := len(s.slots)
+	sl := s.slots[:n]
 	i = homeOf(k56, n)
 	for d = 0; ; d++ {
-		if ids[i] == emptySet {
+		if sl[i].id == emptySet {
 			return i, d, false
 		}
-		k := keys[i]
+		k := sl[i].key()
 		if k&keyMask == k56 {
 			return i, d, true
 		}
@@ -106,18 +117,18 @@ func (s *shard) find(k56 uint64) (i, d int, found bool) {
 
 // lookup returns the holder set of k56, or emptySet.
 func (s *shard) lookup(k56 uint64) uint32 {
-	n := len(s.ids)
+	n := len(s.slots)
 	if n == 0 {
 		return emptySet
 	}
-	keys, ids := s.keys[:n], s.ids[:n]
+	sl := s.slots[:n]
 	i := homeOf(k56, n)
 	for d := 0; ; d++ {
-		id := ids[i]
+		id := sl[i].id
 		if id == emptySet {
 			return emptySet
 		}
-		k := keys[i]
+		k := sl[i].key()
 		if k&keyMask == k56 {
 			return id
 		}
@@ -131,16 +142,18 @@ func (s *shard) lookup(k56 uint64) uint32 {
 }
 
 func (s *shard) insertAt(i, d int, k uint64, id uint32) {
-	n := len(s.ids)
+	n := len(s.slots)
+	cur := slot{id: id}
+	cur.setKey(k)
 	for {
-		if s.ids[i] == emptySet {
-			s.keys[i], s.ids[i] = k, id
+		sl := &s.slots[i]
+		if sl.id == emptySet {
+			*sl = cur
 			s.used++
 			return
 		}
-		if rd := displacement(s.keys[i], i, n); rd < d {
-			s.keys[i], k = k, s.keys[i]
-			s.ids[i], id = id, s.ids[i]
+		if rd := displacement(sl.key(), i, n); rd < d {
+			*sl, cur = cur, *sl
 			d = rd
 		}
 		if i++; i == n {
@@ -151,28 +164,28 @@ func (s *shard) insertAt(i, d int, k uint64, id uint32) {
 }
 
 func (s *shard) deleteAt(i int) {
-	n := len(s.ids)
+	n := len(s.slots)
 	for {
 		j := i + 1
 		if j == n {
 			j = 0
 		}
-		if s.ids[j] == emptySet || displacement(s.keys[j], j, n) == 0 {
-			s.keys[i], s.ids[i] = 0, emptySet
+		if s.slots[j].id == emptySet || displacement(s.slots[j].key(), j, n) == 0 {
+			s.slots[i] = slot{}
 			break
 		}
-		s.keys[i], s.ids[i] = s.keys[j], s.ids[j]
+		s.slots[i] = s.slots[j]
 		i = j
 	}
 	s.used--
 }
 
 func (s *shard) full() bool {
-	return (s.used+1)*maxLoadDen > len(s.ids)*maxLoadNum
+	return (s.used+1)*maxLoadDen > len(s.slots)*maxLoadNum
 }
 
 func (s *shard) sparse() bool {
-	return len(s.ids) > minShardSlots && s.used*shrinkDen < len(s.ids)
+	return len(s.slots) > minShardSlots && s.used*shrinkDen < len(s.slots)
 }
 
 func grownSize(n int) int {
@@ -188,14 +201,15 @@ func grownSize(n int) int {
 
 // rebuilt returns the shard's entries re-placed into n slots. It only reads s.
 func (s *shard) rebuilt(n int) shard {
-	ns := shard{keys: make([]uint64, n), ids: make([]uint32, n)}
-	for i, id := range s.ids {
-		if id == emptySet {
+	ns := shard{slots: make([]slot, n)}
+	for i := range s.slots {
+		sl := &s.slots[i]
+		if sl.id == emptySet {
 			continue
 		}
-		k := s.keys[i]
+		k := sl.key()
 		j, d, _ := ns.find(k & keyMask)
-		ns.insertAt(j, d, k, id)
+		ns.insertAt(j, d, k, sl.id)
 	}
 	return ns
 }
@@ -342,16 +356,16 @@ func (t *table) moveGen(id uint32, from, to uint8) {
 // It reports whether the slot was deleted, in which case its successor now
 // sits at i.
 func (t *table) setSlot(s *shard, i int, to uint32) bool {
-	from := s.ids[i]
+	from := s.slots[i].id
 	if to == from {
 		return false
 	}
-	t.retarget(from, to, uint8(s.keys[i]>>keyBits))
+	t.retarget(from, to, uint8(s.slots[i].key()>>keyBits))
 	if to == emptySet {
 		s.deleteAt(i)
 		return true
 	}
-	s.ids[i] = to
+	s.slots[i].id = to
 	return false
 }
 
@@ -359,9 +373,9 @@ func (t *table) setSlot(s *shard, i int, to uint32) bool {
 // write lock NOT held; it takes the write lock only to swap.
 func (t *table) grow(si int) {
 	s := &t.shards[si]
-	ns := s.rebuilt(grownSize(len(s.ids)))
+	ns := s.rebuilt(grownSize(len(s.slots)))
 	t.rw.Lock()
-	t.totalSlots += len(ns.ids) - len(s.ids)
+	t.totalSlots += len(ns.slots) - len(s.slots)
 	*s = ns
 	t.unlock()
 }
@@ -381,7 +395,7 @@ func (t *table) shrinkSparse() {
 			n := max(minShardSlots, s.used*5/3+1)
 			ns := s.rebuilt(n)
 			t.rw.Lock()
-			t.totalSlots += len(ns.ids) - len(s.ids)
+			t.totalSlots += len(ns.slots) - len(s.slots)
 			*s = ns
 			t.unlock()
 		}
@@ -397,9 +411,9 @@ func (t *table) prefetch(hashes []uint64, ph []uint64) uint64 {
 		p := mix(h)
 		ph[j] = p
 		s := &t.shards[p>>keyBits]
-		if n := len(s.ids); n > 0 {
+		if n := len(s.slots); n > 0 {
 			i := homeOf(p&keyMask, n)
-			sink += s.keys[i] + uint64(s.ids[i])
+			sink += uint64(s.slots[i].lo)
 		}
 	}
 	return sink
@@ -443,19 +457,19 @@ func (t *table) addOne(s *shard, k56 uint64, m member) error {
 	g := uint8(t.gen)
 	i, d, found := s.find(k56)
 	if found {
-		from := s.ids[i]
+		from := s.slots[i].id
 		to, ok := t.sets.apply(from, opAdd|transitionOp(m))
 		if !ok {
 			return errTableFull{}
 		}
-		old := uint8(s.keys[i] >> keyBits)
+		old := uint8(s.slots[i].key() >> keyBits)
 		if to != from {
 			t.retarget(from, to, old)
-			s.ids[i] = to
+			s.slots[i].id = to
 		}
 		if old != g {
 			t.moveGen(to, old, g)
-			s.keys[i] = uint64(g)<<keyBits | k56
+			s.slots[i].setKey(uint64(g)<<keyBits | k56)
 		}
 	} else {
 		to, ok := t.sets.single(m)
@@ -486,14 +500,14 @@ func (t *table) remove(m member, hashes []uint64) error {
 			p := ph[j]
 			si := int(p >> keyBits)
 			s := &t.shards[si]
-			if len(s.ids) == 0 {
+			if len(s.slots) == 0 {
 				continue
 			}
 			i, _, found := s.find(p & keyMask)
 			if !found {
 				continue
 			}
-			to, ok := t.sets.apply(s.ids[i], op)
+			to, ok := t.sets.apply(s.slots[i].id, op)
 			if !ok {
 				t.unlock()
 				return errTableFull{}
@@ -516,15 +530,15 @@ func (t *table) remove(m member, hashes []uint64) error {
 func (t *table) sweep(op transitionOp, done func() bool) error {
 	for si := 0; si < numShards; si++ {
 		s := &t.shards[si]
-		for i := 0; i < len(s.ids); {
+		for i := 0; i < len(s.slots); {
 			if done() {
 				t.shrinkSparse()
 				return nil
 			}
 			t.rw.Lock()
-			end := min(i+scanBudget, len(s.ids))
+			end := min(i+scanBudget, len(s.slots))
 			for i < end {
-				id := s.ids[i]
+				id := s.slots[i].id
 				if id == emptySet {
 					i++
 					continue
@@ -564,7 +578,7 @@ func (t *table) clearEndpoint(ep int) error {
 
 func (t *table) advance(p *slotPos) {
 	p.slot++
-	for p.slot >= len(t.shards[p.shard].ids) {
+	for p.slot >= len(t.shards[p.shard].slots) {
 		p.slot = 0
 		p.shard = (p.shard + 1) % numShards
 		if t.totalSlots == 0 {
@@ -586,15 +600,15 @@ func (t *table) maintain() {
 		g := uint8(t.gen)
 		for n := min(t.agingDebt, scanBudget); n > 0; n-- {
 			p := &t.agingHand
-			if p.slot < len(t.shards[p.shard].ids) {
+			if p.slot < len(t.shards[p.shard].slots) {
 				s := &t.shards[p.shard]
-				if id := s.ids[p.slot]; id != emptySet {
-					k := s.keys[p.slot]
+				if id := s.slots[p.slot].id; id != emptySet {
+					k := s.slots[p.slot].key()
 					old := uint8(k >> keyBits)
 					if g-old > agingClampAge {
 						clamped := g - agingClampAge
 						t.moveGen(id, old, clamped)
-						s.keys[p.slot] = uint64(clamped)<<keyBits | k&keyMask
+						s.slots[p.slot].setKey(uint64(clamped)<<keyBits | k&keyMask)
 					}
 				}
 			}
@@ -632,9 +646,9 @@ func (t *table) evict(e int) {
 		for n := scanBudget; n > 0 && t.count[e] > t.maxBlocks && a.hist[target] > 0; n-- {
 			p := &a.hand
 			s := &t.shards[p.shard]
-			if p.slot < len(s.ids) {
-				id := s.ids[p.slot]
-				if id != emptySet && t.sets.eps[id].Has(e) && uint8(s.keys[p.slot]>>keyBits) == target {
+			if p.slot < len(s.slots) {
+				id := s.slots[p.slot].id
+				if id != emptySet && t.sets.eps[id].Has(e) && uint8(s.slots[p.slot].key()>>keyBits) == target {
 					to, ok := t.sets.apply(id, op)
 					if ok {
 						t.evicted[e]++
