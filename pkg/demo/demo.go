@@ -191,7 +191,7 @@ func startEngines(tok enginesim.Tokenizer, n, first int, log *slog.Logger) ([]*e
 				PythonHashSeed: "0", HashSeedSet: true,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
 				ReplayEndpoint:    "none",
-				PrefillUsPerToken: 150, TTFTFloor: 3 * time.Millisecond, DecodeTokensPerS: 500,
+				PrefillUsPerToken: 250, TTFTFloor: 2 * time.Millisecond, DecodeTokensPerS: 500,
 				Logger: log,
 			})
 			if err != nil {
@@ -443,7 +443,7 @@ func PrintTable(out io.Writer, results []Result) {
 		}
 	}
 	if len(results) == 2 && results[1].Percentile(50) > 0 {
-		fmt.Fprintf(out, "\nSame workload, same engines: kvgate sends each request to the engine that already holds its prefix,\n"+
+		fmt.Fprintf(out, "\nSame workload on identical engines: kvgate sends each request to the engine that already holds its prefix,\n"+
 			"so engines skip recomputing it (TTFT p50 %.1fx lower than round-robin).\n",
 			float64(results[1].Percentile(50))/float64(max(results[0].Percentile(50), 1)))
 	}
@@ -461,8 +461,8 @@ func Workload(seed uint64) []Request {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	system := "You are a careful assistant for an operations team. " + prose(rng, 220)
 	var docs []string
-	for i := 0; i < 6; i++ {
-		docs = append(docs, fmt.Sprintf("Document %d. ", i+1)+prose(rng, 420))
+	for i := 0; i < 8; i++ {
+		docs = append(docs, fmt.Sprintf("Document %d. ", i+1)+prose(rng, 500))
 	}
 	fewShot := "Answer in the style of these examples.\n"
 	for i := 0; i < 5; i++ {
