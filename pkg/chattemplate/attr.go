@@ -334,11 +334,7 @@ func callDictMethod(d *Dict, name string, args []any, kw *Dict) (any, error) {
 		if _, err := bindArgs("items", nil, nil, args, kw); err != nil {
 			return nil, err
 		}
-		out := make([]any, len(d.keys))
-		for i, k := range d.keys {
-			out[i] = tuple{k, d.val(k)}
-		}
-		return out, nil
+		return &dictView{kind: "dict_items", items: dictItems(d)}, nil
 	case "keys":
 		if _, err := bindArgs("keys", nil, nil, args, kw); err != nil {
 			return nil, err
@@ -347,16 +343,12 @@ func callDictMethod(d *Dict, name string, args []any, kw *Dict) (any, error) {
 		for i, k := range d.keys {
 			out[i] = k
 		}
-		return out, nil
+		return &dictView{kind: "dict_keys", items: out}, nil
 	case "values":
 		if _, err := bindArgs("values", nil, nil, args, kw); err != nil {
 			return nil, err
 		}
-		out := make([]any, len(d.keys))
-		for i, k := range d.keys {
-			out[i] = d.val(k)
-		}
-		return out, nil
+		return &dictView{kind: "dict_values", items: append([]any(nil), d.vals...)}, nil
 	case "get":
 		if kw != nil && kw.Len() > 0 {
 			return nil, errors.New("get() takes no keyword arguments")
@@ -377,6 +369,14 @@ func callDictMethod(d *Dict, name string, args []any, kw *Dict) (any, error) {
 		return d.clone(), nil
 	}
 	return nil, fmt.Errorf("dict.%s is not supported", name)
+}
+
+func dictItems(d *Dict) []any {
+	out := make([]any, len(d.keys))
+	for i, k := range d.keys {
+		out[i] = tuple{k, d.vals[i]}
+	}
+	return out
 }
 
 func callSeqMethod(items []any, name string, args []any, kw *Dict) (any, error) {
@@ -408,7 +408,14 @@ func callSeqMethod(items []any, name string, args []any, kw *Dict) (any, error) 
 	return nil, fmt.Errorf("list.%s is not supported", name)
 }
 
+// strKeywordMethods are the str methods that accept keyword arguments
+// (Python 3.11); the others raise "takes no keyword arguments".
+var strKeywordMethods = map[string]bool{"split": true, "rsplit": true, "splitlines": true, "format": true, "encode": true, "expandtabs": true}
+
 func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	if kw != nil && kw.Len() > 0 && !strKeywordMethods[name] {
+		return nil, fmt.Errorf("str.%s() takes no keyword arguments", name)
+	}
 	switch name {
 	case "strip", "lstrip", "rstrip":
 		a, err := bindArgs(name, []string{"chars"}, []any{nil}, args, kw)

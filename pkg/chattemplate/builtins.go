@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -244,8 +245,10 @@ func attrPath(v any, attr any) (any, error) {
 	if s, ok := attr.(string); ok {
 		for _, part := range strings.Split(s, ".") {
 			var key any = part
-			if i, err := strconv.ParseInt(part, 10, 64); err == nil {
-				key = i
+			if isDigits(part) {
+				if i, err := strconv.ParseInt(part, 10, 64); err == nil {
+					key = i
+				}
 			}
 			var err error
 			if v, err = getItem(v, key); err != nil {
@@ -257,6 +260,15 @@ func attrPath(v any, attr any) (any, error) {
 	return getItem(v, attr)
 }
 
+func isDigits(s string) bool {
+	for _, c := range s {
+		if !unicode.IsDigit(c) {
+			return false
+		}
+	}
+	return s != ""
+}
+
 func filterList(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	items, err := iterate(v)
 	if err != nil {
@@ -266,6 +278,12 @@ func filterList(r *renderer, v any, args []any, kw *Dict) (any, error) {
 }
 
 func filterFirst(r *renderer, v any, args []any, kw *Dict) (any, error) {
+	if g, ok := v.(*generator); ok {
+		if item, ok := g.next(); ok {
+			return item, nil
+		}
+		return undefined{format: "No first item, sequence was empty."}, nil
+	}
 	items, err := iterate(v)
 	if err != nil {
 		return nil, err
@@ -277,6 +295,9 @@ func filterFirst(r *renderer, v any, args []any, kw *Dict) (any, error) {
 }
 
 func filterLast(r *renderer, v any, args []any, kw *Dict) (any, error) {
+	if g, ok := v.(*generator); ok {
+		return nil, fmt.Errorf("'%s' object is not reversible", g.name)
+	}
 	items, err := iterate(v)
 	if err != nil {
 		return nil, err
@@ -290,9 +311,9 @@ func filterLast(r *renderer, v any, args []any, kw *Dict) (any, error) {
 func filterItems(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	switch x := v.(type) {
 	case undefined:
-		return []any{}, nil
+		return newGenerator("generator", nil), nil
 	case *Dict:
-		return callDictMethod(x, "items", nil, nil)
+		return newGenerator("generator", dictItems(x)), nil
 	}
 	return nil, fmt.Errorf("can only get item pairs from a mapping, not %s", typeName(v))
 }
@@ -411,14 +432,15 @@ func filterIndent(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		}
 		ind = strings.Repeat(" ", int(max(min(n, 1<<16), 0)))
 	}
-	s := pyStr(v) + "\n"
-	lines := pySplitLines(s, false)
+	// Jinja2's do_indent: append "\n" (for splitlines), then indent every
+	// line after the first that is non-empty (all of them with blank=True).
+	lines := pySplitLines(pyStr(v)+"\n", false)
 	var b strings.Builder
 	for i, l := range lines {
 		line := l.(string)
 		if i > 0 {
 			b.WriteByte('\n')
-			if isTruthy(a[2]) || strings.TrimFunc(line, pyIsSpace) != "" {
+			if isTruthy(a[2]) || line != "" {
 				b.WriteString(ind)
 			}
 		}
@@ -453,7 +475,7 @@ func filterMap(r *renderer, v any, args []any, kw *Dict) (any, error) {
 			}
 			out = append(out, x)
 		}
-		return out, nil
+		return newGenerator("generator", out), nil
 	}
 	if len(args) == 0 {
 		return nil, errors.New("map requires a filter argument")
@@ -473,7 +495,7 @@ func filterMap(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		}
 		out = append(out, x)
 	}
-	return out, nil
+	return newGenerator("generator", out), nil
 }
 
 func filterSelect(keep, byAttr bool) filterFunc {
@@ -519,7 +541,7 @@ func filterSelect(keep, byAttr bool) filterFunc {
 				out = append(out, it)
 			}
 		}
-		return out, nil
+		return newGenerator("generator", out), nil
 	}
 }
 
@@ -534,15 +556,31 @@ func filterReplace(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	return callStrMethod(r, pyStr(v), "replace", []any{pyStr(a[0]), pyStr(a[1]), a[2]}, nil)
 }
 
+// filterReverse is Jinja's reverse: a reversed string, reversed(seq) for
+// sequences and dicts (an iterator), or a reversed list for other iterables.
 func filterReverse(r *renderer, v any, args []any, kw *Dict) (any, error) {
-	if s, ok := v.(string); ok {
-		return sliceValue(s, nil, nil, int64(-1))
+	name := ""
+	switch v.(type) {
+	case string:
+		return sliceValue(v, nil, nil, int64(-1))
+	case []any:
+		name = "list_reverseiterator"
+	case tuple:
+		name = "reversed"
+	case *Dict:
+		name = "dict_reversekeyiterator"
+	case *dictView:
+		name = "dict_reverseitemiterator"
 	}
 	items, err := iterate(v)
 	if err != nil {
 		return nil, err
 	}
-	return sliceItems(items, nil, nil, int64(-1))
+	rev, err := sliceItems(items, nil, nil, int64(-1))
+	if err != nil || name == "" {
+		return rev, err
+	}
+	return newGenerator(name, rev), nil
 }
 
 func filterRound(r *renderer, v any, args []any, kw *Dict) (any, error) {
@@ -632,6 +670,8 @@ func sortValues(items []any, keys []any, reverse bool) error {
 	return cmpErr
 }
 
+// filterSort is Jinja's sort: sorted() with a key that is the list of the
+// (comma-separated) attributes, so equal keys never need "<".
 func filterSort(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	a, err := bindArgs("sort", []string{"reverse", "case_sensitive", "attribute"}, []any{false, false, nil}, args, kw)
 	if err != nil {
@@ -642,11 +682,22 @@ func filterSort(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		return nil, err
 	}
 	items = append([]any{}, items...)
+	attrs := []any{a[2]}
+	if s, ok := a[2].(string); ok {
+		attrs = nil
+		for _, part := range strings.Split(s, ",") {
+			attrs = append(attrs, part)
+		}
+	}
 	keys := make([]any, len(items))
 	for i, it := range items {
-		if keys[i], err = sortKey(it, a[2], isTruthy(a[1])); err != nil {
-			return nil, err
+		key := make([]any, len(attrs))
+		for j, attr := range attrs {
+			if key[j], err = sortKey(it, attr, isTruthy(a[1])); err != nil {
+				return nil, err
+			}
 		}
+		keys[i] = key
 	}
 	return items, sortValues(items, keys, isTruthy(a[0]))
 }
@@ -660,8 +711,7 @@ func filterDictSort(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	if !ok {
 		return nil, errors.New("dictsort requires a mapping")
 	}
-	items, _ := callDictMethod(d, "items", nil, nil)
-	list := items.([]any)
+	list := dictItems(d)
 	pos := 0
 	if a[1] == "value" {
 		pos = 1
@@ -703,7 +753,7 @@ func filterUnique(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	if out == nil {
 		out = []any{}
 	}
-	return out, nil
+	return newGenerator("generator", out), nil
 }
 
 func filterMinMax(sign int) filterFunc {
@@ -867,7 +917,7 @@ func testIn(r *renderer, v any, args []any, kw *Dict) (bool, error) {
 
 func testIterable(r *renderer, v any, args []any, kw *Dict) (bool, error) {
 	switch v.(type) {
-	case string, []any, tuple, *Dict, undefined:
+	case string, []any, tuple, *Dict, undefined, *generator, *dictView:
 		return true, nil
 	}
 	return false, nil
@@ -882,11 +932,10 @@ func testSequence(r *renderer, v any, args []any, kw *Dict) (bool, error) {
 }
 
 func testCallable(r *renderer, v any, args []any, kw *Dict) (bool, error) {
-	switch x := v.(type) {
-	case *builtinFunc, boundMethod, *macroValue:
+	switch v.(type) {
+	// jinja2.Undefined and LoopContext define __call__ (which may raise).
+	case *builtinFunc, boundMethod, *macroValue, *loopObject, undefined:
 		return true, nil
-	case *loopObject:
-		return x.node.recursive, nil
 	}
 	return false, nil
 }

@@ -711,6 +711,24 @@ func contains(container, item any) (bool, error) {
 			return false, c.failure()
 		}
 		return false, nil
+	case *generator:
+		// Python consumes the iterator up to and including the match.
+		for {
+			e, ok := c.next()
+			if !ok {
+				return false, nil
+			}
+			if valuesEqual(e, item) {
+				return true, nil
+			}
+		}
+	case *dictView:
+		for _, e := range c.items {
+			if valuesEqual(e, item) {
+				return true, nil
+			}
+		}
+		return false, nil
 	}
 	return false, fmt.Errorf("argument of type '%s' is not iterable", typeName(container))
 }
@@ -847,7 +865,9 @@ func sliceValue(obj, start, stop, step any) (any, error) {
 	case undefined:
 		return nil, x.failure()
 	}
-	return undefined{format: "'%s' object is not subscriptable", a: typeName(obj)}, nil
+	// Jinja2 compiles slices to plain Python subscription (no sandbox
+	// getitem), so slicing anything else raises.
+	return nil, fmt.Errorf("'%s' object is not subscriptable", typeName(obj))
 }
 
 func (r *renderer) evalArgs(c *callExpr, sc *scope) ([]any, *Dict, error) {

@@ -123,7 +123,8 @@ func chatInputFromCase(t testing.TB, c *Dict) ChatInput {
 // TestExtraCorpus runs a locally generated corpus (other templates rendered
 // by Jinja2 the same way as chat_cases.json) when CHATTEMPLATE_EXTRA_CORPUS
 // names it: a JSON list of {name, template_src, content_format, case,
-// expected}. It lets third-party templates be checked without committing them.
+// expected} (chat cases) or {name, template_src, vars, expected} (raw
+// renders). It lets third-party templates be checked without committing them.
 func TestExtraCorpus(t *testing.T) {
 	path := os.Getenv("CHATTEMPLATE_EXTRA_CORPUS")
 	if path == "" {
@@ -150,9 +151,6 @@ func TestExtraCorpus(t *testing.T) {
 				}
 				compiled[src] = tmpl
 			}
-			if got, want := tmpl.ContentFormat(), e.val("content_format").(string); got != want {
-				t.Fatalf("content format %q, vLLM's detection says %q", got, want)
-			}
 			var exp expectation
 			ed := e.val("expected").(*Dict)
 			if r, ok := ed.val("render").(string); ok {
@@ -160,6 +158,18 @@ func TestExtraCorpus(t *testing.T) {
 			}
 			if er, ok := ed.val("error").(string); ok {
 				exp.Error = &er
+			}
+			if vars, raw := e.val("vars").(*Dict); raw {
+				m := map[string]any{}
+				for _, k := range vars.keys {
+					m[k] = vars.val(k)
+				}
+				got, err := tmpl.Render(m)
+				checkAgainst(t, got, err, exp)
+				return
+			}
+			if got, want := tmpl.ContentFormat(), e.val("content_format").(string); got != want {
+				t.Fatalf("content format %q, vLLM's detection says %q", got, want)
 			}
 			got, err := tmpl.RenderChat(chatInputFromCase(t, e.val("case").(*Dict)))
 			checkAgainst(t, got, err, exp)

@@ -142,6 +142,40 @@ func (d *Dict) clone() *Dict {
 	return n
 }
 
+// generator is a Python iterator returned by filters such as select, map,
+// items and reverse: always truthy, no len(), not subscriptable, and
+// consumed by iteration (a second loop over it sees nothing).
+type generator struct {
+	name  string // Python type shown in messages: "generator", "list_reverseiterator"
+	items []any
+	pos   int
+}
+
+func newGenerator(name string, items []any) *generator { return &generator{name: name, items: items} }
+
+// next consumes and returns the next item.
+func (g *generator) next() (any, bool) {
+	if g.pos >= len(g.items) {
+		return nil, false
+	}
+	g.pos++
+	return g.items[g.pos-1], true
+}
+
+// drain consumes the rest.
+func (g *generator) drain() []any {
+	rest := g.items[g.pos:]
+	g.pos = len(g.items)
+	return rest
+}
+
+// dictView is dict.items(), dict.keys() or dict.values(): sized and
+// repeatable but not subscriptable.
+type dictView struct {
+	kind  string // "dict_items", "dict_keys", "dict_values"
+	items []any
+}
+
 // namespace is the mutable object returned by namespace().
 type namespace struct{ attrs *Dict }
 
@@ -164,6 +198,8 @@ func isTruthy(v any) bool {
 		return len(x) > 0
 	case *Dict:
 		return x.Len() > 0
+	case *dictView:
+		return len(x.items) > 0
 	case undefined:
 		return false
 	default:
@@ -173,7 +209,7 @@ func isTruthy(v any) bool {
 
 // typeName is Python's type(x).__name__, used in error messages.
 func typeName(v any) string {
-	switch v.(type) {
+	switch x := v.(type) {
 	case nil:
 		return "NoneType"
 	case bool:
@@ -196,6 +232,10 @@ func typeName(v any) string {
 		return "Namespace"
 	case *loopObject:
 		return "LoopContext"
+	case *generator:
+		return x.name
+	case *dictView:
+		return x.kind
 	default:
 		return "function"
 	}
@@ -279,6 +319,20 @@ func writeReprDepth(b *strings.Builder, v any, depth int) {
 		b.WriteByte('>')
 	case undefined:
 		b.WriteString("Undefined")
+	case *generator:
+		// Python prints an address here; renders that print a generator
+		// cannot be reproduced byte for byte by any engine.
+		fmt.Fprintf(b, "<%s object at 0x7f0000000000>", x.name)
+	case *dictView:
+		b.WriteString(x.kind)
+		b.WriteString("([")
+		for i, e := range x.items {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			writeReprDepth(b, e, depth+1)
+		}
+		b.WriteString("])")
 	case nil, bool, int64, float64:
 		b.WriteString(pyStr(v))
 	default:
@@ -559,6 +613,10 @@ func iterate(v any) ([]any, error) {
 			return nil, x.failure()
 		}
 		return nil, nil
+	case *generator:
+		return x.drain(), nil
+	case *dictView:
+		return x.items, nil
 	case *namespace:
 		return nil, fmt.Errorf("'Namespace' object is not iterable")
 	}
@@ -576,6 +634,8 @@ func length(v any) (int, error) {
 		return len(x), nil
 	case *Dict:
 		return x.Len(), nil
+	case *dictView:
+		return len(x.items), nil
 	case undefined:
 		return 0, nil
 	}

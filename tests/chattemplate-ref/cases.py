@@ -240,6 +240,23 @@ def jinja_cases():
     s("lexer_unicode_ws", "a\u3000{%- if true -%}\u3000b\u3000{%- endif %}\u00a0\n\u3000{% if true %}c{% endif %}")
     s("lexer_comment_trim", "a\n  {#- c -#}\n  b\n{# keep #}\nc\n    {# lstrip #}\nd")
     s("lexer_adjacent_tags", "{% if true %}{% if true %}x{% endif %}{% endif %}\n{{ 1 }}{{ 2 }}\n{%- for i in [1,2] -%}\n{{ i }}\n{%- endfor -%}\n!")
+    # Iterator semantics: select/map/items/unique/reverse return iterators in Jinja2.
+    s("generator_truthy_and_consumed", "{% set g = msgs | selectattr('role', 'equalto', 'nobody') %}[{{ 'truthy' if g else 'falsy' }}]{% set h = msgs | map(attribute='role') %}{% for r in h %}{{ r }}{% endfor %}|{% for r in h %}{{ r }}{% endfor %}|{{ (msgs | map(attribute='role') | list | length) }}|{{ msgs | map(attribute='role') | first }}|{{ 'user' in (msgs | map(attribute='role')) }}",
+      msgs=[{"role": "system"}, {"role": "user"}])
+    s("generator_length_error", "{{ msgs | selectattr('role', 'equalto', 'user') | length }}", msgs=[{"role": "user"}])
+    s("generator_last_error", "{{ [1, 2] | select('odd') | last }}")
+    s("generator_subscript_undefined", "[{{ ([1, 2] | reverse)[0] }}][{{ ([3, 4] | map('string'))[0] is defined }}]")
+    s("generator_slice_error", "{{ (d | items)[1:] }}", d={"a": 1})
+    s("dict_views", "{{ d.items() | length }}|{{ d.keys() | list }}|{{ 'a' in d.keys() }}|{{ ('a', 1) in d.items() }}|{{ 2 in d.values() }}|[{{ d.items()[0] }}]|{{ d.items() }}|{{ d.values() }}|{{ d.keys() is sequence }}|{% if {}.items() %}y{% else %}n{% endif %}",
+      d={"a": 1, "b": 2})
+    s("sort_equal_incomparable", "{{ [none, none] | sort }}|{{ [{'n': 2}, {'n': 1}, {'n': 2}] | sort(attribute='n') }}|{{ [{'a': 1, 'b': 'y'}, {'a': 1, 'b': 'x'}] | sort(attribute='a,b') }}|{{ ['b', 'A', 'a'] | sort }}|{{ ['b', 'A', 'a'] | sort(case_sensitive=true) }}|{{ [3, 1, 2] | sort(reverse=true) }}")
+    s("sort_incomparable_error", "{{ [1, 'a'] | sort }}")
+    s("indent_whitespace_lines", "[{{ 'a\\n \\n\\nb' | indent(2) }}][{{ 'a\\n\\nb' | indent(2, blank=true) }}][{{ 'x' | indent(3, first=true) }}]")
+    s("callable_tests", "{{ missing is callable }}|{{ range is callable }}|{{ 'x'.upper is callable }}|{{ 1 is callable }}|{{ none is callable }}")
+    s("str_method_kwargs_error", "{{ 'abc'.replace('a', 'x', count=1) }}")
+    s("str_method_split_kwargs", "{{ 'a b c'.split(maxsplit=1) }}|{{ 'a,b'.split(sep=',') }}|{{ 'a\\nb'.splitlines(keepends=true) }}")
+    s("slice_none_error", "{{ n[1:] }}", n=None)
+    s("slice_dict_error", "{{ d[1:] }}", d={"a": 1})
     s("syntax_error_unclosed", "{% if true %}never closed")
     s("syntax_error_unknown_tag", "{% frobnicate %}")
     return S
