@@ -22,6 +22,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/demo"
 	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
@@ -66,6 +67,7 @@ type daemonFlags struct {
 	tokenizerDir   string
 	stateDir       string
 	datapath       string
+	bpfPinDir      string
 	shutdownGrace  time.Duration
 	decisionHeader bool
 	accessLog      string
@@ -101,7 +103,8 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.api, "api", api.DefaultAddr, "management API listen address (no auth or TLS yet: keep it on loopback)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
-	fl.StringVar(&f.datapath, "datapath", gateway.DatapathAuto, "response body path: auto|sockmap|userspace (sockmap needs the eBPF build; auto = userspace until then)")
+	fl.StringVar(&f.datapath, "datapath", "auto", "response body path: auto|sockmap|userspace (sockmap: eBPF splice, needs root/CAP_BPF; auto picks what the benchmark favours for token streams, see docs/datapath.md)")
+	fl.StringVar(&f.bpfPinDir, "bpf-pin-dir", splice.DefaultPinDir, "where the sockmap path pins its maps and programs (one subdirectory per instance, derived from --api)")
 	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight streams may finish after SIGTERM")
 	fl.BoolVar(&f.decisionHeader, "decision-header", false, "add x-kvgate-decision: tier=…; ep=…; score=…; reason=… to proxied responses")
 	fl.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to FILE ('-' or the bare flag: stdout)")
@@ -178,6 +181,7 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 	}
 	g, err := gateway.New(gateway.Options{
 		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
+		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log,
 	})
@@ -206,6 +210,14 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 	}
 	log.Info("kvgate stopped")
 	return err
+}
+
+// pinInstance names this daemon's BPF pin subdirectory after its API
+// address, so a restart of the same instance finds (and clears) its own
+// stale pins and two instances never share pins.
+func pinInstance(api string) string {
+	r := strings.NewReplacer("/", "_", ":", "_", "[", "", "]", "")
+	return "api_" + r.Replace(api)
 }
 
 func revision() string {

@@ -10,7 +10,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,15 +26,9 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvevents"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/selector"
+	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
-)
-
-// Datapath choices for Options.Datapath.
-const (
-	DatapathAuto      = "auto"
-	DatapathSockmap   = "sockmap"
-	DatapathUserspace = "userspace"
 )
 
 // Options configure a Gateway.
@@ -46,9 +39,12 @@ type Options struct {
 	TokenizerDir string
 	// StateDir persists rules; "" keeps them in memory only (tests, the demo).
 	StateDir string
-	// Datapath is auto, sockmap or userspace. Until the eBPF body leg lands,
-	// auto means userspace and sockmap is refused.
+	// Datapath is auto, sockmap or userspace (datapath.New decides; auto
+	// follows datapath.AutoPrefersKernel, the benchmark's verdict).
 	Datapath string
+	// BPFPinDir and BPFInstance place the sockmap path's pins
+	// (<dir>/<instance>); see package splice.
+	BPFPinDir, BPFInstance string
 	// DecisionHeader adds x-kvgate-decision to proxied responses.
 	DecisionHeader bool
 	// AccessLog, when non-nil, receives one structured line per request.
@@ -72,7 +68,7 @@ type Gateway struct {
 	API     *api.Server
 	pool    *tokenizer.Pool
 	subs    *kvevents.Manager
-	leg     datapath.BodyLeg
+	leg     *datapath.Selected
 	selOpts selector.Options
 	access  *slog.Logger
 	store   *state.Store
@@ -106,16 +102,23 @@ func New(opts Options) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g.selOpts = selOpts
-	switch opts.Datapath {
-	case "", DatapathAuto, DatapathUserspace:
-		g.leg = datapath.NewUserspace(0)
-	case DatapathSockmap:
-		return nil, errors.New("gateway: --datapath=sockmap: the eBPF body leg is not in this build yet; use auto or userspace")
-	default:
-		return nil, fmt.Errorf("gateway: --datapath=%q: want auto, sockmap or userspace", opts.Datapath)
+	mode, err := datapath.ParseMode(opts.Datapath)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g.leg, err = datapath.New(datapath.Config{Mode: mode, Logger: g.log, OpenKernel: splice.Opener(splice.Config{
+		PinDir: opts.BPFPinDir, Instance: opts.BPFInstance, Logger: g.log,
+	})})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: data path: %w", err)
 	}
 	g.Metrics = metrics.New(metrics.Options{Version: opts.Version, Revision: opts.Revision})
 	g.Metrics.SetDatapath(g.leg.Path())
+	for _, path := range []string{"userspace", "sockmap"} {
+		if _, ok := g.leg.Stats().Moved[path]; ok || path == g.leg.Path() {
+			g.Metrics.SetSplicedBytesSource(path, func() uint64 { return g.leg.Stats().Moved[path] })
+		}
+	}
 	if opts.AccessLog != nil {
 		g.access = slog.New(slog.NewJSONHandler(opts.AccessLog, nil))
 	}
@@ -188,6 +191,9 @@ func (g *Gateway) Shutdown() {
 	}
 	wg.Wait()
 	g.subs.Close()
+	if err := g.leg.Close(); err != nil {
+		g.log.Warn("closing the data path", "err", err)
+	}
 }
 
 // Loads returns the in-flight counts of a rule's endpoints (tests assert

@@ -41,7 +41,7 @@ func TestDatapathChoice(t *testing.T) {
 	for _, tc := range []struct {
 		path string
 		ok   bool
-	}{{"", true}, {"auto", true}, {"userspace", true}, {"sockmap", false}, {"bogus", false}} {
+	}{{"", true}, {"auto", true}, {"userspace", true}, {"bogus", false}} {
 		g, err := New(Options{Settings: config.DefaultSettings(), Datapath: tc.path, Logger: quietLogger()})
 		if (err == nil) != tc.ok {
 			t.Fatalf("--datapath=%q: err %v", tc.path, err)
