@@ -469,7 +469,9 @@ func (s *Server) refuse(c *clientConn, err error) {
 	}
 	s.log.Debug("refused request", "remote", c.nc.RemoteAddr().String(), "status", he.status, "detail", he.detail)
 	_ = writeError(c.nc, he.status, he.code, he.detail, false, s.lim.WriteTimeout)
-	s.obs.Done(&Record{Service: s.cfg.Service, Remote: c.nc.RemoteAddr().String(), Status: he.status, Outcome: "client_error"})
+	rec := &Record{Service: s.cfg.Service, Remote: c.nc.RemoteAddr().String(), Status: he.status, Outcome: "client_error"}
+	s.obs.Done(rec)
+	s.accessLog(rec)
 }
 
 // readRequest reads the head and, unless it is above the inspection limit,
