@@ -22,6 +22,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents"
 	"github.com/kvgate/kvgate/pkg/metrics"
@@ -75,6 +76,8 @@ type Gateway struct {
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
+	// pdTotal is LLB_PD_MAX_TOTAL_INFLIGHT, shared by every P/D rule (health.go).
+	pdTotal *health.TotalGate
 }
 
 type ruleRuntime struct {
@@ -84,6 +87,7 @@ type ruleRuntime struct {
 	router *router
 	server *fullproxy.Server
 	loads  *fullproxy.Loads
+	health *ruleHealth
 	served chan struct{}
 }
 
@@ -187,6 +191,7 @@ func (g *Gateway) Shutdown() {
 			if err := rt.server.Shutdown(ctx); err != nil {
 				g.log.Warn("shutdown grace exhausted; streams cut", "service", rt.rule.ServiceID, "grace", g.opts.ShutdownGrace)
 			}
+			rt.health.close()
 		}()
 	}
 	wg.Wait()
@@ -263,26 +268,37 @@ func (g *Gateway) create(rule *config.Rule) error {
 		return fmt.Errorf("service %d: inventory: %w", id, err)
 	}
 	loads := &fullproxy.Loads{}
+	rh, err := g.ruleHealth(rule)
+	if err != nil {
+		return err
+	}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: idx, Loads: loads, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: idx, Loads: rh.loads(loads), Engine: rh, States: rh, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, served: make(chan struct{})}
+	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
 	rt.router = &router{service: id, sel: sel, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id)}
 	rt.router.state.Store(st)
+	if _, err := rh.newFlow(rule, rt.router); err != nil {
+		return err
+	}
 
 	addr := net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port))
 	srv, err := fullproxy.Listen(fullproxy.Config{
 		Service: strconv.Itoa(id), Addr: addr, Router: rt.router, Leg: g.leg, Loads: loads,
-		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
+		Observer: rh.observer(&proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}), Limits: g.opts.Limits, PD: rh.pdHandler(),
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
 	}
 	rt.server = srv
+	if err := rh.start(rule, sel); err != nil {
+		_ = srv.Close()
+		return err
+	}
 	go func() {
 		defer close(rt.served)
 		if err := srv.Serve(); err != nil {
@@ -316,6 +332,9 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	}
 	if err := rt.sel.SetRule(selectorRule(updated)); err != nil {
 		return fmt.Errorf("service %d: %w", updated.ServiceID, err)
+	}
+	if err := rt.health.update(updated); err != nil {
+		return fmt.Errorf("service %d: health: %w", updated.ServiceID, err)
 	}
 	oldState := rt.router.state.Load()
 	rt.router.state.Store(st)
@@ -355,6 +374,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 		ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)
 		defer cancel()
 		_ = rt.server.Shutdown(ctx)
+		rt.health.close()
 	}()
 	g.Metrics.DeleteRule(rule.ServiceID)
 	g.log.Info("rule removed", "service", rule.ServiceID)

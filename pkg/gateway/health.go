@@ -281,11 +281,13 @@ type healthObserver struct{ m *metrics.Metrics }
 func (o healthObserver) BreakerFlip(id uint32, ep int, to health.BreakerState) {
 	o.m.SetCircuitBreaker(int(id), ep, int(to), true)
 }
-func (o healthObserver) ProbeTransition(id uint32, ep int, up bool) { o.m.SetProbe(int(id), ep, up, true) }
-func (o healthObserver) AdmissionShed(id uint32)                    { o.m.PDInc(o.m.PDAdmissionShed, int(id)) }
-func (o healthObserver) AdmissionQueued(id uint32)                  { o.m.PDInc(o.m.PDAdmissionQueued, int(id)) }
-func (o healthObserver) AdmissionParkTimeout(id uint32)             { o.m.PDInc(o.m.PDParkTimeouts, int(id)) }
-func (o healthObserver) ScrapeFailed(uint32, int)                   {}
+func (o healthObserver) ProbeTransition(id uint32, ep int, up bool) {
+	o.m.SetProbe(int(id), ep, up, true)
+}
+func (o healthObserver) AdmissionShed(id uint32)        { o.m.PDInc(o.m.PDAdmissionShed, int(id)) }
+func (o healthObserver) AdmissionQueued(id uint32)      { o.m.PDInc(o.m.PDAdmissionQueued, int(id)) }
+func (o healthObserver) AdmissionParkTimeout(id uint32) { o.m.PDInc(o.m.PDParkTimeouts, int(id)) }
+func (o healthObserver) ScrapeFailed(uint32, int)       {}
 
 // pdObserver feeds the P/D flow's measurements to pkg/metrics.
 type pdObserver struct {
@@ -318,10 +320,14 @@ func (o *pdObserver) Committed(out selector.Outcome, stages []fullproxy.Stage) {
 	}
 }
 
-func (o *pdObserver) Leg(leg, model string, d time.Duration) { o.m.ObservePDLeg(o.service, leg, model, d) }
-func (o *pdObserver) Timeout(kind string)                    { o.m.PDTimeout(o.service, kind) }
-func (o *pdObserver) Retry(leg string)                       { o.m.PDRetries.WithLabelValues(strconv.Itoa(o.service), leg).Inc() }
-func (o *pdObserver) Failover()                              { o.m.PDInc(o.m.PDConnectFailover, o.service) }
+func (o *pdObserver) Leg(leg, model string, d time.Duration) {
+	o.m.ObservePDLeg(o.service, leg, model, d)
+}
+func (o *pdObserver) Timeout(kind string) { o.m.PDTimeout(o.service, kind) }
+func (o *pdObserver) Retry(leg string) {
+	o.m.PDRetries.WithLabelValues(strconv.Itoa(o.service), leg).Inc()
+}
+func (o *pdObserver) Failover() { o.m.PDInc(o.m.PDConnectFailover, o.service) }
 func (o *pdObserver) EndpointDied(leg string) {
 	if leg == "prefill" {
 		o.m.PDInc(o.m.PDPrefillEPDied, o.service)
@@ -339,3 +345,20 @@ func (o *pdObserver) KVParams(model string, found bool) {
 	}
 }
 func (o *pdObserver) Request(model, phase, status string) { o.m.AIPDRequest(model, phase, status) }
+
+// ruleHealth builds a rule's health state; the process-wide total in-flight
+// gate is created with the first P/D rule.
+func (g *Gateway) ruleHealth(rule *config.Rule) (*ruleHealth, error) {
+	g.mu.Lock()
+	if g.pdTotal == nil {
+		t, err := health.NewTotalGate(g.opts.Settings.MaxTotalInflight)
+		if err != nil {
+			g.mu.Unlock()
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		g.pdTotal = t
+	}
+	total := g.pdTotal
+	g.mu.Unlock()
+	return newRuleHealth(rule, g.opts.Settings, total, g.Metrics, g.log)
+}
