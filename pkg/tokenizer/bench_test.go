@@ -171,3 +171,21 @@ func BenchmarkLongPrompt(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLoad parses a tokenizer.json (the pool's first-use cost).
+func BenchmarkLoad(b *testing.B) {
+	for _, name := range []string{"qwen3", "llama3"} {
+		data, err := os.ReadFile(filepath.Join("testdata", name, "tokenizer.json"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(data)))
+			for i := 0; i < b.N; i++ {
+				if _, err := Parse(data); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

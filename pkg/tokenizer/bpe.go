@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"container/heap"
 	"encoding/json"
 	"errors"
@@ -90,12 +91,12 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 }
 
 func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, error) {
-	var ty typed
-	if err := json.Unmarshal(raw, &ty); err != nil {
+	ty, err := modelType(raw)
+	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	if ty.Type != "" && ty.Type != "BPE" {
-		return nil, &UnsupportedError{Component: "model", Type: ty.Type}
+	if ty != "" && ty != "BPE" {
+		return nil, &UnsupportedError{Component: "model", Type: ty}
 	}
 	var j bpeJSON
 	if err := json.Unmarshal(raw, &j); err != nil {
@@ -175,20 +176,23 @@ func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, err
 	}
 	m.merges = make(map[uint64]mergeValue, len(merges))
 	prefixLen := len(m.prefix)
+	// Merges name tokens in the file's alphabet: look them up in the file's
+	// vocab (same ids), with no per-merge allocation.
+	buf := make([]byte, 0, 64)
 	for rank, mg := range merges {
-		a, b := internal(mg[0]), internal(mg[1])
-		ida, oka := m.vocab[a]
-		idb, okb := m.vocab[b]
+		ida, oka := j.Vocab[mg[0]]
+		idb, okb := j.Vocab[mg[1]]
 		if !oka || !okb {
 			return nil, fmt.Errorf("model: merge %d (%q %q) names a token missing from vocab", rank, mg[0], mg[1])
 		}
-		merged := a + b
-		if prefixLen > 0 && strings.HasPrefix(b, m.prefix) {
-			merged = a + b[prefixLen:]
+		right := mg[1]
+		if prefixLen > 0 && strings.HasPrefix(right, m.prefix) {
+			right = right[prefixLen:]
 		}
-		id, ok := m.vocab[merged]
+		buf = append(append(buf[:0], mg[0]...), right...)
+		id, ok := j.Vocab[string(buf)]
 		if !ok {
-			return nil, fmt.Errorf("model: merge %d result %q missing from vocab", rank, merged)
+			return nil, fmt.Errorf("model: merge %d result %q missing from vocab", rank, buf)
 		}
 		k := pairKey(ida, idb)
 		if _, dup := m.merges[k]; !dup { // the first (best) rank wins
@@ -196,6 +200,33 @@ func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, err
 		}
 	}
 	return m, nil
+}
+
+// modelType reads the model's "type" without decoding the (large) vocab when,
+// as in HF's files, "type" comes first.
+func modelType(raw json.RawMessage) (string, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return "", fmt.Errorf("not a JSON object")
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return "", err
+		}
+		if key == "type" {
+			var t string
+			if err := dec.Decode(&t); err != nil {
+				return "", fmt.Errorf("type: %w", err)
+			}
+			return t, nil
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", err
+		}
+	}
+	return "", nil
 }
 
 // encodeWord appends the ids of one pre-token.
