@@ -163,6 +163,12 @@ func (p *testPublisher) restart() {
 	p.mu.Lock()
 	p.seq, p.buf, p.cache = 0, nil, map[uint64]bool{}
 	p.mu.Unlock()
+	p.reopen()
+}
+
+// reopen binds the sockets again, keeping sequence, cache and buffer (the
+// connection dropped, the engine did not restart). Call after stop.
+func (p *testPublisher) reopen() {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if err := p.tryStart(); err == nil {

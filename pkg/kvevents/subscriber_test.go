@@ -422,6 +422,34 @@ func TestPublisherRestart(t *testing.T) {
 	}
 }
 
+// TestNearReconnect drops the connection without restarting the engine: the
+// first message after the rebuild is judged with L from before, the inventory
+// is kept, and the batches published meanwhile are repaired from the replay.
+func TestNearReconnect(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessConfig{replay: true})
+	p := h.pubs[0]
+	h.sync(0)
+	h.waitSeq(0, p.publish(false, stored(hashRange(1, 20)...)))
+	p.stop()
+	waitFor(t, "disconnect", func() bool { return !h.rank(0).Connected })
+	p.publish(true, removed(hashRange(1, 5)...)) // missed while down
+	p.publish(true, stored(hashRange(500, 5)...))
+	p.reopen()
+	waitFor(t, "reconnect", func() bool { return h.rec.get(func(r *recorder) int { return r.reconnects }) > 0 })
+	waitFor(t, "inventory repaired", func() bool {
+		p.publish(false, stored())
+		time.Sleep(20 * time.Millisecond)
+		return slices.Equal(h.inventory(), p.cached())
+	})
+	if n := h.rec.get(func(r *recorder) int { return len(r.clears) }); n != 0 {
+		t.Errorf("a near reconnect cleared the inventory: %v", h.rec.clears)
+	}
+	if h.rec.get(func(r *recorder) int { return r.seq[SeqSmallGap] }) == 0 {
+		t.Errorf("no small gap seen after the rebuild: %v", h.rec.seq)
+	}
+}
+
 func TestSubscriberBeforePublisher(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, harnessConfig{replay: true, startLater: true})
