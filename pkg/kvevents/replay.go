@@ -36,7 +36,7 @@ func fetchReplay(ctx context.Context, endpoint string, start uint64, maxBatches 
 	sock := zmq4.NewDealer(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout),
 		zmq4.WithTimeout(dialTimeout), zmq4.WithLogger(discardLogger()))
 	defer sock.Close()
-	if err := sock.Dial(endpoint); err != nil {
+	if err := dialBounded(ctx, sock, endpoint, 2*dialTimeout); err != nil {
 		return st, fmt.Errorf("dial replay %s: %w", endpoint, err)
 	}
 	if err := sock.SendMulti(zmq4.NewMsgFrom(ReplayRequest(start)...)); err != nil {

@@ -449,11 +449,31 @@ func (r *rankSub) dial(ctx context.Context) (zmq4.Socket, error) {
 		_ = sock.Close()
 		return nil, fmt.Errorf("subscribe: %w", err)
 	}
-	if err := sock.Dial(r.pub); err != nil {
+	if err := dialBounded(ctx, sock, r.pub, 2*r.opts.DialTimeout); err != nil {
 		_ = sock.Close()
 		return nil, err
 	}
 	return sock, nil
+}
+
+// dialBounded dials with a bound on the whole exchange: go-zeromq bounds the
+// TCP connect but not the ZMTP handshake after it, so a peer that accepts and
+// stays silent would otherwise block the rank (and its removal) forever. On
+// timeout the caller closes the socket; the abandoned dial ends when the peer
+// closes the connection.
+func dialBounded(ctx context.Context, sock zmq4.Socket, endpoint string, timeout time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- sock.Dial(endpoint) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return fmt.Errorf("dial %s: no ZMTP handshake within %v", endpoint, timeout)
+	}
 }
 
 type liveMsg struct {

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"sync"
@@ -594,5 +595,55 @@ func TestTargetValidate(t *testing.T) {
 		if bad.Validate(1000) == nil {
 			t.Errorf("%s: want an error", tc.name)
 		}
+	}
+}
+
+// TestSilentPeerDoesNotBlock points a target at a TCP listener that accepts
+// and never speaks ZMTP: the subscriber must keep retrying and Reconcile must
+// still be able to remove it promptly.
+func TestSilentPeerDoesNotBlock(t *testing.T) {
+	t.Parallel()
+	ip := loopbackIP()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	ix, _ := inventory.New(inventory.Options{})
+	opts := testOptions(newRecorder())
+	opts.DialTimeout = 100 * time.Millisecond
+	mgr := NewManager(opts)
+	defer mgr.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	if err := mgr.Reconcile([]Target{{Service: 1, EPIdx: 0, IP: ip, Port: port, Ranks: 1, Inventory: ix}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a silent dial", func() bool { mu.Lock(); defer mu.Unlock(); return len(conns) >= 2 })
+	done := make(chan struct{})
+	go func() { _ = mgr.Reconcile(nil); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Reconcile blocked behind a silent peer")
 	}
 }
