@@ -892,3 +892,62 @@ func TestExampleRuleAndEngines(t *testing.T) {
 		t.Errorf("the example rule has no prefill endpoint (ep_role 1): nothing would be subscribed")
 	}
 }
+
+// TestContainerImage checks the Dockerfile builds every command statically
+// with the module's Go version onto the documented base.
+func TestContainerImage(t *testing.T) {
+	b, err := os.ReadFile("container/Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dockerfile := string(b)
+	mod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goVersion := regexp.MustCompile(`(?m)^go ([0-9.]+)$`).FindSubmatch(mod)
+	if goVersion == nil {
+		t.Fatal("go.mod has no go directive")
+	}
+	if !strings.Contains(dockerfile, "ARG GO_VERSION="+string(goVersion[1])+"\n") {
+		t.Errorf("Dockerfile's GO_VERSION differs from go.mod's go %s", goVersion[1])
+	}
+	cmds, err := filepath.Glob("../cmd/*/main.go")
+	if err != nil || len(cmds) == 0 {
+		t.Fatalf("no commands under cmd/: %v", err)
+	}
+	for _, c := range cmds {
+		name := filepath.Base(filepath.Dir(c))
+		if !strings.Contains(dockerfile, "./cmd/"+name) || !strings.Contains(dockerfile, "/out/"+name) {
+			t.Errorf("the image does not build and copy cmd/%s", name)
+		}
+	}
+	for _, want := range []string{
+		"CGO_ENABLED=0", "-trimpath", "-X main.version=",
+		"FROM gcr.io/distroless/static-debian12:nonroot", "USER 65532:65532",
+		`ENTRYPOINT ["/usr/local/bin/kvgate"]`,
+		"org.opencontainers.image.source", "org.opencontainers.image.version", "org.opencontainers.image.revision",
+	} {
+		if !strings.Contains(dockerfile, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+	st, err := os.Stat("container/build.sh")
+	if err != nil || st.Mode()&0o111 == 0 {
+		t.Errorf("container/build.sh missing or not executable: %v", err)
+	}
+}
+
+// TestKustomization checks every resource kustomization.yaml names exists.
+func TestKustomization(t *testing.T) {
+	docs := yamlDocs(t, "kubernetes/kustomization.yaml")
+	res, _ := get(docs[0], "resources").([]any)
+	if len(res) == 0 {
+		t.Fatal("kustomization.yaml lists no resources")
+	}
+	for _, r := range res {
+		if _, err := os.Stat(filepath.Join("kubernetes", r.(string))); err != nil {
+			t.Errorf("kustomization resource %v: %v", r, err)
+		}
+	}
+}
