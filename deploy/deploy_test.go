@@ -740,6 +740,9 @@ func TestDaemonSetShape(t *testing.T) {
 			t.Errorf("%s: want a hostPath volume of the same path mounted there (mount %q -> %q)", p, vol, hostPaths[vol])
 		}
 	}
+	if pin := args["bpf-pin-dir"]; !strings.HasPrefix(pin, "/sys/fs/bpf/") {
+		t.Errorf("--bpf-pin-dir=%q: must lie on the /sys/fs/bpf (bpffs) mount", pin)
+	}
 	if args["tokenizer-dir"] != "/etc/loxilb/tokenizers" || args["state-dir"] != "/var/lib/kvgate" {
 		t.Errorf("tokenizer/state dirs %q %q: keep the spec's staging path and the documented state dir", args["tokenizer-dir"], args["state-dir"])
 	}
