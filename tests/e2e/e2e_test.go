@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -32,14 +33,18 @@ const preamble = "You are the support assistant of a large inference platform. A
 	"section you used, never invent metrics, and escalate anything about data loss to the on-call engineer. " +
 	"The platform routes requests across GPU workers; each worker keeps a prefix cache of KV blocks."
 
-// TestGoNoGoGate is the spec's §9 go/no-go gate on a mode-1 rule: the
-// subscriber count equals the prefill endpoints, the inventory fills after a
-// cold request, a warm request sharing the prefix raises
-// tier15_hits_total{ep_idx} of the expected endpoint by exactly one, and the
-// response header x-engine-id proves delivery there (§10.2 "dual proof").
+// TestGoNoGoGate is the spec's §9 go/no-go gate on a mode-1 (P/D) rule
+// with EP0 and EP2 prefill and EP1 decode: the subscriber count equals the
+// prefill endpoints, the inventory fills after a cold request, a warm
+// request sharing the prefix raises tier15_hits_total{ep_idx} of the
+// expected prefill endpoint by exactly one, and delivery is proven
+// (§10.2 "dual proof"): the decision names that endpoint, the answer comes
+// from the decode engine (x-engine-id), the prefill leg hit the cached
+// prefix there (usage.cached_tokens, copied from the prefill response), and
+// the other prefill engine never saw the prompt.
 func TestGoNoGoGate(t *testing.T) {
 	block := netBlock(t)
-	engines, zmq := startEngines(t, block, []engineSpec{{}, {}, {}})
+	engines, zmq := startEngines(t, block, []engineSpec{{role: enginesim.RolePrefill}, {role: enginesim.RoleDecode}, {role: enginesim.RolePrefill}})
 	tg := startGateway(t, block)
 	vip, port := block+"1", freePort(t, block+"1")
 	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
@@ -60,11 +65,8 @@ func TestGoNoGoGate(t *testing.T) {
 		t.Fatalf("cold request: %d %s", cold.status, cold.body)
 	}
 	coldEP, _ := strconv.Atoi(decisionField(cold.decision, "ep"))
-	if coldEP != 0 && coldEP != 2 {
-		t.Fatalf("cold request went to ep %d (%q), want a prefill endpoint", coldEP, cold.decision)
-	}
-	if cold.engine != fmt.Sprintf("engine-%d", coldEP) {
-		t.Fatalf("cold request delivered to %q, decided ep %d", cold.engine, coldEP)
+	if (coldEP != 0 && coldEP != 2) || decisionField(cold.decision, "decode") != "1" || cold.engine != "engine-1" {
+		t.Fatalf("cold request: decision %q answered by %q; want prefill 0 or 2, decode 1", cold.decision, cold.engine)
 	}
 	waitFor(t, "loxilb_pd_kv_blocks > 0", 5*time.Second, func() bool {
 		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": strconv.Itoa(coldEP)}) > 0
@@ -82,11 +84,15 @@ func TestGoNoGoGate(t *testing.T) {
 	if d := hits() - before; d != 1 {
 		t.Fatalf("tier15_hits_total{ep_idx=%d} rose by %v, want exactly 1 (decision %q)", coldEP, d, warm.decision)
 	}
-	if warm.engine != cold.engine {
-		t.Fatalf("dual proof: warm request delivered to %q, want %q (decision %q)", warm.engine, cold.engine, warm.decision)
+	if decisionField(warm.decision, "tier") != "1.5" || decisionField(warm.decision, "ep") != strconv.Itoa(coldEP) || warm.engine != "engine-1" {
+		t.Fatalf("dual proof: warm decision %q answered by %q; want tier 1.5 on ep %d, decode engine-1", warm.decision, warm.engine, coldEP)
 	}
 	if warm.cached() == 0 {
-		t.Fatalf("the engine reports no cached tokens for the warm request")
+		t.Fatalf("dual proof: the prefill leg reports no cached tokens for the warm request: %s", warm.body)
+	}
+	other := engines[2-coldEP]
+	if st, err := other.Stats(context.Background()); err != nil || st.CachedBlocks != 0 {
+		t.Fatalf("the other prefill engine holds %d blocks (err %v); it should never have seen the prompt", st.CachedBlocks, err)
 	}
 	assertLoadsZero(t, tg, id)
 }
