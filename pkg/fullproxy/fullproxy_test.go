@@ -566,3 +566,42 @@ func BenchmarkParseHead(b *testing.B) {
 		}
 	}
 }
+
+// TestPipelinedAndHTTP10: two pipelined requests on one connection are both
+// answered in order; an HTTP/1.0 request without keep-alive gets its answer
+// and the connection closes.
+func TestPipelinedAndHTTP10(t *testing.T) {
+	be := startBackend(t, "ep0", nil)
+	s := startProxy(t, Config{Router: &staticRouter{addrs: []string{be.addr}}})
+	c, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none"+
+		"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nthree")
+	br := bufio.NewReader(c)
+	for _, want := range []string{`"len":3`, `"len":5`} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if !strings.Contains(string(b), want) {
+			t.Fatalf("pipelined answer %s, want %s", b, want)
+		}
+	}
+
+	c2, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c2, "GET /old HTTP/1.0\r\n\r\n")
+	all, err := io.ReadAll(c2) // returns only once kvgate closes
+	if err != nil || !strings.HasPrefix(string(all), "HTTP/1.1 200") || !strings.Contains(string(all), "Connection: close") {
+		t.Fatalf("HTTP/1.0 exchange: %v %q", err, all)
+	}
+}
