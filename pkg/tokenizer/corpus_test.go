@@ -58,6 +58,8 @@ func TestCorpusExact(t *testing.T) {
 		{"corpus.jsonl", "llama3", "corpus.llama3.ids"},
 		{"extra.jsonl", "qwen3", "extra.qwen3.ids"},
 		{"extra.jsonl", "llama3", "extra.llama3.ids"},
+		{"corpus.jsonl", "llama2", "corpus.llama2.ids"},
+		{"extra.jsonl", "llama2", "extra.llama2.ids"},
 	}
 	for _, c := range cases {
 		t.Run(c.ids, func(t *testing.T) {
@@ -100,6 +102,42 @@ func truncate(s string, n int) string {
 func truncateIDs(ids []uint32) []uint32 {
 	if len(ids) > 40 {
 		return ids[:40]
+	}
+	return ids
+}
+
+// TestLlama2SpecialTokens: the SentencePiece-style tokenizer adds its BOS on
+// completions (TemplateProcessing and add_bos_token agree), as HF does.
+func TestLlama2SpecialTokens(t *testing.T) {
+	m, err := LoadModel(filepath.Join("testdata", "llama2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := readJSONLines[string](t, filepath.Join("testdata", "corpus.jsonl"))
+	want := readJSONLines[[]uint32](t, filepath.Join("testdata", "corpus.llama2.special.ids"))
+	for i, text := range texts {
+		for _, got := range [][]uint32{mustEncode(t, m.Tokenizer, text, true), mustEncodePrompt(t, m, text)} {
+			if !slices.Equal(got, want[i]) {
+				t.Fatalf("line %d %q:\n got %v\nwant %v", i+1, text, truncateIDs(got), truncateIDs(want[i]))
+			}
+		}
+	}
+}
+
+func mustEncode(t *testing.T, tk *Tokenizer, text string, special bool) []uint32 {
+	t.Helper()
+	ids, err := tk.Encode(text, special)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func mustEncodePrompt(t *testing.T, m *Model, text string) []uint32 {
+	t.Helper()
+	ids, err := m.EncodePrompt(text, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ids
 }
