@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/kvgate/kvgate/pkg/inventory"
 )
@@ -16,6 +17,55 @@ type Ingester struct {
 
 	dec   Decoder
 	batch Batch
+
+	// primaryGroup is the KV-cache group whose blocks make up the scored
+	// inventory: the full-attention group as announced by BlockStored's
+	// kv_cache_spec_kind, group 0 until one is seen.
+	primaryGroup int64
+	groupKnown   bool
+	groupNames   map[groupBucket]string
+}
+
+// bucket names where an event's blocks go. Hybrid models (sliding-window or
+// Mamba layers beside full attention) announce the same block hashes once per
+// KV-cache group, and each group evicts on its own: a sliding-window group's
+// BlockRemoved must not erase a block the full-attention group still holds.
+// So only the primary group's GPU blocks are scored; other groups' blocks are
+// counted apart under "<medium>#g<idx>", like other media.
+func (in *Ingester) bucket(e *Event) string {
+	if e.Type == BlockStored && e.HasGroupIdx && !in.groupKnown {
+		switch e.KVCacheSpecKind {
+		case "full_attention", "mla_attention":
+			in.primaryGroup, in.groupKnown = e.GroupIdx, true
+		}
+	}
+	if !e.HasGroupIdx || e.GroupIdx == in.primaryGroup {
+		return e.Medium
+	}
+	k := groupBucket{medium: mediumOrGPU(e.Medium), group: e.GroupIdx}
+	if name, ok := in.groupNames[k]; ok {
+		return name
+	}
+	name := k.medium + "#g" + strconv.FormatInt(k.group, 10)
+	if in.groupNames == nil {
+		in.groupNames = map[groupBucket]string{}
+	}
+	if len(in.groupNames) < 64 { // bounded: names are built per event beyond that
+		in.groupNames[k] = name
+	}
+	return name
+}
+
+type groupBucket struct {
+	medium string
+	group  int64
+}
+
+func mediumOrGPU(m string) string {
+	if inventory.IsGPU(m) {
+		return inventory.MediumGPU
+	}
+	return m
 }
 
 // IngestResult counts what one payload did to the inventory.
@@ -26,8 +76,8 @@ type IngestResult struct {
 }
 
 // Apply decodes payload and applies its events in order: BlockStored adds
-// the hashes for this rank (on the event's medium), BlockRemoved removes
-// them, AllBlocksCleared clears this rank. The batch's own
+// the hashes for this rank (on the event's medium and KV-cache group, see
+// bucket), BlockRemoved removes them, AllBlocksCleared clears this rank. The batch's own
 // data_parallel_rank is not trusted: the rank is the publisher's port.
 func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
 	var res IngestResult
@@ -40,10 +90,10 @@ func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
 		var err error
 		switch e.Type {
 		case BlockStored:
-			err = in.Inventory.Add(in.EPIdx, in.Rank, e.Medium, e.BlockHashes)
+			err = in.Inventory.Add(in.EPIdx, in.Rank, in.bucket(e), e.BlockHashes)
 			res.Stored += len(e.BlockHashes)
 		case BlockRemoved:
-			err = in.Inventory.Remove(in.EPIdx, in.Rank, e.Medium, e.BlockHashes)
+			err = in.Inventory.Remove(in.EPIdx, in.Rank, in.bucket(e), e.BlockHashes)
 			res.Removed += len(e.BlockHashes)
 		case AllBlocksCleared:
 			err = in.Inventory.ClearRank(in.EPIdx, in.Rank)
