@@ -999,11 +999,12 @@ func globalRange(r *renderer, args []any, kw *Dict) (any, error) {
 	if step == 0 {
 		return nil, errors.New("range() arg 3 must not be zero")
 	}
-	var n int64
+	// Unsigned arithmetic: stop-start may not fit in an int64.
+	var n uint64
 	if step > 0 && stop > start {
-		n = (stop - start + step - 1) / step
+		n = (uint64(stop-start) + uint64(step) - 1) / uint64(step)
 	} else if step < 0 && stop < start {
-		n = (start - stop - step - 1) / -step
+		n = (uint64(start-stop) + uint64(-step) - 1) / uint64(-step)
 	}
 	if n > maxRange {
 		return nil, fmt.Errorf("range too big. The sandbox blocks ranges larger than MAX_RANGE (%d)", maxRange)

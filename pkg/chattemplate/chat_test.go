@@ -189,9 +189,14 @@ func TestRenderLimits(t *testing.T) {
 	}{
 		{"output size", `{% for i in range(100000) %}xxxxxxxxxxxxxxxx{% endfor %}`, []Option{WithMaxOutputBytes(1 << 16)}},
 		{"string repeat", `{{ 'x' * 1000000000 }}`, nil},
+		{"string repeat overflowing", `{{ 'ab' * 9223372036854775807 }}`, nil},
+		{"list repeat overflowing", `{{ [1, 2] * 4611686018427387904 }}`, nil},
+		{"int repeat string", `{{ 4611686018427387904 * 'ab' }}`, nil},
 		{"steps", `{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}`, []Option{WithMaxSteps(100000)}},
 		{"macro recursion", `{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}`, nil},
 		{"range too big", `{{ range(1000000) | length }}`, nil},
+		{"range span overflowing int64", `{{ range(-9000000000000000000, 9000000000000000000) | length }}`, nil},
+		{"range negative step overflowing", `{{ range(9000000000000000000, -9000000000000000000, -1) | length }}`, nil},
 		{"power loop", `{{ 3 ** 1000000000000 }}`, nil},
 	}
 	for _, tc := range tests {

@@ -1012,12 +1012,12 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 			n := max(cn.i, 0)
 			switch x := seq.(type) {
 			case string:
-				if err := r.checkSize(int(min(int64(len(x))*n, math.MaxInt32))); err != nil {
+				if err := r.checkRepeat(len(x), n); err != nil {
 					return nil, err
 				}
 				return strings.Repeat(x, int(n)), nil
 			case []any:
-				if err := r.checkSize(int(min(int64(len(x))*n, math.MaxInt32))); err != nil {
+				if err := r.checkRepeat(len(x), n); err != nil {
 					return nil, err
 				}
 				out := make([]any, 0, len(x)*int(n))
@@ -1033,6 +1033,17 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 		}
 	}
 	return nil, fmt.Errorf("unsupported operand type(s) for %s: '%s' and '%s'", op, typeName(l), typeName(rv))
+}
+
+// checkRepeat bounds seq * n without overflowing the multiplication.
+func (r *renderer) checkRepeat(itemLen int, n int64) error {
+	if itemLen == 0 || n == 0 {
+		return nil
+	}
+	if n > int64(r.cfg.maxOutput/itemLen) {
+		return fmt.Errorf("%w: value larger than %d bytes", ErrLimit, r.cfg.maxOutput)
+	}
+	return nil
 }
 
 func numericOp(op string, a, b number) (any, error) {
