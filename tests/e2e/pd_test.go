@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -297,6 +298,66 @@ func TestPDAdmissionCap(t *testing.T) {
 		if r := <-done; r.status != 200 {
 			t.Fatalf("admitted request: %d %s", r.status, r.body)
 		}
+	}
+	assertLoadsZero(t, tg, id)
+}
+
+// TestPDAdminDown: an endpoint set admin down through the management API
+// (what `kvctl set endpoint --admin=down` sends) keeps its inventory but is
+// never selected; set up again, it wins its overlap back.
+func TestPDAdminDown(t *testing.T) {
+	block := netBlock(t)
+	engines, zmq := startPDEngines(t, block, pdTopology())
+	tg := startPDGateway(t, block, "2", nil)
+	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, 2)
+
+	promptA3 := append(append([]int{}, pdPreamble...), tokenIDs(5000, 16)...) // three full blocks
+	cold := post(t, url, map[string]any{"model": model, "prompt": promptA3, "max_tokens": 2})
+	holder := decisionField(cold.decision, "ep")
+	waitFor(t, "blocks", 5*time.Second, func() bool {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": holder}) >= 3
+	})
+	hi, _ := strconv.Atoi(holder)
+	host, port := engineHostPort(t, engines[hi])
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip, vport := u.Hostname(), u.Port()
+	setAdmin := func(state string) {
+		body := fmt.Sprintf(`{"endpointIP":%q,"targetPort":%d,"admin":%q}`, host, port, state)
+		req, _ := http.NewRequest("PUT", fmt.Sprintf("%s/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%s/protocol/tcp/endpoint", tg.api, vip, vport), strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("set admin %s: %d %s", state, resp.StatusCode, b)
+		}
+	}
+	setAdmin("down")
+	failover := tg.metric(t, "loxilb_pd_connect_failover_total", map[string]string{"service": svc})
+	warm := post(t, url, map[string]any{"model": model, "prompt": pdPromptB, "max_tokens": 2})
+	if warm.status != 200 || decisionField(warm.decision, "ep") == holder {
+		t.Fatalf("admin-down endpoint selected: %d %q", warm.status, warm.decision)
+	}
+	if tg.metric(t, "loxilb_pd_connect_failover_total", map[string]string{"service": svc}) != failover {
+		t.Fatal("the admin-down endpoint was tried")
+	}
+	if n := tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": holder}); n < 2 {
+		t.Fatalf("admin-down endpoint lost its inventory (%v blocks)", n)
+	}
+	setAdmin("up")
+	// The holder has all three blocks of its prompt, the other endpoint two:
+	// the holder wins its overlap back.
+	again := post(t, url, map[string]any{"model": model, "prompt": promptA3, "max_tokens": 2})
+	if again.status != 200 || decisionField(again.decision, "ep") != holder || decisionField(again.decision, "tier") != "1.5" {
+		t.Fatalf("after admin up: %d %q, want tier 1.5 on ep %s", again.status, again.decision, holder)
 	}
 	assertLoadsZero(t, tg, id)
 }
