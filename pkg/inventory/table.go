@@ -48,7 +48,7 @@ const (
 	shrinkDen = 4
 
 	// Chunk sizes bound how long the write lock is held at a time.
-	applyChunk = 128  // hashes per write-lock hold when adding or removing
+	applyChunk = 64   // hashes per write-lock hold when adding or removing
 	scanBudget = 8192 // slots per write-lock hold when sweeping
 
 	// A generation lasts genSpanDiv-th of the cap in adds (at least minGenSpan),
