@@ -133,7 +133,7 @@ func New(opts Options) (*Gateway, error) {
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = kvevents.NewManager(so)
 
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Gatherer: g.Metrics.Registry, Log: g.log}
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -142,4 +143,32 @@ func TestRuleLifecycle(t *testing.T) {
 func limitsForTest() (l fullproxy.Limits) {
 	l.ConnectTimeout = 500 * time.Millisecond
 	return l
+}
+
+// TestProbeStateShowsInAPI: an endpoint the active probe marks down reads
+// "state":"inactive" in GET /netlox/v1/config/loadbalancer/all.
+func TestProbeStateShowsInAPI(t *testing.T) {
+	g, err := New(Options{Settings: config.DefaultSettings(), TokenizerDir: t.TempDir(), Logger: quietLogger(), ShutdownGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Shutdown()
+	vip, port := freeAddr(t)
+	_, dead := freeAddr(t)
+	body := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","mode":4,"sel":0,"probetype":"tcp","probeRetries":1,"probeInterval":1},"endpoints":[{"endpointIP":"127.0.0.1","targetPort":%d,"weight":1}]}`, vip, port, dead)
+	if _, err := g.API.Apply(mustRule(t, body), nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	for {
+		rec := httptest.NewRecorder()
+		g.API.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/netlox/v1/config/loadbalancer/all", nil))
+		if strings.Contains(rec.Body.String(), `"state":"inactive"`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("probe-down endpoint still shown as %s", rec.Body.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
