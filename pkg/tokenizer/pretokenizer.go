@@ -77,6 +77,14 @@ func (m regexMatcher) matches(s string, fn func(start, end int)) {
 		off += utf8.RuneLen(runes[i])
 		byteOff[i+1] = off
 	}
+	recent := recentRunes()
+	for i, r := range runes {
+		if r >= 0x0800 {
+			if stand, ok := recent[r]; ok {
+				runes[i] = stand
+			}
+		}
+	}
 	match, err := m.re.FindRunesMatch(runes)
 	for err == nil && match != nil {
 		if match.Length > 0 {

@@ -11,25 +11,13 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
-// comparableWithGo reports whether regexp2 (which uses Go's Unicode tables)
-// can serve as the oracle for s: every rune must have the same class in Go's
-// tables as in the reference tables, and no rune may case-fold to an ASCII
-// letter (regexp2 folds with Unicode rules, the reference with ASCII only).
+// comparableWithGo reports whether regexp2 can serve as the oracle for s:
+// no rune may case-fold to an ASCII letter (regexp2 folds with Unicode rules,
+// the reference with ASCII only). Characters Go's tables do not know are
+// fine: regexMatcher stands in known characters of the same category.
 func comparableWithGo(s string) bool {
 	for _, r := range s {
 		if r == utf8.RuneError {
-			return false
-		}
-		goClass := classOther
-		switch {
-		case unicode.IsLetter(r):
-			goClass = classLetter
-		case unicode.IsNumber(r):
-			goClass = classNumber
-		case unicode.Is(unicode.White_Space, r):
-			goClass = classSpace
-		}
-		if goClass != classOf(r) {
 			return false
 		}
 		if r >= utf8.RuneSelf {
@@ -190,5 +178,21 @@ func TestRecentCompositions(t *testing.T) {
 	}
 	if changed < 20 {
 		t.Errorf("only %d inputs exercise a composition", changed)
+	}
+}
+
+// TestRegexFallbackRecentUnicode: Split regexes that run on regexp2 see the
+// reference's categories too (stand-ins for characters Go does not know).
+func TestRegexFallbackRecentUnicode(t *testing.T) {
+	re, err := compileHFRegex(`\p{Lo}+|\p{Nd}+|\s+|[^\s\p{L}\p{N}]+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// CJK Ext J letters (17.0), Garay digits (16.0), a Unicode 16 emoji (So).
+	s := "\U000323B0\U000323B1 \U00010D40\U00010D41\U0001FA89!"
+	got := regexSpans(re, s)
+	want := [][2]int{{0, 8}, {8, 9}, {9, 17}, {17, 22}}
+	if !slices.Equal(got, want) {
+		t.Errorf("spans %v, want %v", got, want)
 	}
 }
