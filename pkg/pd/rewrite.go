@@ -87,10 +87,27 @@ func (m body) prefillBody() ([]byte, error) {
 
 // decodeBody is the decode leg's body (§A.4): the original body plus the
 // prefill's kv_transfer_params verbatim. Without params it is the original
-// body byte for byte.
+// body byte for byte; otherwise the params are spliced in before the closing
+// brace, so every other byte (the prompt above all: the decode engine
+// re-tokenizes it) stays the client's. A client body that already carries
+// kv_transfer_params is re-encoded with the prefill's in its place.
 func decodeBody(original []byte, m body, params json.RawMessage) ([]byte, error) {
 	if params == nil {
 		return original, nil
+	}
+	if _, has := m["kv_transfer_params"]; !has {
+		end := bytes.LastIndexByte(original, '}')
+		if end < 0 {
+			return nil, errNotOrchestrated
+		}
+		out := make([]byte, 0, len(original)+len(params)+24)
+		out = append(out, original[:end]...)
+		if len(m) > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, `"kv_transfer_params":`...)
+		out = append(out, params...)
+		return append(out, original[end:]...), nil
 	}
 	d := make(body, len(m)+1)
 	for k, v := range m {

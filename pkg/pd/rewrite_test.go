@@ -149,3 +149,21 @@ func BenchmarkRewrite(b *testing.B) {
 		withCachedTokens(resp, 512)
 	}
 }
+
+func TestDecodeBodySplice(t *testing.T) {
+	params := json.RawMessage(`{"remote_engine_id":"e"}`)
+	for _, tc := range []struct{ in, want string }{
+		{`{"prompt":"x", "stream":true}`, `{"prompt":"x", "stream":true,"kv_transfer_params":{"remote_engine_id":"e"}}`},
+		{" {}\n", ` {"kv_transfer_params":{"remote_engine_id":"e"}}` + "\n"},
+		{`{"prompt":"}","kv_transfer_params":null}`, `{"kv_transfer_params":{"remote_engine_id":"e"},"prompt":"}"}`},
+	} {
+		m, err := parseBody([]byte(tc.in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeBody([]byte(tc.in), m, params)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("decodeBody(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
+		}
+	}
+}
