@@ -10,14 +10,20 @@ import (
 	"go/token"
 	"io"
 	"io/fs"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -953,4 +959,227 @@ func TestKustomization(t *testing.T) {
 			t.Errorf("kustomization resource %v: %v", r, err)
 		}
 	}
+}
+
+// TestDaemonSetStartsKvgate runs the real kvgate binary with the DaemonSet's
+// flags and environment (paths and addresses moved to the test's own
+// loopback address and temporary directories, --datapath=userspace so the
+// test does not load BPF), then does what the kubelet and the sidecars do:
+// the readiness probe, the metrics proxy's GET /metrics, the rules-sync POST
+// of the ConfigMap's rule (its addresses moved onto 127.77.0.0/16), and
+// SIGTERM within terminationGracePeriodSeconds.
+func TestDaemonSetStartsKvgate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs cmd/kvgate")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kvgate")
+	build := exec.Command(goBin, "build", "-o", bin, "../cmd/kvgate")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/kvgate: %v\n%s", err, out)
+	}
+
+	podSpec, kvgate := kvgatePod(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiAddr := ln.Addr().String()
+	ln.Close()
+	var args []string
+	var grace time.Duration
+	for _, a := range get(kvgate, "args").([]any) {
+		name, value, _ := strings.Cut(strings.TrimPrefix(a.(string), "--"), "=")
+		switch name {
+		case "api":
+			value = apiAddr
+		case "tokenizer-dir", "state-dir", "bpf-pin-dir":
+			value = filepath.Join(dir, name)
+			if err := os.MkdirAll(value, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		case "datapath":
+			value = "userspace"
+		case "shutdown-grace":
+			if grace, err = time.ParseDuration(value); err != nil {
+				t.Fatal(err)
+			}
+		}
+		args = append(args, "--"+name+"="+value)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir}
+	for k, v := range containerEnv(kvgate) {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("kvgate output:\n%s", logs.String())
+		}
+	}()
+
+	client := &http.Client{Timeout: 5 * time.Second}
+	base := "http://" + apiAddr
+	probe := get(kvgate, "readinessProbe", "httpGet", "path").(string)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get(base + probe)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("kvgate exited before ready: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness probe %s not 200 within 30 s (last error %v)", probe, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// The ConfigMap's rules, their addresses moved to loopback, as the files
+	// the sidecar and the Job read.
+	rulesDir := filepath.Join(dir, "rules")
+	if err := os.MkdirAll(rulesDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cm := object(t, "kubernetes/rules-configmap.yaml", "ConfigMap", "kvgate-rules")
+	bodies := map[string]string{}
+	for key, v := range cm["data"].(map[string]any) {
+		var r config.Rule
+		if err := json.Unmarshal([]byte(v.(string)), &r); err != nil {
+			t.Fatal(err)
+		}
+		body := strings.ReplaceAll(v.(string), `"`+r.Args.ExternalIP+`"`, `"127.77.0.254"`)
+		for i, e := range r.Endpoints {
+			body = strings.ReplaceAll(body, `"`+e.IP+`"`, fmt.Sprintf(`"127.77.0.%d"`, i+1))
+		}
+		if strings.Contains(body, r.Args.ExternalIP) {
+			t.Fatalf("could not move rule %s to loopback", key)
+		}
+		bodies[key] = body
+		if err := os.WriteFile(filepath.Join(rulesDir, key), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	localize := func(script string) string {
+		tmp := filepath.Join(dir, "tmp")
+		_ = os.MkdirAll(tmp, 0o700)
+		return strings.NewReplacer("http://127.0.0.1:11111", base, "/rules/", rulesDir+"/", "/tmp/", tmp+"/").Replace(script)
+	}
+	script := func(c map[string]any) string {
+		cmd := get(c, "command").([]any)
+		if len(cmd) != 3 || cmd[0] != "sh" || cmd[1] != "-c" {
+			t.Fatalf("container %v: want command [sh, -c, script]", c["name"])
+		}
+		return cmd[2].(string)
+	}
+	_, curlErr := exec.LookPath("curl")
+	_, shaErr := exec.LookPath("sha256sum")
+	if curlErr == nil && shaErr == nil {
+		// The rules-sync sidecar's loop, until it reports every rule applied.
+		sidecar := exec.Command("sh", "-c", localize(script(container(t, podSpec, "rules-sync"))))
+		var out syncBuffer
+		sidecar.Stdout, sidecar.Stderr = &out, &out
+		if err := sidecar.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for strings.Count(out.String(), "applied ") < len(bodies) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Logf("rules-sync: %s", out.String())
+		_ = sidecar.Process.Kill()
+		_ = sidecar.Wait()
+		if n := strings.Count(out.String(), "applied "); n < len(bodies) || strings.Contains(out.String(), "not applied") {
+			t.Errorf("rules-sync applied %d of %d rules:\n%s", n, len(bodies), out.String())
+		}
+		// The one-shot Job re-posts (updates) its rule and lists the rules.
+		job := object(t, "kubernetes/examples/rule-job.yaml", "Job", "kvgate-rule-qwen3")
+		jobScript := localize(script(get(job, "spec", "template", "spec", "containers", 0).(map[string]any)))
+		if jobOut, err := exec.Command("sh", "-c", jobScript).CombinedOutput(); err != nil || !bytes.Contains(jobOut, []byte(`"result":"Success"`)) {
+			t.Errorf("rule Job: %v\n%s", err, jobOut)
+		}
+	} else {
+		t.Logf("curl or sha256sum missing: posting the rules from Go instead of running the sidecar and Job scripts")
+		for key, body := range bodies {
+			resp, err := client.Post(base+"/netlox/v1/config/loadbalancer", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !bytes.Contains(answer, []byte(`"service_id"`)) {
+				t.Errorf("POST %s: %d %s", key, resp.StatusCode, answer)
+			}
+		}
+	}
+
+	// The metrics proxy's upstream, and the series the dashboard starts from.
+	resp, err := client.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exposition, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d", resp.StatusCode)
+	}
+	for _, want := range []string{"kvgate_build_info{", "kvgate_datapath_info{path=\"userspace\"} 1", "loxilb_pd_kv_tier15_fallthrough_total{service=\"1\"} 0", "kvgate_rules 1"} {
+		if !bytes.Contains(exposition, []byte(want)) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	// SIGTERM: kvgate must exit (0) within the pod's termination grace period.
+	tgps, _ := get(podSpec, "terminationGracePeriodSeconds").(int)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("kvgate exit after SIGTERM: %v", err)
+		}
+	case <-time.After(time.Duration(tgps)*time.Second + grace):
+		t.Errorf("kvgate still running %d s after SIGTERM", tgps)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a child process' writer goroutines
+// and the test reading it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
