@@ -22,6 +22,10 @@ type ChatRequest struct {
 	// ChatTemplate overrides the model's template (request or server
 	// --chat-template), "" for the model's own.
 	ChatTemplate string
+	// ReasoningEffort is the request's reasoning_effort ("" when unset). As
+	// in current vLLM it is passed to the template, and sets enable_thinking
+	// (effort != "none") unless chat_template_kwargs sets it.
+	ReasoningEffort string
 	// AddSpecialTokens is the request's add_special_tokens (vLLM's chat
 	// default is false: the template writes any BOS itself).
 	AddSpecialTokens bool
@@ -63,13 +67,26 @@ func (m *Model) RenderChat(req ChatRequest) (string, error) {
 		return "", err
 	}
 	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+	kwargs := req.ChatTemplateKwargs
+	if req.ReasoningEffort != "" {
+		kwargs = make(map[string]any, len(req.ChatTemplateKwargs)+2)
+		for k, v := range req.ChatTemplateKwargs {
+			kwargs[k] = v
+		}
+		if _, set := kwargs["reasoning_effort"]; !set {
+			kwargs["reasoning_effort"] = req.ReasoningEffort
+		}
+		if _, set := kwargs["enable_thinking"]; !set {
+			kwargs["enable_thinking"] = req.ReasoningEffort != "none"
+		}
+	}
 	return tmpl.RenderChat(chattemplate.ChatInput{
 		Messages:             req.Messages,
 		Tools:                req.Tools,
 		Documents:            req.Documents,
 		AddGenerationPrompt:  addGen,
 		ContinueFinalMessage: req.ContinueFinalMessage,
-		Kwargs:               req.ChatTemplateKwargs,
+		Kwargs:               kwargs,
 		SpecialTokens:        m.Config.SpecialTokensMap(),
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/chattemplate"
@@ -157,6 +158,16 @@ func TestEncodeChatDefaultsAndErrors(t *testing.T) {
 	_, rendered, err = qwen.EncodeChat(ChatRequest{Messages: msgs, ChatTemplate: "{{ messages[0].content }}!"})
 	if err != nil || rendered != "hi!" {
 		t.Errorf("override: %q %v", rendered, err)
+	}
+	// reasoning_effort "none" turns thinking off (Qwen3 writes an empty think
+	// block), unless chat_template_kwargs says otherwise.
+	_, off, err := qwen.EncodeChat(ChatRequest{Messages: msgs, ReasoningEffort: "none"})
+	if err != nil || !strings.HasSuffix(off, "<think>\n\n</think>\n\n") {
+		t.Errorf("reasoning_effort none: %q %v", off, err)
+	}
+	_, on, err := qwen.EncodeChat(ChatRequest{Messages: msgs, ReasoningEffort: "none", ChatTemplateKwargs: map[string]any{"enable_thinking": true}})
+	if err != nil || strings.Contains(on, "<think>") {
+		t.Errorf("kwargs override: %q %v", on, err)
 	}
 	noTmpl, err := NewModel(testTokenizer(t, "qwen3"), Config{})
 	if err != nil {
