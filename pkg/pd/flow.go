@@ -323,6 +323,10 @@ func (r *run) record(ep int) {
 		rec.Decision.Addr = r.topo.eps[ep].addr()
 		rec.Decision.EndpointID = rec.Decision.Addr
 	}
+	rec.Decision.Decode = -1
+	if r.decode >= 0 && r.decode != ep {
+		rec.Decision.Decode, rec.Decision.DecodeAddr = r.decode, r.topo.eps[r.decode].addr()
+	}
 	rec.Routed = ep >= 0
 }
 
@@ -633,11 +637,10 @@ func (r *run) tryDecode(ctx context.Context, dec int) (keep, retry bool) {
 	x := r.x
 	cfg := &r.f.cfg
 	r.holdDecode(dec)
-	r.record(dec)
 	if r.prefill >= 0 {
-		x.Record.Decision.Endpoint = r.prefill
-		x.Record.Decision.Addr = r.topo.eps[r.prefill].addr()
-		x.Record.Decision.EndpointID = x.Record.Decision.Addr
+		r.record(r.prefill) // the prefill endpoint, paired with dec
+	} else {
+		r.record(dec) // decode-only: the request is served by dec alone
 	}
 	db, err := decodeBody(x.Req.Body, r.body, r.params)
 	if err != nil {
