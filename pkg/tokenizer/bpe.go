@@ -11,6 +11,10 @@ import (
 	"unicode/utf8"
 )
 
+// byteEncoder and byteDecoder are GPT-2's byte-level alphabet, computed once
+// and never modified.
+var byteEncoder, byteDecoder = bytesToUnicode()
+
 // bytesToUnicode is GPT-2's reversible byte → printable-rune table.
 func bytesToUnicode() (enc [256]rune, dec map[rune]byte) {
 	dec = make(map[rune]byte, 256)
@@ -127,7 +131,7 @@ func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, err
 	if j.EndOfWordSuffix != nil {
 		m.suffix = *j.EndOfWordSuffix
 	}
-	_, dec := bytesToUnicode()
+	dec := byteDecoder
 	internal := func(tok string) string {
 		if !byteLevel {
 			return tok

@@ -428,7 +428,7 @@ func parsePreTokenizer(raw json.RawMessage, info *preInfo) (preTokenizer, error)
 		if d.Individual {
 			b = behaviorIsolated
 		}
-		return &funcSplitPre{isDelim: isASCIIOrUnicodeDigit, behavior: b}, nil
+		return &funcSplitPre{isDelim: isNumeric, behavior: b}, nil
 	case "WhitespaceSplit":
 		return &funcSplitPre{isDelim: unicode.IsSpace, behavior: behaviorRemoved}, nil
 	case "Whitespace":
@@ -441,8 +441,8 @@ func parsePreTokenizer(raw json.RawMessage, info *preInfo) (preTokenizer, error)
 	return nil, &UnsupportedError{Component: "pre_tokenizer", Type: t.Type}
 }
 
-// isASCIIOrUnicodeDigit is Rust's char::is_numeric as Digits uses it.
-func isASCIIOrUnicodeDigit(r rune) bool { return classOf(r) == classNumber }
+// isNumeric is Rust's char::is_numeric (\p{N}), which Digits uses.
+func isNumeric(r rune) bool { return classOf(r) == classNumber }
 
 // compileHFRegex compiles an Oniguruma-style pattern on regexp2 (.NET
 // syntax, which shares lookaround, \p{..} and inline (?i:) groups).

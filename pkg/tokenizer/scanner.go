@@ -104,7 +104,7 @@ func runOf(s string, i int, c charClass) int {
 	return i
 }
 
-// runOfNot returns the end of the run of characters of class classOther
+// runOfOther returns the end of the run of characters of class classOther
 // (not \s, \p{L}, \p{N}) starting at i.
 func runOfOther(s string, i int) int { return runOf(s, i, classOther) }
 

@@ -227,7 +227,7 @@ func (t *Tokenizer) buildVocab(added []AddedToken) error {
 	}
 	t.vocabSize = int(maxID) + 1
 	t.idToToken = make([]string, t.vocabSize)
-	enc, _ := bytesToUnicode()
+	enc := byteEncoder
 	for tok, id := range t.model.vocab {
 		if t.info.byteLevel {
 			// Store the original (byte-alphabet) spelling for IDToToken.
@@ -414,7 +414,7 @@ func (t *Tokenizer) TokenToID(token string) (uint32, bool) {
 		return id, true
 	}
 	if t.info.byteLevel {
-		_, dec := bytesToUnicode()
+		dec := byteDecoder
 		b := make([]byte, 0, len(token))
 		for _, r := range token {
 			c, ok := dec[r]
@@ -465,7 +465,7 @@ func (t *Tokenizer) Decode(ids []uint32) string {
 		}
 		tok := t.idToToken[id]
 		if t.info.byteLevel {
-			_, dec := bytesToUnicode()
+			dec := byteDecoder
 			for _, r := range tok {
 				if c, ok := dec[r]; ok {
 					runText = append(runText, c)

@@ -99,9 +99,8 @@ func TestAddedTokenOptions(t *testing.T) {
 		{ID: 304, Content: "<|lo", Special: true},
 	}
 	tk := mustParse(t, byteLevelJSON(t, false, added, nil))
-	ab, c, sp, x := uint32(256), uint32('c'), uint32(0x120), uint32('x') // Ġ is byte 0x20's rune; its id is 32
-	_ = sp
-	space := uint32(32)
+	// Byte ids equal the byte values in this vocabulary; "ab" is 256.
+	ab, c, x, space := uint32(256), uint32('c'), uint32('x'), uint32(' ')
 	cases := []struct {
 		text string
 		want []uint32
