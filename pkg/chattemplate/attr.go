@@ -684,10 +684,8 @@ func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, erro
 			}
 			return strings.Repeat("0", pad) + s, nil
 		}
-		left := pad / 2
-		if pad%2 == 1 && n%2 == 1 {
-			left++
-		}
+		// CPython: left = marg/2 + (marg & width & 1).
+		left := pad/2 + (pad & int(w) & 1)
 		return strings.Repeat(fill, left) + s + strings.Repeat(fill, pad-left), nil
 	case "format":
 		return pyFormat(s, args, kw)

@@ -323,6 +323,9 @@ func filterInt(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if u, ok := v.(undefined); ok {
+		return nil, u.failure() // int(Undefined) raises UndefinedError
+	}
 	switch x := v.(type) {
 	case int64:
 		return x, nil
@@ -352,6 +355,9 @@ func filterFloat(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	a, err := bindArgs("float", []string{"default"}, []any{0.0}, args, kw)
 	if err != nil {
 		return nil, err
+	}
+	if u, ok := v.(undefined); ok {
+		return nil, u.failure() // float(Undefined) raises UndefinedError
 	}
 	switch x := v.(type) {
 	case int64:
@@ -432,9 +438,17 @@ func filterIndent(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		}
 		ind = strings.Repeat(" ", int(max(min(n, 1<<16), 0)))
 	}
+	str, ok := v.(string)
+	if !ok {
+		if u, isU := v.(undefined); isU {
+			return nil, u.failure()
+		}
+		// do_indent does s += "\n": only strings work.
+		return nil, fmt.Errorf("indent needs a string, not %s", typeName(v))
+	}
 	// Jinja2's do_indent: append "\n" (for splitlines), then indent every
 	// line after the first that is non-empty (all of them with blank=True).
-	lines := pySplitLines(pyStr(v)+"\n", false)
+	lines := pySplitLines(str+"\n", false)
 	var b strings.Builder
 	for i, l := range lines {
 		line := l.(string)
@@ -457,6 +471,10 @@ func filterIndent(r *renderer, v any, args []any, kw *Dict) (any, error) {
 }
 
 func filterMap(r *renderer, v any, args []any, kw *Dict) (any, error) {
+	if !isTruthy(v) {
+		// do_map starts with "if value:", so falsy inputs yield nothing.
+		return newGenerator("generator", nil), nil
+	}
 	items, err := iterate(v)
 	if err != nil {
 		return nil, err
@@ -500,6 +518,10 @@ func filterMap(r *renderer, v any, args []any, kw *Dict) (any, error) {
 
 func filterSelect(keep, byAttr bool) filterFunc {
 	return func(r *renderer, v any, args []any, kw *Dict) (any, error) {
+		if !isTruthy(v) {
+			// select_or_reject starts with "if value:".
+			return newGenerator("generator", nil), nil
+		}
 		items, err := iterate(v)
 		if err != nil {
 			return nil, err
@@ -880,20 +902,15 @@ func testCompare(op string) testFunc {
 	}
 }
 
+// testParity is Jinja's odd/even test: value % 2 == 1 (or == 0), so it
+// follows Python's % for every type (a str formats, a float works).
 func testParity(want int64) testFunc {
 	return func(r *renderer, v any, args []any, kw *Dict) (bool, error) {
-		n, ok := numeric(v)
-		if !ok || n.isFloat {
-			if ok {
-				return math.Mod(n.f, 2) == float64(want), nil
-			}
-			return false, fmt.Errorf("cannot test parity of %s", typeName(v))
+		res, err := r.binaryOp("%", v, int64(2))
+		if err != nil {
+			return false, err
 		}
-		m := n.i % 2
-		if m < 0 {
-			m += 2
-		}
-		return m == want, nil
+		return valuesEqual(res, want), nil
 	}
 }
 
@@ -925,7 +942,8 @@ func testIterable(r *renderer, v any, args []any, kw *Dict) (bool, error) {
 
 func testSequence(r *renderer, v any, args []any, kw *Dict) (bool, error) {
 	switch v.(type) {
-	case string, []any, tuple, *Dict:
+	// Undefined has __len__ and __getitem__ (which raises when called).
+	case string, []any, tuple, *Dict, undefined:
 		return true, nil
 	}
 	return false, nil
@@ -940,16 +958,23 @@ func testCallable(r *renderer, v any, args []any, kw *Dict) (bool, error) {
 	return false, nil
 }
 
+// testCase is Jinja's lower/upper test: str(value).islower() / isupper().
 func testCase(upper bool) testFunc {
+	name := "islower"
+	if upper {
+		name = "isupper"
+	}
 	return func(r *renderer, v any, args []any, kw *Dict) (bool, error) {
-		s := pyStr(v)
-		if upper {
-			return pyUpper(s) == s, nil
+		res, err := callStrMethod(r, pyStr(v), name, nil, nil)
+		if err != nil {
+			return false, err
 		}
-		return pyLower(s) == s, nil
+		return res.(bool), nil
 	}
 }
 
+// testSameAs approximates Python's "is": containers by identity, scalars
+// by type and value (True is not 1, 1.0 is not True).
 func testSameAs(r *renderer, v any, args []any, kw *Dict) (bool, error) {
 	if len(args) != 1 {
 		return false, errors.New("sameas takes exactly one argument")
@@ -961,14 +986,25 @@ func testSameAs(r *renderer, v any, args []any, kw *Dict) (bool, error) {
 	case bool:
 		b, ok := o.(bool)
 		return ok && b == x, nil
+	case int64:
+		i, ok := o.(int64)
+		return ok && i == x, nil
+	case float64:
+		f, ok := o.(float64)
+		return ok && f == x, nil
+	case string:
+		s, ok := o.(string)
+		return ok && s == x, nil
 	case *Dict:
 		d, ok := o.(*Dict)
 		return ok && d == x, nil
 	case []any:
 		l, ok := o.([]any)
 		return ok && len(l) == len(x) && (len(x) == 0 || &l[0] == &x[0]), nil
+	case undefined:
+		return false, nil
 	}
-	return valuesEqual(v, o), nil
+	return identical(v, o), nil
 }
 
 // ---- globals ----
@@ -1066,11 +1102,18 @@ func globalRaise(r *renderer, args []any, kw *Dict) (any, error) {
 func percentFormat(format string, arg any) (any, error) {
 	var list []any
 	var mapping *Dict
+	// Python skips the "not all arguments converted" check when the
+	// argument supports subscription (dict, list) and is not a tuple/str.
+	mappingLike := false
 	switch x := arg.(type) {
 	case tuple:
 		list = x
 	case *Dict:
 		mapping = x
+		mappingLike = true
+		list = []any{x}
+	case []any:
+		mappingLike = true
 		list = []any{x}
 	default:
 		list = []any{x}
@@ -1158,7 +1201,7 @@ func percentFormat(format string, arg any) (any, error) {
 			return nil, fmt.Errorf("unsupported format character '%c'", verb)
 		}
 	}
-	if mapping == nil && next < len(list) {
+	if !mappingLike && next < len(list) {
 		return nil, errors.New("not all arguments converted during string formatting")
 	}
 	return b.String(), nil

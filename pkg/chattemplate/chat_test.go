@@ -289,3 +289,18 @@ func TestDeepValuesStayBounded(t *testing.T) {
 		t.Logf("render error (acceptable): %v", err)
 	}
 }
+
+// TestUncomparableValuesDoNotPanic compares and tests values whose Go
+// representation is not comparable with ==.
+func TestUncomparableValuesDoNotPanic(t *testing.T) {
+	src := `{{ l.count == l.count }}|{{ l.count is sameas l.count }}|{{ (1, [2]) == (1, [2]) }}|{{ l.index in [l.count] }}|{{ d.items == d.items }}|{{ (l | select) == (l | select) }}`
+	tmpl, err := Compile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tmpl.Render(map[string]any{"l": []any{1, 2}, "d": map[string]any{"a": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(got)
+}

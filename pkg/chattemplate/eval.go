@@ -69,6 +69,7 @@ const (
 
 type renderer struct {
 	cfg     *config
+	folding bool // evaluating a constant {{ }} the way Jinja2's as_const does
 	written int // bytes written to all buffers, bounded by cfg.maxOutput
 	steps   int // loop iterations, calls and filter applications
 	depth   int // macro / recursive-loop call depth
@@ -114,6 +115,12 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 	case *textNode:
 		return flowNormal, r.write(out, n.text)
 	case *outputNode:
+		if n.constant {
+			// Jinja2 folds a fully constant {{ }} at compile time through
+			// as_const, where slicing a non-sequence yields Undefined.
+			r.folding = true
+			defer func() { r.folding = false }()
+		}
 		v, err := r.eval(n.expr, sc)
 		if err != nil {
 			return flowNormal, err
@@ -445,7 +452,16 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 			return nil, err
 		}
 		if s, ok := e.key.(*sliceExpr); ok {
-			return r.evalSlice(obj, s, sc)
+			v, err := r.evalSlice(obj, s, sc)
+			if err != nil && r.folding {
+				// Jinja2 folds constant subscripts at compile time through
+				// the sandbox's getitem, which turns the TypeError into an
+				// undefined value.
+				if _, isUndef := obj.(undefined); !isUndef {
+					return undefined{format: "'%s' object is not subscriptable", a: typeName(obj)}, nil
+				}
+			}
+			return v, err
 		}
 		key, err := r.eval(e.key, sc)
 		if err != nil {
@@ -641,6 +657,61 @@ func (r *renderer) evalPlusChain(e *binExpr, sc *scope) (any, error) {
 	return acc, nil
 }
 
+// isConstant reports whether Jinja2's optimizer would fold e to a constant
+// (literals and operators over literals; calls and filters are not folded
+// here).
+func isConstant(e expr) bool {
+	switch x := e.(type) {
+	case nil:
+		return true
+	case *constExpr:
+		return true
+	case *listExpr:
+		return allConstant(x.items)
+	case *tupleExpr:
+		return allConstant(x.items)
+	case *dictExpr:
+		return allConstant(x.keys) && allConstant(x.values)
+	case *unaryExpr:
+		return isConstant(x.x)
+	case *binExpr:
+		return isConstant(x.l) && isConstant(x.r)
+	case *concatExpr:
+		return allConstant(x.items)
+	case *compareExpr:
+		return isConstant(x.first) && allConstant(x.rest)
+	case *condExpr:
+		return isConstant(x.cond) && isConstant(x.then) && isConstant(x.orElse)
+	case *getitemExpr:
+		return isConstant(x.obj) && isConstant(x.key)
+	case *testExpr:
+		return isConstant(x.node) && constantCall(&x.call)
+	case *filterExpr:
+		// Filters that need the template context are never folded.
+		switch x.name {
+		case "select", "reject", "selectattr", "rejectattr", "map":
+			return false
+		}
+		return x.node != nil && isConstant(x.node) && constantCall(&x.call)
+	case *sliceExpr:
+		return isConstant(x.start) && isConstant(x.stop) && isConstant(x.step)
+	}
+	return false
+}
+
+func constantCall(c *callExpr) bool {
+	return c.dynArgs == nil && c.dynKw == nil && allConstant(c.args) && allConstant(c.kwValues)
+}
+
+func allConstant(items []expr) bool {
+	for _, it := range items {
+		if !isConstant(it) {
+			return false
+		}
+	}
+	return true
+}
+
 func compareOp(op string, l, r any) (bool, error) {
 	switch op {
 	case "==":
@@ -702,6 +773,10 @@ func contains(container, item any) (bool, error) {
 	case *Dict:
 		s, ok := item.(string)
 		if !ok {
+			switch item.(type) {
+			case []any, *Dict, *namespace:
+				return false, fmt.Errorf("unhashable type: '%s'", typeName(item))
+			}
 			return false, nil
 		}
 		_, found := c.Get(s)
@@ -1025,6 +1100,15 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 					out = append(out, x...)
 				}
 				return out, nil
+			case tuple:
+				if err := r.checkRepeat(len(x), n); err != nil {
+					return nil, err
+				}
+				out := make(tuple, 0, len(x)*int(n))
+				for i := int64(0); i < n; i++ {
+					out = append(out, x...)
+				}
+				return out, nil
 			}
 		}
 	case "%":
@@ -1150,7 +1234,11 @@ func numericOp(op string, a, b number) (any, error) {
 		}
 		return m, nil
 	case "**":
-		return math.Pow(x, y), nil
+		p := math.Pow(x, y)
+		if math.IsInf(p, 0) && !math.IsInf(x, 0) && !math.IsInf(y, 0) && x != 0 {
+			return nil, errors.New("OverflowError: numerical result out of range")
+		}
+		return p, nil
 	}
 	return nil, fmt.Errorf("unknown operator %s", op)
 }

@@ -13,7 +13,10 @@ type node interface{}
 
 type (
 	textNode   struct{ text string }
-	outputNode struct{ expr expr }
+	outputNode struct {
+		expr     expr
+		constant bool // foldable by Jinja2's optimizer
+	}
 	ifNode     struct {
 		conds  []expr
 		bodies [][]node
@@ -230,7 +233,7 @@ func (p *parser) subparse(ends []string) ([]node, error) {
 			if _, err := p.expectKind(tokVarEnd); err != nil {
 				return nil, err
 			}
-			body = append(body, &outputNode{expr: e})
+			body = append(body, &outputNode{expr: e, constant: isConstant(e)})
 		case tokBlockBegin:
 			p.next()
 			name := p.cur()

@@ -3,6 +3,7 @@ package chattemplate
 import (
 	"fmt"
 	"math"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -469,8 +470,31 @@ func valuesEqualDepth(a, b any, depth int) bool {
 		_, ok := b.(undefined)
 		return ok
 	default:
+		return identical(a, b)
+	}
+}
+
+// identical is Python's "is" for the remaining kinds of values (functions,
+// methods, namespaces, iterators). It never panics on uncomparable values.
+func identical(a, b any) bool {
+	if ma, ok := a.(boundMethod); ok {
+		mb, ok := b.(boundMethod)
+		return ok && ma.name == mb.name && identical(ma.recv, mb.recv)
+	}
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	if !va.IsValid() || !vb.IsValid() {
+		return !va.IsValid() && !vb.IsValid()
+	}
+	if va.Type() != vb.Type() {
+		return false
+	}
+	if va.Kind() == reflect.Slice {
+		return va.Len() == vb.Len() && va.Pointer() == vb.Pointer()
+	}
+	if va.Comparable() && vb.Comparable() {
 		return a == b
 	}
+	return false
 }
 
 func seqEqual(a, b []any, depth int) bool {

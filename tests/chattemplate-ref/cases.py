@@ -327,3 +327,59 @@ def random_chat_cases(seed=20261129, per_template=30):
 def json_dumps(v):
     import json
     return json.dumps(v, ensure_ascii=False)
+
+
+RANDOM_EXPR_VARS = {"x": 3, "s": "Hello", "l": [3, 1, 2], "d": {"b": 1, "a": 2}, "n": None, "f": 2.5, "t": "a<think>b</think>c"}
+
+
+def _rand_expr(rng, depth=0):
+    atoms = [
+        lambda: str(rng.choice([0, 1, 2, 3, -1, 7, 10, 255, 1000000])),
+        lambda: rng.choice(["0.5", "1.0", "2.5", "1e3", "3.14159", "0.1", "1e-7", "123456789.0"]),
+        lambda: rng.choice(["'abc'", "'Hello World'", "'  pad  '", "''", "'a,b,,c'", "'ÄÖü ß'", "'x\\ny'", "'<think>t</think>c'", "'%s'"]),
+        lambda: rng.choice(["true", "false", "none"]),
+        lambda: rng.choice(["[1, 2, 3]", "[]", "['b', 'a', 'C']", "[1, 'a']", "[none, 1]", "[[1], [0]]"]),
+        lambda: rng.choice(["{'a': 1, 'b': 2}", "{}", "{'k': [1, 2]}"]),
+        lambda: rng.choice(["x", "s", "l", "d", "missing", "n", "f", "t"]),
+        lambda: "(1, 2)",
+    ]
+    if depth > 3 or rng.random() < 0.3:
+        return rng.choice(atoms)()
+    r = rng.random()
+    a = _rand_expr(rng, depth + 1)
+    if r < 0.30:
+        op = rng.choice(["+", "-", "*", "/", "//", "%", "**", "~", "and", "or", "==", "!=", "<", ">", "<=", ">=", "in", "not in"])
+        return f"({a} {op} {_rand_expr(rng, depth + 1)})"
+    if r < 0.40:
+        return f"(not {a})" if rng.random() < 0.5 else f"(-{a})"
+    if r < 0.65:
+        f = rng.choice(["length", "upper", "lower", "trim", "default('D')", "default('D', true)", "join(',')", "first", "last",
+                        "string", "int", "float", "abs", "round", "round(1)", "list", "reverse | list", "sort", "unique | list",
+                        "tojson", "tojson(indent=1)", "capitalize", "title", "replace('a', 'Z')", "items | list", "count", "sum",
+                        "min", "max", "map('string') | list", "select('odd') | list", "reject('none') | list", "indent(2)", "wordcount"])
+        return f"({a} | {f})"
+    if r < 0.78:
+        m = rng.choice(["strip()", "lstrip()", "rstrip('x')", "upper()", "split()", "split(',')", "startswith('a')", "endswith('c')",
+                        "replace('a', 'b')", "title()", "find('b')", "count('a')", "splitlines()", "isdigit()", "zfill(5)",
+                        "get('a')", "get('z', 0)", "keys() | list", "values() | list", "index(1)", "center(7, '*')"])
+        return f"{a}.{m}"
+    if r < 0.88:
+        # Subscripts apply to variables only: Jinja2 constant-folds
+        # subscripts of literals (a documented divergence).
+        sl = rng.choice(["[0]", "[-1]", "[1:]", "[:-1]", "[::-1]", "[::2]", "['a']", "[5]", "[1:2]"])
+        return f"{rng.choice(['x', 's', 'l', 'd', 'n', 'f', 'missing', 't'])}{sl}"
+    if r < 0.95:
+        t = rng.choice(["defined", "none", "string", "number", "integer", "float", "mapping", "sequence", "iterable", "odd", "even",
+                        "true", "false", "boolean", "lower", "upper", "callable", "eq 1", "in [1, 2]", "divisibleby 2", "sameas true"])
+        neg = "not " if rng.random() < 0.3 else ""
+        return f"({a} is {neg}{t})"
+    return f"({a} if {_rand_expr(rng, depth + 1)} else {_rand_expr(rng, depth + 1)})"
+
+
+def random_expression_cases(seed=20261130, count=800):
+    """Random Jinja expressions (fixed seed) over literals, operators, filters,
+    tests, methods and subscripts, for differential testing against Jinja2."""
+    import random
+    rng = random.Random(seed)
+    return [{"name": f"jinja/random_expr/{i:04d}", "template": "{{ " + _rand_expr(rng) + " }}", "vars": RANDOM_EXPR_VARS}
+            for i in range(count)]

@@ -248,7 +248,7 @@ def render_chat(env, template_src, case):
 
 def main():
     sys.path.insert(0, HERE)
-    from cases import chat_cases, jinja_cases, random_chat_cases  # noqa: E402
+    from cases import chat_cases, jinja_cases, random_chat_cases, random_expression_cases  # noqa: E402
 
     env = make_env()
     templates = {}
@@ -276,9 +276,10 @@ def main():
         chats.append(case)
 
     snippets = []
-    for case in jinja_cases():
+    for case in jinja_cases() + random_expression_cases():
         try:
-            expected[case["name"]] = {"render": env.from_string(case["template"]).render(**case.get("vars", {}))}
+            # deepcopy: filters such as indent may mutate list arguments in place.
+            expected[case["name"]] = {"render": env.from_string(case["template"]).render(**copy.deepcopy(case.get("vars", {})))}
         except Exception as e:  # noqa: BLE001
             expected[case["name"]] = {"error": f"{type(e).__name__}: {e}"}
         snippets.append(case)
