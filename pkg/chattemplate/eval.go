@@ -70,9 +70,9 @@ const (
 type renderer struct {
 	cfg     *config
 	folding bool // evaluating a constant {{ }} the way Jinja2's as_const does
-	written int // bytes written to all buffers, bounded by cfg.maxOutput
-	steps   int // loop iterations, calls and filter applications
-	depth   int // macro / recursive-loop call depth
+	written int  // bytes written to all buffers, bounded by cfg.maxOutput
+	steps   int  // loop iterations, calls and filter applications
+	depth   int  // macro / recursive-loop call depth
 }
 
 func (r *renderer) step() error {

@@ -17,7 +17,7 @@ type (
 		expr     expr
 		constant bool // foldable by Jinja2's optimizer
 	}
-	ifNode     struct {
+	ifNode struct {
 		conds  []expr
 		bodies [][]node
 		orElse []node
