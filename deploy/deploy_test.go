@@ -1150,6 +1150,8 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 		}
 	}
 
+	checkMetricsProxy(t, dir, base)
+
 	// SIGTERM: kvgate must exit (0) within the pod's termination grace period.
 	tgps, _ := get(podSpec, "terminationGracePeriodSeconds").(int)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -1182,4 +1184,102 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// checkMetricsProxy runs Debian's nginx with the metrics-proxy sidecar's
+// server block (listen address and upstream moved to the test's) in front of
+// the running kvgate at base: GET /metrics passes, everything else is refused.
+func checkMetricsProxy(t *testing.T, dir, base string) {
+	t.Helper()
+	nginx, err := exec.LookPath("nginx")
+	if err != nil {
+		if nginx, err = exec.LookPath("/usr/sbin/nginx"); err != nil {
+			if os.Getenv("KVGATE_REQUIRE_INTEROP") != "" {
+				t.Fatalf("nginx (Debian nginx-light) is needed to test the metrics proxy: %v", err)
+			}
+			t.Logf("nginx missing: metrics-proxy config not exercised")
+			return
+		}
+	}
+	conf, _ := get(object(t, "kubernetes/daemonset.yaml", "ConfigMap", "kvgate-metrics-proxy"), "data", "default.conf").(string)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyAddr := ln.Addr().String()
+	ln.Close()
+	server := strings.NewReplacer("listen 9111;", "listen "+proxyAddr+";", "http://127.0.0.1:11111", base).Replace(conf)
+	prefix := filepath.Join(dir, "nginx")
+	for _, d := range []string{"logs", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(prefix, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	main := fmt.Sprintf(`pid %[1]s/nginx.pid;
+error_log %[1]s/logs/error.log;
+events { worker_connections 64; }
+http {
+  client_body_temp_path %[1]s/tmp/body;
+  proxy_temp_path %[1]s/tmp/proxy;
+  fastcgi_temp_path %[1]s/tmp/fastcgi;
+  uwsgi_temp_path %[1]s/tmp/uwsgi;
+  scgi_temp_path %[1]s/tmp/scgi;
+  include %[1]s/default.conf;
+}
+`, prefix)
+	if err := os.WriteFile(filepath.Join(prefix, "default.conf"), []byte(server), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(prefix, "nginx.conf"), []byte(main), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(nginx, "-p", prefix, "-c", filepath.Join(prefix, "nginx.conf"), "-g", "daemon off; master_process off;")
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			logs, _ := os.ReadFile(filepath.Join(prefix, "logs", "error.log"))
+			t.Logf("nginx output:\n%s\n%s", out.String(), logs)
+		}
+	}()
+	client := &http.Client{Timeout: 5 * time.Second}
+	url := "http://" + proxyAddr
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := client.Get(url + "/metrics")
+		if err == nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte("kvgate_build_info")) {
+				t.Errorf("GET /metrics through the proxy: %d, %d bytes", resp.StatusCode, len(body))
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics proxy not answering: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, tc := range []struct{ method, path string }{
+		{"POST", "/metrics"},
+		{"GET", "/netlox/v1/config/loadbalancer/all"},
+		{"POST", "/netlox/v1/config/loadbalancer"},
+		{"DELETE", "/netlox/v1/config/loadbalancer/all"},
+		{"GET", "/netlox/v1/metrics"},
+	} {
+		req, _ := http.NewRequest(tc.method, url+tc.path, strings.NewReader("{}"))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden && resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s %s through the metrics proxy: %d, want 403 or 404", tc.method, tc.path, resp.StatusCode)
+		}
+	}
 }
