@@ -330,6 +330,9 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 	firstDefault := len(m.params) - len(m.defaults)
 	var varargs []any
 	if len(args) > len(m.params) {
+		if m.node != nil && !m.node.catchVarargs {
+			return nil, fmt.Errorf("macro '%s' takes not more than %d argument(s)", m.name, len(m.params))
+		}
 		varargs = append(varargs, args[len(m.params):]...)
 		args = args[:len(m.params)]
 	}
@@ -349,6 +352,9 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 				}
 			}
 			if !found {
+				if m.node != nil && !m.node.catchKwargs {
+					return nil, fmt.Errorf("macro '%s' takes no keyword argument '%s'", m.name, k)
+				}
 				extra.Set(k, kw.val(k))
 			}
 		}

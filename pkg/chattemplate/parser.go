@@ -44,6 +44,9 @@ type (
 		params   []string
 		defaults []expr // aligned to the tail of params
 		body     []node
+		// catchVarargs/catchKwargs: the body reads varargs/kwargs, so extra
+		// arguments are accepted (otherwise calling with them is an error).
+		catchVarargs, catchKwargs bool
 	}
 	callBlockNode struct {
 		call     *callExpr
@@ -486,7 +489,8 @@ func (p *parser) parseMacro() (node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &macroNode{name: name.val, params: params, defaults: defaults, body: body}, p.endTag("endmacro")
+	return &macroNode{name: name.val, params: params, defaults: defaults, body: body,
+		catchVarargs: usesName(body, "varargs"), catchKwargs: usesName(body, "kwargs")}, p.endTag("endmacro")
 }
 
 func (p *parser) parseCallBlock() (node, error) {
@@ -1208,4 +1212,130 @@ func (p *parser) parseTest(e expr) (expr, error) {
 		return &unaryExpr{op: "not", x: t}, nil
 	}
 	return t, nil
+}
+
+// usesName reports whether any expression in nodes reads the variable name
+// (Jinja2's find_undeclared, used to decide whether a macro accepts extra
+// positional arguments (varargs), keyword arguments (kwargs) or a caller).
+func usesName(nodes []node, name string) bool {
+	found := false
+	var visitExpr func(e expr)
+	visitExpr = func(e expr) {
+		if found || e == nil {
+			return
+		}
+		switch x := e.(type) {
+		case *nameExpr:
+			found = x.name == name
+		case *listExpr:
+			for _, it := range x.items {
+				visitExpr(it)
+			}
+		case *tupleExpr:
+			for _, it := range x.items {
+				visitExpr(it)
+			}
+		case *dictExpr:
+			for i := range x.keys {
+				visitExpr(x.keys[i])
+				visitExpr(x.values[i])
+			}
+		case *getattrExpr:
+			visitExpr(x.obj)
+		case *getitemExpr:
+			visitExpr(x.obj)
+			visitExpr(x.key)
+		case *sliceExpr:
+			visitExpr(x.start)
+			visitExpr(x.stop)
+			visitExpr(x.step)
+		case *callExpr:
+			visitExpr(x.fn)
+			visitCall(x, visitExpr)
+		case *filterExpr:
+			visitExpr(x.node)
+			visitCall(&x.call, visitExpr)
+		case *testExpr:
+			visitExpr(x.node)
+			visitCall(&x.call, visitExpr)
+		case *binExpr:
+			visitExpr(x.l)
+			visitExpr(x.r)
+		case *concatExpr:
+			for _, it := range x.items {
+				visitExpr(it)
+			}
+		case *unaryExpr:
+			visitExpr(x.x)
+		case *compareExpr:
+			visitExpr(x.first)
+			for _, it := range x.rest {
+				visitExpr(it)
+			}
+		case *condExpr:
+			visitExpr(x.cond)
+			visitExpr(x.then)
+			visitExpr(x.orElse)
+		}
+	}
+	var visitNodes func(ns []node)
+	visitNodes = func(ns []node) {
+		for _, n := range ns {
+			if found {
+				return
+			}
+			switch x := n.(type) {
+			case *outputNode:
+				visitExpr(x.expr)
+			case *ifNode:
+				for i, c := range x.conds {
+					visitExpr(c)
+					visitNodes(x.bodies[i])
+				}
+				visitNodes(x.orElse)
+			case *forNode:
+				visitExpr(x.iter)
+				visitExpr(x.cond)
+				visitNodes(x.body)
+				visitNodes(x.orElse)
+			case *setNode:
+				visitExpr(x.value)
+			case *setBlockNode:
+				visitExpr(x.filter)
+				visitNodes(x.body)
+			case *callBlockNode:
+				visitExpr(x.call)
+				for _, d := range x.defaults {
+					visitExpr(d)
+				}
+				visitNodes(x.body)
+			case *filterBlockNode:
+				visitExpr(x.filter)
+				visitNodes(x.body)
+			case *withNode:
+				for _, v := range x.values {
+					visitExpr(v)
+				}
+				visitNodes(x.body)
+			case *macroNode:
+				// Nested macros have their own varargs/kwargs/caller.
+				for _, d := range x.defaults {
+					visitExpr(d)
+				}
+			}
+		}
+	}
+	visitNodes(nodes)
+	return found
+}
+
+func visitCall(c *callExpr, visit func(expr)) {
+	for _, a := range c.args {
+		visit(a)
+	}
+	for _, v := range c.kwValues {
+		visit(v)
+	}
+	visit(c.dynArgs)
+	visit(c.dynKw)
 }

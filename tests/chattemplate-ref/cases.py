@@ -257,6 +257,10 @@ def jinja_cases():
     s("str_method_split_kwargs", "{{ 'a b c'.split(maxsplit=1) }}|{{ 'a,b'.split(sep=',') }}|{{ 'a\\nb'.splitlines(keepends=true) }}")
     s("slice_none_error", "{{ n[1:] }}", n=None)
     s("slice_dict_error", "{{ d[1:] }}", d={"a": 1})
+    s("macro_extra_kwarg_error", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, b=2) }}")
+    s("macro_extra_positional_error", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}")
+    s("macro_catch_all", "{% macro m(a, b='B') %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1) }}|{{ m(1, 2, 3) }}|{{ m(a=1, z=9) }}|{% macro n() %}{% for v in varargs %}{{ v }}{% endfor %}{% endmacro %}{{ n(4, 5) }}")
+    s("macro_missing_param", "{% macro m(a, b) %}[{{ a }}][{{ b }}][{{ b is defined }}]{% endmacro %}{{ m(1) }}")
     s("syntax_error_unclosed", "{% if true %}never closed")
     s("syntax_error_unknown_tag", "{% frobnicate %}")
     return S
