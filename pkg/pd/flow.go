@@ -382,7 +382,17 @@ func (r *run) serve(ctx context.Context) bool {
 			return r.overloaded()
 		}
 		r.holdPrefill(d.Endpoint)
-		r.holdDecode(d.Decode)
+		dec := d.Decode
+		if dec < 0 {
+			dec = r.pickDecode()
+		}
+		if dec < 0 {
+			// No healthy decode endpoint: a prefill now would strand its blocks.
+			r.record(d.Endpoint)
+			r.obs().Request(r.plan.Model, "decode", "error")
+			return x.Fail(503, "pd_pool_unavailable", "no decode endpoint is available")
+		}
+		r.holdDecode(dec)
 		r.record(d.Endpoint)
 		p := d.Endpoint
 		if !cfg.Health.Allow(p) {

@@ -555,3 +555,18 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestNoDecodeEndpoint: with every decode endpoint down no prefill is sent;
+// the client gets 503 pd_pool_unavailable.
+func TestNoDecodeEndpoint(t *testing.T) {
+	r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){prefillOK("p0", 0), decodeOK("d1"), prefillOK("p2", 0)}, prefillRoles(), rigOptions{})
+	r.tracker.SetAdmin(1, true)
+	a := r.post(`{"model":"m","prompt":"x"}`)
+	if a.status != 503 || a.errCode() != "pd_pool_unavailable" {
+		t.Fatalf("answer %d %s", a.status, a.body)
+	}
+	if len(r.eps[0].seen())+len(r.eps[2].seen()) != 0 {
+		t.Fatal("a prefill was sent with no decode endpoint to read it")
+	}
+	r.atRest()
+}
