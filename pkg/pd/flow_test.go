@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
@@ -567,6 +568,24 @@ func TestNoDecodeEndpoint(t *testing.T) {
 	}
 	if len(r.eps[0].seen())+len(r.eps[2].seen()) != 0 {
 		t.Fatal("a prefill was sent with no decode endpoint to read it")
+	}
+	r.atRest()
+}
+
+// TestOnlyPDTimersBound: the prefill is bounded by LLB_PD_PREFILL_TIMEOUT_SEC
+// alone — no proxy timer (response-header wait, stream silence) and no
+// hidden reaper cuts a long prefill short, so a 600 s setting works for long
+// contexts. Here the proxy's own bounds are 300 ms and the prefill takes 1 s.
+func TestOnlyPDTimersBound(t *testing.T) {
+	slowOK := func(w http.ResponseWriter, r *http.Request, s seen) {
+		time.Sleep(time.Second)
+		prefillOK("p", 0)(w, r, s)
+	}
+	r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){slowOK, decodeOK("d1"), slowOK}, prefillRoles(),
+		rigOptions{cfg: Config{PrefillTimeout: 5 * time.Second},
+			limits: fullproxy.Limits{ResponseHeaderTimeout: 300 * time.Millisecond, StreamSilence: 300 * time.Millisecond}})
+	if a := r.post(`{"model":"m","prompt":"x"}`); a.status != 200 {
+		t.Fatalf("answer %d %s", a.status, a.body)
 	}
 	r.atRest()
 }

@@ -180,11 +180,11 @@ type rig struct {
 }
 
 type rigOptions struct {
-	admission   health.AdmissionConfig
-	cfg         Config // timeouts and fallback
-	receipt     bool
-	nixlPorts   map[int]int
-	decodeExtra bool // a second decode endpoint (EP3)
+	admission health.AdmissionConfig
+	cfg       Config // timeouts and fallback
+	receipt   bool
+	nixlPorts map[int]int
+	limits    fullproxy.Limits // zero: ConnectTimeout 1 s
 }
 
 func newRig(t *testing.T, handlers []func(http.ResponseWriter, *http.Request, seen), roles []selector.Role, o rigOptions) *rig {
@@ -236,9 +236,13 @@ func newRig(t *testing.T, handlers []func(http.ResponseWriter, *http.Request, se
 	if err != nil {
 		t.Fatal(err)
 	}
+	limits := o.limits
+	if limits.ConnectTimeout == 0 {
+		limits.ConnectTimeout = time.Second
+	}
 	r.srv, err = fullproxy.Listen(fullproxy.Config{Service: "7", Addr: "127.0.0.1:0", PD: r.flow, Loads: r.loads,
 		Router: fixedRouter{addr: net.JoinHostPort(r.eps[0].host, strconv.Itoa(r.eps[0].port))}, Observer: r.pobs,
-		DecisionHeader: true, Limits: fullproxy.Limits{ConnectTimeout: time.Second}})
+		DecisionHeader: true, Limits: limits})
 	if err != nil {
 		t.Fatal(err)
 	}
