@@ -388,3 +388,30 @@ func (s *Server) headWithDecision(rh *responseHead, req *Request, decision strin
 	b.WriteString("\r\n")
 	return []byte(b.String())
 }
+
+// WatchClient returns a context that also ends when the client closes its
+// connection while the proxy waits on something else (a prefill, an
+// admission park), so a departed client's request stops holding an
+// admission slot. Call stop before the client connection is used again; a
+// pipelined next request that arrives meanwhile stays buffered for it. With
+// a request body still streaming, the client is not watched.
+func (x *Exchange) WatchClient(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	if !x.Req.bodyDone {
+		return ctx, cancel
+	}
+	_ = x.c.nc.SetReadDeadline(time.Time{}) // before the goroutine: stop's deadline must win
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := x.c.br.Peek(1); err != nil && !IsTimeout(err) {
+			cancel() // EOF or reset: the client is gone
+		}
+	}()
+	return ctx, func() {
+		_ = x.c.nc.SetReadDeadline(time.Unix(1, 0))
+		<-done
+		_ = x.c.nc.SetReadDeadline(time.Time{})
+		cancel()
+	}
+}

@@ -355,7 +355,9 @@ func (r *run) serve(ctx context.Context) bool {
 			break // no prefill endpoint left
 		}
 		if d.Saturated {
-			ep, err := cfg.Admission.Park(ctx, r.a.Parkable())
+			wctx, stopWatch := x.WatchClient(ctx)
+			ep, err := cfg.Admission.Park(wctx, r.a.Parkable())
+			stopWatch()
 			switch {
 			case err == nil:
 				d = r.a.Assign(ep)
@@ -373,6 +375,10 @@ func (r *run) serve(ctx context.Context) bool {
 			case errors.Is(err, health.ErrOverloaded):
 				r.record(-1)
 				return r.overloaded()
+			case ctx.Err() == nil:
+				r.record(-1)
+				x.Record.Outcome = "client_gone"
+				return false
 			default:
 				r.record(-1)
 				return x.Fail(503, "pd_pool_unavailable", "request cancelled while waiting for admission: "+err.Error())
@@ -405,7 +411,16 @@ func (r *run) serve(ctx context.Context) bool {
 		if prefillDeadline.IsZero() {
 			prefillDeadline = time.Now().Add(cfg.PrefillTimeout)
 		}
-		out := r.prefillLeg(ctx, p, prefillDeadline)
+		wctx, stopWatch := x.WatchClient(ctx)
+		out := r.prefillLeg(wctx, p, prefillDeadline)
+		stopWatch()
+		if out.kind == legCancelled && ctx.Err() == nil {
+			// The client went away: the prefill was abandoned (its
+			// connection closed, so the engine aborts it).
+			r.f.log.Debug("client gone during the prefill", "prefill_ep", p)
+			x.Record.Outcome = "client_gone"
+			return false
+		}
 		switch out.kind {
 		case legOK:
 			cfg.Health.Success(p)

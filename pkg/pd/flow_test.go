@@ -589,3 +589,72 @@ func TestOnlyPDTimersBound(t *testing.T) {
 	}
 	r.atRest()
 }
+
+// TestClientGoneDuringPrefill: a client that hangs up while its prefill runs
+// releases its admission unit at once, and the prefill connection is closed
+// (the engine aborts the request), long before the prefill timeout.
+func TestClientGoneDuringPrefill(t *testing.T) {
+	aborted := make(chan struct{}, 2)
+	slow := func(w http.ResponseWriter, r *http.Request, _ seen) {
+		select {
+		case <-r.Context().Done():
+			aborted <- struct{}{}
+		case <-time.After(10 * time.Second):
+		}
+	}
+	r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){slow, decodeOK("d1"), slow}, prefillRoles(),
+		rigOptions{cfg: Config{PrefillTimeout: 10 * time.Second}})
+	c, err := net.Dial("tcp", r.srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","prompt":"x"}`
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	waitUntil(t, func() bool { return r.adm.InFlight(0)+r.adm.InFlight(2) == 1 })
+	c.Close()
+	select {
+	case <-aborted:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the prefill was not abandoned after the client left")
+	}
+	r.atRest()
+}
+
+// TestPipelinedPD: two P/D requests written back to back on one connection
+// are both answered, in order (watching the client during the prefill
+// leaves the second request buffered).
+func TestPipelinedPD(t *testing.T) {
+	r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){prefillOK("p0", 0), decodeOK("d1"), prefillOK("p2", 0)}, prefillRoles(), rigOptions{})
+	c, err := net.Dial("tcp", r.srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var b strings.Builder
+	for i := 0; i < 2; i++ {
+		body := fmt.Sprintf(`{"model":"m","prompt":"req %d"}`, i)
+		fmt.Fprintf(&b, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: r%d\r\nContent-Length: %d\r\n\r\n%s", i, len(body), body)
+	}
+	if _, err := c.Write([]byte(b.String())); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	for i := 0; i < 2; i++ {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("response %d: %v", i, err)
+		}
+		var sb strings.Builder
+		_, _ = bufio.NewReader(resp.Body).WriteTo(&sb)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("response %d: %d %s", i, resp.StatusCode, sb.String())
+		}
+	}
+	ds := r.eps[1].seen()
+	if len(ds) != 2 || ds[0].id != "r0" || ds[1].id != "r1" {
+		t.Fatalf("decode saw %d requests in order %v", len(ds), ds)
+	}
+	r.atRest()
+}
