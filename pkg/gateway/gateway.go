@@ -287,7 +287,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 
 	addr := net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port))
 	srv, err := fullproxy.Listen(fullproxy.Config{
-		Service: strconv.Itoa(id), Addr: addr, Router: rt.router, Leg: g.leg, Loads: loads,
+		Service: strconv.Itoa(id), Addr: addr, Router: rh.router(rt.router), Leg: g.leg, Loads: loads,
 		Observer: rh.observer(&proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}), Limits: g.opts.Limits, PD: rh.pdHandler(),
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log,
 	})

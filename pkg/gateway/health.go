@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/metrics"
@@ -231,6 +232,33 @@ func (h *ruleHealth) observer(inner fullproxy.Observer) fullproxy.Observer {
 		return inner
 	}
 	return &breakerFeed{Observer: inner, h: h}
+}
+
+// router wraps the rule's router for single-pool rules: a decision whose
+// breaker refuses (open, or half-open with its trials used) is re-routed with
+// that endpoint excluded, as the P/D flow does. The proxy's attempt limit
+// does not count these, so the loop is bounded by the rule's endpoints.
+func (h *ruleHealth) router(inner *router) fullproxy.Router {
+	if h.pdRule {
+		return inner
+	}
+	return &breakerRouter{router: inner, h: h}
+}
+
+type breakerRouter struct {
+	*router
+	h *ruleHealth
+}
+
+func (b *breakerRouter) Route(ctx context.Context, req *fullproxy.Request, excluded epset.Set) (fullproxy.Decision, error) {
+	for i := 0; i < epset.Max; i++ {
+		d, err := b.router.Route(ctx, req, excluded)
+		if err != nil || b.h.Allow(d.Endpoint) {
+			return d, err
+		}
+		excluded.Add(d.Endpoint)
+	}
+	return fullproxy.Decision{Endpoint: -1}, fullproxy.ErrNoBackend
 }
 
 type breakerFeed struct {
