@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/pkg/epset"
 )
@@ -549,4 +550,52 @@ func TestConcurrentScoreAndIngest(t *testing.T) {
 	writers.Wait()
 	close(stop)
 	readers.Wait()
+}
+
+// TestScoreDuringSlotChurn changes the very slots a scorer reads (endpoint 1
+// joins and leaves the prompt's blocks, shards grow and shrink) while the
+// scorer checks that endpoint 0, which never changes, always scores fully.
+func TestScoreDuringSlotChurn(t *testing.T) {
+	ix := newIndex(t, 0)
+	prompt := make([]uint64, 512)
+	for i := range prompt {
+		prompt[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	must(t, ix.Add(0, 0, "", prompt))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		filler := make([]uint64, 20000)
+		for i := range filler {
+			filler[i] = uint64(i) * 0x2545f4914f6cdd1d
+		}
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = ix.Add(1, i%2, "", prompt)
+			_ = ix.Add(2, 0, "", filler) // grows shards
+			_ = ix.Remove(1, i%2, "", prompt[:256])
+			_ = ix.ClearEndpoint(2) // shrinks them again
+			_ = ix.ClearRank(1, i%2)
+		}
+	}()
+	var counts [epset.Max]uint32
+	deadline := time.Now().Add(2 * time.Second)
+	for n := 0; time.Now().Before(deadline) || n < 50; n++ {
+		for _, run := range []bool{true, false} {
+			ix.Score(prompt, epset.FirstN(3), run, &counts)
+			if counts[0] != uint32(len(prompt)) || counts[1] > uint32(len(prompt)) || counts[2] != 0 {
+				close(stop)
+				wg.Wait()
+				t.Fatalf("torn score (run=%v): %v %v %v", run, counts[0], counts[1], counts[2])
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
 }
