@@ -361,3 +361,53 @@ func TestPDAdminDown(t *testing.T) {
 	}
 	assertLoadsZero(t, tg, id)
 }
+
+// TestPDBreakerOpens: with probes off (probetype none) only the circuit
+// breaker notices a dead prefill engine: three consecutive connect failures
+// (the P/D threshold) open it (loxilb_pd_cb_flips_total), after which the
+// endpoint is no longer tried even for prompts only it holds.
+func TestPDBreakerOpens(t *testing.T) {
+	block := netBlock(t)
+	engines, zmq := startPDEngines(t, block, pdTopology())
+	tg := startPDGateway(t, block, "2", nil)
+	id, url := pdRule(t, tg, block, "1", engines, zmq, map[string]any{"probetype": "none"})
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, 2)
+
+	// Cold prompts with distinct 3-block prefixes until four sit on EP0.
+	var onEP0 [][]int
+	for i := 0; len(onEP0) < 4 && i < 16; i++ {
+		p := tokenIDs(20000+1000*i, 48)
+		r := post(t, url, map[string]any{"model": model, "prompt": p, "max_tokens": 2})
+		if r.status != 200 {
+			t.Fatalf("cold %d: %d %s", i, r.status, r.body)
+		}
+		if decisionField(r.decision, "ep") == "0" {
+			onEP0 = append(onEP0, p)
+		}
+	}
+	if len(onEP0) < 4 {
+		t.Fatalf("only %d cold prompts landed on EP0", len(onEP0))
+	}
+	waitFor(t, "EP0's blocks", 5*time.Second, func() bool {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": "0"}) >= 12
+	})
+	engines[0].Close()
+	failover := func() float64 { return tg.metric(t, "loxilb_pd_connect_failover_total", map[string]string{"service": svc}) }
+	for i := 0; i < 3; i++ {
+		f := failover()
+		r := post(t, url, map[string]any{"model": model, "prompt": onEP0[i], "max_tokens": 2})
+		if r.status != 200 || decisionField(r.decision, "ep") != "2" || failover()-f != 1 {
+			t.Fatalf("request %d: %d %q, failover +%v", i, r.status, r.decision, failover()-f)
+		}
+	}
+	if n := tg.metric(t, "loxilb_pd_cb_flips_total", map[string]string{"service": svc, "ep_idx": "0"}); n != 1 {
+		t.Fatalf("cb_flips_total{ep_idx=0} = %v, want 1 (opened)", n)
+	}
+	f := failover()
+	r := post(t, url, map[string]any{"model": model, "prompt": onEP0[3], "max_tokens": 2})
+	if r.status != 200 || decisionField(r.decision, "ep") != "2" || failover() != f {
+		t.Fatalf("with the breaker open: %d %q, failover +%v", r.status, r.decision, failover()-f)
+	}
+	assertLoadsZero(t, tg, id)
+}
