@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"regexp"
@@ -657,4 +658,32 @@ func TestPipelinedPD(t *testing.T) {
 		t.Fatalf("decode saw %d requests in order %v", len(ds), ds)
 	}
 	r.atRest()
+}
+
+// BenchmarkExchange compares, side by side on loopback, one P/D request (two
+// legs: buffered prefill, then decode relayed) with one request the same
+// rule serves on the plain path (a single leg), both on kept-alive client
+// connections. The difference is the P/D flow's cost: a second backend
+// connection and round trip, the JSON rewrite and the admission bookkeeping.
+func BenchmarkExchange(b *testing.B) {
+	r := newRig(b, []func(http.ResponseWriter, *http.Request, seen){prefillOK("p0", 0), decodeOK("d1"), prefillOK("p2", 0)}, prefillRoles(), rigOptions{})
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	for _, bc := range []struct{ name, body string }{
+		{"pd", `{"model":"m","prompt":"hello world","max_tokens":8}`},
+		{"plain", `{"model":"m","prompt":["hello world","second"],"max_tokens":8}`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				resp, err := client.Post(r.url, "application/json", strings.NewReader(bc.body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = bufio.NewReader(resp.Body).WriteTo(io.Discard)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Fatal(resp.StatusCode)
+				}
+			}
+		})
+	}
 }

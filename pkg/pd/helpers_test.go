@@ -39,7 +39,7 @@ type engine struct {
 	handle func(w http.ResponseWriter, r *http.Request, s seen)
 }
 
-func newEngine(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, s seen)) *engine {
+func newEngine(t testing.TB, handle func(w http.ResponseWriter, r *http.Request, s seen)) *engine {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -166,7 +166,7 @@ func (fixedRouter) Finish(*fullproxy.Request, fullproxy.Decision, bool) {}
 
 // rig is a P/D rule on loopback: EP0 and EP2 prefill, EP1 decode (spec §4).
 type rig struct {
-	t       *testing.T
+	t       testing.TB
 	eps     []*engine
 	roles   []selector.Role
 	tracker *health.Tracker
@@ -187,7 +187,7 @@ type rigOptions struct {
 	limits    fullproxy.Limits // zero: ConnectTimeout 1 s
 }
 
-func newRig(t *testing.T, handlers []func(http.ResponseWriter, *http.Request, seen), roles []selector.Role, o rigOptions) *rig {
+func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, seen), roles []selector.Role, o rigOptions) *rig {
 	t.Helper()
 	r := &rig{t: t, roles: roles, obs: &recObserver{}, pobs: &proxyObs{}, loads: &fullproxy.Loads{}}
 	var top Topology
