@@ -1069,13 +1069,29 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 		if err := json.Unmarshal([]byte(v.(string)), &r); err != nil {
 			t.Fatal(err)
 		}
-		body := strings.ReplaceAll(v.(string), `"`+r.Args.ExternalIP+`"`, `"127.77.0.254"`)
-		for i, e := range r.Endpoints {
-			body = strings.ReplaceAll(body, `"`+e.IP+`"`, fmt.Sprintf(`"127.77.0.%d"`, i+1))
+		// The same body with only the addresses moved: the VIP to a free
+		// loopback port (tests may run concurrently), the endpoints to
+		// 127.77.0.0/16 where nothing listens.
+		var generic map[string]any
+		if err := json.Unmarshal([]byte(v.(string)), &generic); err != nil {
+			t.Fatal(err)
 		}
-		if strings.Contains(body, r.Args.ExternalIP) {
-			t.Fatalf("could not move rule %s to loopback", key)
+		vip, err := net.Listen("tcp", "127.77.0.254:0")
+		if err != nil {
+			t.Fatal(err)
 		}
+		vipPort := vip.Addr().(*net.TCPAddr).Port
+		vip.Close()
+		sa := generic["serviceArguments"].(map[string]any)
+		sa["externalIP"], sa["port"] = "127.77.0.254", vipPort
+		for i, e := range generic["endpoints"].([]any) {
+			e.(map[string]any)["endpointIP"] = fmt.Sprintf("127.77.0.%d", i+1)
+		}
+		moved, err := json.Marshal(generic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := string(moved)
 		bodies[key] = body
 		if err := os.WriteFile(filepath.Join(rulesDir, key), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
@@ -1100,17 +1116,29 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 		sidecar := exec.Command("sh", "-c", localize(script(container(t, podSpec, "rules-sync"))))
 		var out syncBuffer
 		sidecar.Stdout, sidecar.Stderr = &out, &out
+		// Its own process group, so that killing it also ends its sleep.
+		sidecar.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		sidecar.WaitDelay = 5 * time.Second
 		if err := sidecar.Start(); err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(20 * time.Second)
-		for strings.Count(out.String(), "applied ") < len(bodies) && time.Now().Before(deadline) {
+		applied := func() int {
+			n := 0
+			for _, line := range strings.Split(out.String(), "\n") {
+				if strings.HasPrefix(line, "applied ") {
+					n++
+				}
+			}
+			return n
+		}
+		for applied() < len(bodies) && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		t.Logf("rules-sync: %s", out.String())
-		_ = sidecar.Process.Kill()
+		_ = syscall.Kill(-sidecar.Process.Pid, syscall.SIGKILL)
 		_ = sidecar.Wait()
-		if n := strings.Count(out.String(), "applied "); n < len(bodies) || strings.Contains(out.String(), "not applied") {
+		if n := applied(); n < len(bodies) || strings.Contains(out.String(), "not applied") {
 			t.Errorf("rules-sync applied %d of %d rules:\n%s", n, len(bodies), out.String())
 		}
 		// The one-shot Job re-posts (updates) its rule and lists the rules.
