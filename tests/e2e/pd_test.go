@@ -411,3 +411,35 @@ func TestPDBreakerOpens(t *testing.T) {
 	}
 	assertLoadsZero(t, tg, id)
 }
+
+// TestPDChatStream: a streamed chat request with max_completion_tokens,
+// min_tokens and stream_options takes both legs: the prefill engine accepts
+// the rewrite (vLLM rejects stream_options without stream, and min_tokens
+// above max_tokens) and the decode engine streams with the prompt's KV from
+// the prefill.
+func TestPDChatStream(t *testing.T) {
+	block := netBlock(t)
+	engines, zmq := startPDEngines(t, block, pdTopology())
+	tg := startPDGateway(t, block, "2", nil)
+	id, u := pdRule(t, tg, block, "1", engines, zmq, nil)
+	url := strings.Replace(u, "/v1/completions", "/v1/chat/completions", 1)
+	b, _ := json.Marshal(map[string]any{"model": model, "stream": true, "stream_options": map[string]any{"include_usage": true},
+		"max_completion_tokens": 6, "min_tokens": 3,
+		"messages": []map[string]any{{"role": "system", "content": preamble}, {"role": "user", "content": "Where are the logs?"}}})
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("x-engine-id") != "engine-1" || !strings.Contains(string(body), "data: [DONE]") {
+		t.Fatalf("chat stream: %d from %q: %s", resp.StatusCode, resp.Header.Get("x-engine-id"), body)
+	}
+	if n := engineMetric(t, engines[1], "enginesim_decode_local_prefills_total"); n != 0 {
+		t.Fatalf("decode engine prefilled locally (%v): the hand-off did not happen", n)
+	}
+	if n := engineMetric(t, engines[1], "vllm:external_prefix_cache_hits_total"); n == 0 {
+		t.Fatal("decode engine took no tokens from the prefill engine")
+	}
+	assertLoadsZero(t, tg, id)
+}
