@@ -332,7 +332,10 @@ func (o *pdObserver) Decided(d selector.Decision) {
 	}
 }
 
-func (o *pdObserver) Committed(out selector.Outcome, stages []fullproxy.Stage) {
+func (o *pdObserver) Committed(out selector.Outcome, model string, stages []fullproxy.Stage) {
+	if out.Tier == selector.TierSession && model != "" {
+		o.m.AIPDSessionHits.WithLabelValues(o.m.ModelLabel(model)).Inc()
+	}
 	for _, s := range stages {
 		o.m.ObserveStage(o.service, s.Name, s.Duration)
 	}

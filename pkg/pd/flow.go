@@ -425,7 +425,7 @@ func (r *run) serve(ctx context.Context) bool {
 		case legOK:
 			cfg.Health.Success(p)
 			o := r.a.Commit()
-			r.obs().Committed(o, r.plan.Stages)
+			r.obs().Committed(o, r.plan.Model, r.plan.Stages)
 			pr := parsePrefill(out.body)
 			r.params, r.cached = pr.params, pr.cached
 			r.obs().KVParams(r.plan.Model, pr.params != nil)

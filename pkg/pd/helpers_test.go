@@ -127,7 +127,7 @@ func (o *recObserver) get(k string) int {
 }
 
 func (o *recObserver) Decided(d selector.Decision) { o.inc("decided") }
-func (o *recObserver) Committed(out selector.Outcome, _ []fullproxy.Stage) {
+func (o *recObserver) Committed(out selector.Outcome, _ string, _ []fullproxy.Stage) {
 	o.inc("committed")
 	if out.Hit {
 		o.inc("hit")

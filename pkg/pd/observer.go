@@ -25,8 +25,9 @@ type Observer interface {
 	Decided(d selector.Decision)
 	// Committed: the routed decision, once per request
 	// (loxilb_pd_kv_tier15_hits_total, _spills_total, _cold_seeds_total, the
-	// decision tier, and the decision stage latencies).
-	Committed(o selector.Outcome, stages []fullproxy.Stage)
+	// decision tier, the decision stage latencies, and
+	// loxilb_ai_pd_session_hits_total{model} for a Tier-1 session hit).
+	Committed(o selector.Outcome, model string, stages []fullproxy.Stage)
 	// Leg: a leg's latency, prefill to its full response, decode to its
 	// first byte (kvgate_pd_leg_duration_seconds{leg},
 	// loxilb_ai_pd_prefill_duration_seconds, loxilb_ai_pd_decode_ttft_seconds).
@@ -63,14 +64,14 @@ type Observer interface {
 // NopObserver ignores everything.
 type NopObserver struct{}
 
-func (NopObserver) Decided(selector.Decision)                     {}
-func (NopObserver) Committed(selector.Outcome, []fullproxy.Stage) {}
-func (NopObserver) Leg(string, string, time.Duration)             {}
-func (NopObserver) Timeout(string)                                {}
-func (NopObserver) Retry(string)                                  {}
-func (NopObserver) Failover()                                     {}
-func (NopObserver) EndpointDied(string)                           {}
-func (NopObserver) DecodeZeroByte()                               {}
-func (NopObserver) DecodeOnly()                                   {}
-func (NopObserver) KVParams(string, bool)                         {}
-func (NopObserver) Request(string, string, string)                {}
+func (NopObserver) Decided(selector.Decision)                             {}
+func (NopObserver) Committed(selector.Outcome, string, []fullproxy.Stage) {}
+func (NopObserver) Leg(string, string, time.Duration)                     {}
+func (NopObserver) Timeout(string)                                        {}
+func (NopObserver) Retry(string)                                          {}
+func (NopObserver) Failover()                                             {}
+func (NopObserver) EndpointDied(string)                                   {}
+func (NopObserver) DecodeZeroByte()                                       {}
+func (NopObserver) DecodeOnly()                                           {}
+func (NopObserver) KVParams(string, bool)                                 {}
+func (NopObserver) Request(string, string, string)                        {}
