@@ -647,3 +647,27 @@ func TestSilentPeerDoesNotBlock(t *testing.T) {
 		t.Fatal("Reconcile blocked behind a silent peer")
 	}
 }
+
+// TestBurstWithoutGaps publishes a burst of batches as fast as the PUB socket
+// takes them; the subscriber must apply every one in order, with no gap.
+func TestBurstWithoutGaps(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessConfig{replay: false})
+	p := h.pubs[0]
+	h.sync(0)
+	const n = 5000
+	var last uint64
+	for i := range n {
+		hs := hashRange(uint64(100000+16*i), 16)
+		if i > 0 {
+			last = p.publish(false, stored(hs...), removed(hashRange(uint64(100000+16*(i-1)), 8)...))
+		} else {
+			last = p.publish(false, stored(hs...))
+		}
+	}
+	h.waitSeq(0, last)
+	h.wantInventory(p.cached())
+	if got := h.rec.get(func(r *recorder) int { return r.seq[SeqSmallGap] + r.seq[SeqLargeGap] + r.seq[SeqRestart] }); got != 0 {
+		t.Errorf("a burst of %d batches produced gaps: %v", n, h.rec.seq)
+	}
+}
