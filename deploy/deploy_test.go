@@ -612,7 +612,7 @@ func containerEnv(c map[string]any) map[string]string {
 }
 
 func kvgatePod(t *testing.T) (podSpec any, kvgate map[string]any) {
-	ds := object(t, "kubernetes/daemonset.yaml", "DaemonSet", "kvgate")
+	ds := object(t, "kubernetes/base/daemonset.yaml", "DaemonSet", "kvgate")
 	podSpec = get(ds, "spec", "template", "spec")
 	return podSpec, container(t, podSpec, "kvgate")
 }
@@ -792,14 +792,14 @@ func TestDaemonSetShape(t *testing.T) {
 
 	// The scrape annotation points at the metrics proxy, which proxies /metrics
 	// to the API's address.
-	ds := object(t, "kubernetes/daemonset.yaml", "DaemonSet", "kvgate")
+	ds := object(t, "kubernetes/base/daemonset.yaml", "DaemonSet", "kvgate")
 	ann := get(ds, "spec", "template", "metadata", "annotations")
 	proxy := container(t, podSpec, "metrics-proxy")
 	port := get(proxy, "ports", 0, "containerPort")
 	if get(ann, "prometheus.io/scrape") != "true" || get(ann, "prometheus.io/port") != strconv.Itoa(port.(int)) || get(ann, "prometheus.io/path") != "/metrics" {
 		t.Errorf("scrape annotations %v do not point at the metrics proxy port %v", ann, port)
 	}
-	conf, _ := get(object(t, "kubernetes/daemonset.yaml", "ConfigMap", "kvgate-metrics-proxy"), "data", "default.conf").(string)
+	conf, _ := get(object(t, "kubernetes/base/daemonset.yaml", "ConfigMap", "kvgate-metrics-proxy"), "data", "default.conf").(string)
 	if !strings.Contains(conf, fmt.Sprintf("listen %v;", port)) || !strings.Contains(conf, "proxy_pass http://"+args["api"]+"/metrics;") {
 		t.Errorf("metrics proxy config does not listen on %v and proxy to %s/metrics:\n%s", port, args["api"], conf)
 	}
@@ -815,7 +815,7 @@ func TestExampleRuleAndEngines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm := object(t, "kubernetes/rules-configmap.yaml", "ConfigMap", "kvgate-rules")
+	cm := object(t, "kubernetes/base/rules-configmap.yaml", "ConfigMap", "kvgate-rules")
 	data, _ := cm["data"].(map[string]any)
 	if len(data) == 0 {
 		t.Fatal("kvgate-rules has no rule")
@@ -947,17 +947,83 @@ func TestContainerImage(t *testing.T) {
 	}
 }
 
-// TestKustomization checks every resource kustomization.yaml names exists.
+// TestKustomization checks every resource and patch the kustomizations name
+// exists.
 func TestKustomization(t *testing.T) {
-	docs := yamlDocs(t, "kubernetes/kustomization.yaml")
-	res, _ := get(docs[0], "resources").([]any)
-	if len(res) == 0 {
-		t.Fatal("kustomization.yaml lists no resources")
-	}
-	for _, r := range res {
-		if _, err := os.Stat(filepath.Join("kubernetes", r.(string))); err != nil {
-			t.Errorf("kustomization resource %v: %v", r, err)
+	for _, dir := range []string{"kubernetes/base", "kubernetes/userspace"} {
+		docs := yamlDocs(t, filepath.Join(dir, "kustomization.yaml"))
+		res, _ := get(docs[0], "resources").([]any)
+		if len(res) == 0 {
+			t.Errorf("%s: lists no resources", dir)
 		}
+		for _, r := range res {
+			if _, err := os.Stat(filepath.Join(dir, r.(string))); err != nil {
+				t.Errorf("%s: resource %v: %v", dir, r, err)
+			}
+		}
+		patches, _ := get(docs[0], "patches").([]any)
+		for _, p := range patches {
+			if _, err := os.Stat(filepath.Join(dir, get(p, "path").(string))); err != nil {
+				t.Errorf("%s: patch %v: %v", dir, p, err)
+			}
+		}
+	}
+}
+
+// TestUserspaceOverlay renders the non-root overlay with kubectl's kustomize
+// and checks that no BPF piece is left and kvgate runs as 65532.
+func TestUserspaceOverlay(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not installed: the overlay is not rendered")
+	}
+	out, err := exec.Command(kubectl, "kustomize", "kubernetes/userspace").Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize kubernetes/userspace: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "rendered.yaml")
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	podSpec := get(object(t, path, "DaemonSet", "kvgate"), "spec", "template", "spec")
+	kvgate := container(t, podSpec, "kvgate")
+	known := kvgateFlags(t)
+	var datapath string
+	for _, a := range get(kvgate, "args").([]any) {
+		name, value, _ := strings.Cut(strings.TrimPrefix(a.(string), "--"), "=")
+		if !known[name] || name == "bpf-pin-dir" {
+			t.Errorf("arg %v: unknown flag, or a BPF one", a)
+		}
+		if name == "datapath" {
+			datapath = value
+		}
+	}
+	if datapath != "userspace" {
+		t.Errorf("--datapath=%q, want userspace", datapath)
+	}
+	sc := get(kvgate, "securityContext")
+	if get(sc, "runAsUser") != 65532 || get(sc, "runAsNonRoot") != true || get(sc, "capabilities", "add") != nil {
+		t.Errorf("kvgate securityContext %v: want runAsUser 65532, runAsNonRoot and no added capability", sc)
+	}
+	for _, c := range get(podSpec, "initContainers").([]any) {
+		if get(c, "securityContext", "privileged") == true || get(c, "name") == "mount-bpffs" {
+			t.Errorf("init container %v is privileged or mounts bpffs", get(c, "name"))
+		}
+	}
+	for _, m := range get(kvgate, "volumeMounts").([]any) {
+		if p := get(m, "mountPath").(string); strings.HasPrefix(p, "/sys/") {
+			t.Errorf("mount %s left in the userspace overlay", p)
+		}
+	}
+	for _, v := range get(podSpec, "volumes").([]any) {
+		if p, _ := get(v, "hostPath", "path").(string); strings.HasPrefix(p, "/sys/") {
+			t.Errorf("hostPath %s left in the userspace overlay", p)
+		}
+	}
+	// The environment is the base's, unchanged.
+	_, base := kvgatePod(t)
+	if !reflect.DeepEqual(containerEnv(kvgate), containerEnv(base)) {
+		t.Errorf("the overlay changed kvgate's environment")
 	}
 }
 
@@ -1062,7 +1128,7 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 	if err := os.MkdirAll(rulesDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	cm := object(t, "kubernetes/rules-configmap.yaml", "ConfigMap", "kvgate-rules")
+	cm := object(t, "kubernetes/base/rules-configmap.yaml", "ConfigMap", "kvgate-rules")
 	bodies := map[string]string{}
 	for key, v := range cm["data"].(map[string]any) {
 		var r config.Rule
@@ -1229,7 +1295,7 @@ func checkMetricsProxy(t *testing.T, dir, base string) {
 			return
 		}
 	}
-	conf, _ := get(object(t, "kubernetes/daemonset.yaml", "ConfigMap", "kvgate-metrics-proxy"), "data", "default.conf").(string)
+	conf, _ := get(object(t, "kubernetes/base/daemonset.yaml", "ConfigMap", "kvgate-metrics-proxy"), "data", "default.conf").(string)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
