@@ -3,9 +3,11 @@
 //
 //   - container/: the image (Dockerfile, build.sh): static kvgate, kvctl and
 //     enginesim on distroless.
-//   - kubernetes/: the DaemonSet (host network, BPF capabilities, hostPath
-//     mounts for bpffs, the cgroup v2 root, tokenizers and state), the rules
-//     ConfigMap with its sync sidecar, a one-shot rule Job and a vLLM example.
+//   - kubernetes/base: the DaemonSet (host network, BPF capabilities, hostPath
+//     mounts for bpffs, the cgroup v2 root, tokenizers and state), its
+//     metrics-proxy and rules-sync sidecars and the rules ConfigMap;
+//     kubernetes/userspace: the non-root overlay without BPF;
+//     kubernetes/examples: a one-shot rule Job and vLLM engines; a PodMonitor.
 //   - grafana/kvgate.json: the dashboard; prometheus/alerts.yaml: alert rules
 //     for the silent failures of the spec (parity, ingest, fallthrough).
 //
