@@ -1377,3 +1377,23 @@ http {
 		}
 	}
 }
+
+// TestDashboardGenerated checks kvgate.json is what generate.py writes, so
+// the two never drift.
+func TestDashboardGenerated(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	out, err := exec.Command(python, "grafana/generate.py").Output()
+	if err != nil {
+		t.Fatalf("grafana/generate.py: %v", err)
+	}
+	committed, err := os.ReadFile("grafana/kvgate.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out, committed) {
+		t.Errorf("grafana/kvgate.json differs from generate.py's output: run python3 deploy/grafana/generate.py > deploy/grafana/kvgate.json")
+	}
+}
