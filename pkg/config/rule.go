@@ -121,6 +121,14 @@ type ServiceArguments struct {
 	// KVHashSeed overrides LLB_KV_NONE_HASH_SEED for this rule. Nil means not
 	// set; a pointer to "" is an explicitly empty seed (vLLM's PYTHONHASHSEED="").
 	KVHashSeed *string `json:"kvHashSeed,omitempty"`
+	// KVLoraAdapters names the LoRA adapters the rule's engines serve (vLLM's
+	// --lora-modules names). A request whose model is one of them hashes with
+	// the adapter name in every block's extra keys, as vLLM does. An entry is
+	// "name" or "name=base-model": the prompt is tokenized with base-model's
+	// staged tokenizer (vLLM tokenizes adapter requests with the base model's
+	// tokenizer); a bare name uses the tokenizer staged under the adapter's
+	// own name. Ours; the reference has no LoRA support.
+	KVLoraAdapters []string `json:"kvLoraAdapters,omitempty"`
 
 	PDBootstrapPort       int  `json:"pdBootstrapPort,omitempty"`
 	PDDisaggMode          bool `json:"pd_disagg_mode,omitempty"`
@@ -331,6 +339,7 @@ func (r *Rule) Clone() *Rule {
 		s := *r.Args.KVHashSeed
 		c.Args.KVHashSeed = &s
 	}
+	c.Args.KVLoraAdapters = append([]string(nil), r.Args.KVLoraAdapters...)
 	return &c
 }
 
@@ -452,6 +461,36 @@ func (r *Rule) HashSeed(s Settings) (seed string, ok bool) {
 		return *r.Args.KVHashSeed, true
 	}
 	return s.NoneHashSeed, s.NoneHashSeedSet
+}
+
+// LoraAdapter is one kvLoraAdapters entry.
+type LoraAdapter struct {
+	// Name is the adapter's served name: a request's model equal to it selects it.
+	Name string
+	// TokenizerModel is the model whose staged tokenizer encodes the adapter's
+	// prompts: the base model given as "name=base", else Name itself.
+	TokenizerModel string
+}
+
+// ParseLoraAdapter splits a kvLoraAdapters entry, "name" or "name=base-model".
+func ParseLoraAdapter(entry string) LoraAdapter {
+	name, base, ok := strings.Cut(entry, "=")
+	if !ok || base == "" {
+		return LoraAdapter{Name: name, TokenizerModel: name}
+	}
+	return LoraAdapter{Name: name, TokenizerModel: base}
+}
+
+// LoraAdapters parses the rule's kvLoraAdapters.
+func (r *Rule) LoraAdapters() []LoraAdapter {
+	if len(r.Args.KVLoraAdapters) == 0 {
+		return nil
+	}
+	out := make([]LoraAdapter, 0, len(r.Args.KVLoraAdapters))
+	for _, e := range r.Args.KVLoraAdapters {
+		out = append(out, ParseLoraAdapter(e))
+	}
+	return out
 }
 
 // SessionTTL is the sliding Tier-1 session TTL; 0 means 300 s.

@@ -94,12 +94,13 @@ func TestRuleJSONRoundTrip(t *testing.T) {
 	r.AssignIndices(nil)
 	r.ServiceID = 7
 	r.Endpoints[1].AdminDown = true
+	r.Args.KVLoraAdapters = []string{"sql-lora", "chat-lora=Qwen/Qwen3-0.6B"}
 	b, err := json.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	for _, want := range []string{`"service_id":7`, `"ep_idx":1`, `"admin":"down"`, `"admin":"up"`, `"ep_role":2`, `"kvWarmupSec":30`, `"pd_disagg_mode"`} {
+	for _, want := range []string{`"service_id":7`, `"ep_idx":1`, `"admin":"down"`, `"admin":"up"`, `"ep_role":2`, `"kvWarmupSec":30`, `"kvLoraAdapters":["sql-lora","chat-lora=Qwen/Qwen3-0.6B"]`, `"pd_disagg_mode"`} {
 		if want == `"pd_disagg_mode"` {
 			if strings.Contains(s, want) {
 				t.Errorf("GET must echo what was configured, not implied fields: %s", s)
@@ -113,6 +114,9 @@ func TestRuleJSONRoundTrip(t *testing.T) {
 	var back Rule
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
+	}
+	if c := r.Clone(); !reflect.DeepEqual(c, r) || &c.Args.KVLoraAdapters[0] == &r.Args.KVLoraAdapters[0] {
+		t.Errorf("Clone must deep-copy kvLoraAdapters")
 	}
 	if !reflect.DeepEqual(&back, r) {
 		t.Errorf("round trip:\n got %+v\nwant %+v", back, *r)

@@ -56,7 +56,8 @@ type ScoreMode string
 
 const (
 	// ScoreLeading counts the leading run of consecutive matched blocks, the
-	// prefix vLLM can reuse (default). Spelled "prefix"; "leading" is accepted.
+	// prefix vLLM can reuse (default). LOXILB_KV_SCORE spells it "leading"
+	// or "prefix" (alias).
 	ScoreLeading ScoreMode = "prefix"
 	// ScoreOverlap counts every matched block (the spec's literal definition).
 	ScoreOverlap ScoreMode = "overlap"
@@ -93,7 +94,7 @@ type Settings struct {
 	MaxBlocks int
 	// LOXILB_KV_ZERO_HIT_N: zero-hit watchdog threshold, > 0. Default 50.
 	ZeroHitN int
-	// LOXILB_KV_SCORE: prefix (the leading run; default) or overlap.
+	// LOXILB_KV_SCORE: leading (alias prefix; the leading run, default) or overlap.
 	Score ScoreMode
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
@@ -213,12 +214,13 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	if v, ok := p.get("LOXILB_KV_SCORE"); ok {
 		switch strings.ToLower(v) {
-		case "prefix", "leading", "leading-run", "leading_run":
+		case "leading", "prefix":
 			s.Score = ScoreLeading
 		case "overlap":
 			s.Score = ScoreOverlap
 		default:
-			p.fail("LOXILB_KV_SCORE", v, "allowed values: prefix (leading run, the default), overlap")
+			// pkg/selector's ParseScoreMode gives the same text.
+			p.fail("LOXILB_KV_SCORE", v, "allowed values: leading (the default; alias prefix), overlap")
 		}
 	}
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)

@@ -58,6 +58,7 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LOXILB_KV_SCORE": "overlap"}, func(s Settings) bool { return s.Score == ScoreOverlap }},
 		{map[string]string{"LOXILB_KV_SCORE": "prefix"}, func(s Settings) bool { return s.Score == ScoreLeading }},
 		{map[string]string{"LOXILB_KV_SCORE": "leading"}, func(s Settings) bool { return s.Score == ScoreLeading }},
+		{map[string]string{"LOXILB_KV_SCORE": "LEADING"}, func(s Settings) bool { return s.Score == ScoreLeading }},
 		{map[string]string{"LLB_KV_REPLAY_PORT_OFFSET": "0"}, func(s Settings) bool { return s.ReplayPortOffset == 0 }},
 		{map[string]string{"LLB_PD_PREFILL_TIMEOUT_SEC": "600"}, func(s Settings) bool { return s.PrefillTimeout == 600*time.Second }},
 		{map[string]string{"LLB_PD_DECODE_SILENCE_SEC": "5"}, func(s Settings) bool { return s.DecodeSilence == 5*time.Second }},

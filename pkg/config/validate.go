@@ -35,6 +35,9 @@ const (
 	maxSeedLen     = 4096
 	maxProbeReqLen = 1024
 	maxNameLen     = 256
+	// MaxLoraAdapters bounds kvLoraAdapters; MaxLoraAdapterLen bounds each entry.
+	MaxLoraAdapters   = 64
+	MaxLoraAdapterLen = 256
 )
 
 // Validate checks a posted rule against spec §8.1 and the reference's check
@@ -117,6 +120,9 @@ func Validate(r *Rule, env Settings) error {
 	}
 	if a.KVHashSeed != nil && len(*a.KVHashSeed) > maxSeedLen {
 		return invalid("serviceArguments.kvHashSeed", "longer than %d bytes", maxSeedLen)
+	}
+	if err := validateLoraAdapters(r); err != nil {
+		return err
 	}
 	switch a.KVHashAlgo {
 	case "", HashSHA256CBOR, HashXXHashCBOR, HashSHA256, HashXXHash:
@@ -226,6 +232,48 @@ func validateEndpoints(r *Rule) error {
 	return nil
 }
 
+// validateLoraAdapters checks kvLoraAdapters: a KV rule's list of at most
+// MaxLoraAdapters distinct entries, each "name" or "name=base-model", non-empty,
+// at most MaxLoraAdapterLen bytes, without spaces or control characters (a
+// request's model is trimmed before it is compared).
+func validateLoraAdapters(r *Rule) error {
+	const field = "serviceArguments.kvLoraAdapters"
+	list := r.Args.KVLoraAdapters
+	if len(list) == 0 {
+		return nil
+	}
+	if !r.KVEnabled() {
+		return invalid(field, "applies to KV rules only; set kvExactMode 1 or 3, or remove kvLoraAdapters")
+	}
+	if len(list) > MaxLoraAdapters {
+		return invalid(field, "%d adapters; at most %d per rule", len(list), MaxLoraAdapters)
+	}
+	seen := make(map[string]int, len(list))
+	for i, entry := range list {
+		if entry == "" {
+			return invalid(field, "entry %d is empty; each entry is an adapter name, or name=base-model", i)
+		}
+		if len(entry) > MaxLoraAdapterLen {
+			return invalid(field, "entry %d is longer than %d bytes", i, MaxLoraAdapterLen)
+		}
+		if strings.IndexFunc(entry, func(c rune) bool { return c <= ' ' || c == 0x7f }) >= 0 {
+			return invalid(field, "entry %d (%q) contains a space or control character; allowed: an adapter name, or name=base-model", i, entry)
+		}
+		ad := ParseLoraAdapter(entry)
+		if ad.Name == "" || strings.HasSuffix(entry, "=") {
+			return invalid(field, "entry %d (%q) is malformed; allowed: an adapter name, or name=base-model", i, entry)
+		}
+		if strings.HasPrefix(ad.TokenizerModel, "/") || strings.HasPrefix(ad.TokenizerModel, ".") {
+			return invalid(field, "entry %d (%q): %q looks like a path; after \"=\" give the base model's name (its tokenizer is staged under that name), not vLLM's adapter path", i, entry, ad.TokenizerModel)
+		}
+		if j, dup := seen[ad.Name]; dup {
+			return invalid(field, "adapter %q is listed twice (entries %d and %d)", ad.Name, j, i)
+		}
+		seen[ad.Name] = i
+	}
+	return nil
+}
+
 func validateCHWBL(a *ServiceArguments) error {
 	if a.CHWBLMeanLoadFactor != 0 && (a.CHWBLMeanLoadFactor < 100 || a.CHWBLMeanLoadFactor > 300) {
 		return invalid("serviceArguments.chwbl_mean_load_factor", "%d is out of range; allowed 100-300", a.CHWBLMeanLoadFactor)
@@ -287,6 +335,8 @@ func firstKVField(a *ServiceArguments) string {
 		return "kvReplayPort"
 	case a.KVHashSeed != nil:
 		return "kvHashSeed"
+	case len(a.KVLoraAdapters) > 0:
+		return "kvLoraAdapters"
 	}
 	return ""
 }

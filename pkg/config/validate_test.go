@@ -89,6 +89,29 @@ func TestValidateRejects(t *testing.T) {
 		{"endpoint role 3", func(r *Rule) { r.Endpoints[0].Role = 3 }, "endpoints[0].ep_role", "0 none, 1 prefill, 2 decode"},
 		{"nixl port", func(r *Rule) { r.Endpoints[0].NixlPort = -1 }, "nixl_port", "0-65535"},
 		{"duplicate endpoint", func(r *Rule) { r.Endpoints[1].IP = "192.0.2.1" }, "endpoints[1].endpointIP", "twice"},
+		{"lora on a non-KV rule", func(r *Rule) {
+			r.Args.KVExactMode, r.Args.PDDisaggMode = 0, true
+			r.Args.KVLoraAdapters = []string{"sql-lora"}
+		}, "kvLoraAdapters", "KV rules only"},
+		{"lora needs mode 4", func(r *Rule) {
+			*r = Rule{Args: ServiceArguments{ExternalIP: "10.0.0.1", Port: 80, KVLoraAdapters: []string{"a"}}}
+		}, "kvLoraAdapters", "mode 4"},
+		{"lora empty entry", func(r *Rule) { r.Args.KVLoraAdapters = []string{"a", ""} }, "kvLoraAdapters", "empty"},
+		{"lora blank entry", func(r *Rule) { r.Args.KVLoraAdapters = []string{" "} }, "kvLoraAdapters", "space"},
+		{"lora too long", func(r *Rule) { r.Args.KVLoraAdapters = []string{strings.Repeat("a", 257)} }, "kvLoraAdapters", "256 bytes"},
+		{"lora too many", func(r *Rule) {
+			for i := 0; i < 65; i++ {
+				r.Args.KVLoraAdapters = append(r.Args.KVLoraAdapters, "lora"+strings.Repeat("x", i))
+			}
+		}, "kvLoraAdapters", "at most 64"},
+		{"lora duplicate", func(r *Rule) { r.Args.KVLoraAdapters = []string{"a", "a=Qwen/Qwen3-0.6B"} }, "kvLoraAdapters", "twice"},
+		{"lora no name", func(r *Rule) { r.Args.KVLoraAdapters = []string{"=Qwen/Qwen3-0.6B"} }, "kvLoraAdapters", "malformed"},
+		{"lora trailing =", func(r *Rule) { r.Args.KVLoraAdapters = []string{"a="} }, "kvLoraAdapters", "malformed"},
+		{"lora base is a path", func(r *Rule) { r.Args.KVLoraAdapters = []string{"a=/models/lora"} }, "kvLoraAdapters", "path"},
+		{"llamacpp with lora", func(r *Rule) {
+			r.Args.KVEngineType, r.Args.KVExactMode = "llamacpp", 0
+			r.Args.KVLoraAdapters = []string{"a"}
+		}, "kvLoraAdapters", "llamacpp"},
 		{"too many endpoints", func(r *Rule) {
 			r.Args.KVExactMode = 3
 			r.Endpoints = nil
@@ -139,6 +162,13 @@ func TestValidateAccepts(t *testing.T) {
 			*r = Rule{Args: ServiceArguments{ExternalIP: "10.0.0.1", Port: 80, Protocol: "TCP"}, Endpoints: []Endpoint{{IP: "10.0.0.2", TargetPort: 80, Weight: 1}}}
 		}, DefaultSettings()},
 		{"llamacpp pd without kv", func(r *Rule) { r.Args.KVExactMode = 0; r.Args.PDDisaggMode = true; r.Args.KVEngineType = "llamacpp" }, DefaultSettings()},
+		{"lora adapters", func(r *Rule) {
+			for i := 0; i < MaxLoraAdapters-1; i++ {
+				r.Args.KVLoraAdapters = append(r.Args.KVLoraAdapters, "lora-"+strings.Repeat("x", i))
+			}
+			r.Args.KVLoraAdapters = append(r.Args.KVLoraAdapters, "sql-lora=Qwen/Qwen3-0.6B")
+		}, DefaultSettings()},
+		{"lora longest name", func(r *Rule) { r.Args.KVLoraAdapters = []string{strings.Repeat("a", MaxLoraAdapterLen)} }, DefaultSettings()},
 		{"ipv6", func(r *Rule) { r.Args.ExternalIP = "fd00::1"; r.Endpoints[0].IP = "fd00::2" }, DefaultSettings()},
 		{"256 endpoints", func(r *Rule) {
 			r.Args.KVExactMode = 3
@@ -169,5 +199,19 @@ func TestCheckUpdateEngine(t *testing.T) {
 	var ce *ConflictError
 	if err := CheckUpdate(a, b); !errors.As(err, &ce) || !strings.Contains(ce.Msg, "kvEngineType") {
 		t.Fatalf("want a ConflictError naming kvEngineType, got %v", err)
+	}
+}
+
+func TestParseLoraAdapter(t *testing.T) {
+	cases := []struct{ in, name, tok string }{
+		{"sql-lora", "sql-lora", "sql-lora"},
+		{"sql-lora=Qwen/Qwen3-0.6B", "sql-lora", "Qwen/Qwen3-0.6B"},
+		{"org/adapter=meta-llama/Llama-3.1-8B", "org/adapter", "meta-llama/Llama-3.1-8B"},
+	}
+	for _, c := range cases {
+		got := ParseLoraAdapter(c.in)
+		if got.Name != c.name || got.TokenizerModel != c.tok {
+			t.Errorf("ParseLoraAdapter(%q) = %+v, want name %q tokenizer %q", c.in, got, c.name, c.tok)
+		}
 	}
 }

@@ -272,14 +272,15 @@ func (g *Gateway) create(rule *config.Rule) error {
 	if err != nil {
 		return err
 	}
+	scores := newTimedScorer(idx)
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: idx, Loads: rh.loads(loads), Engine: rh, States: rh, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Loads: rh.loads(loads), Engine: rh, States: rh, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
 	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
-	rt.router = &router{service: id, sel: sel, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id)}
+	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id)}
 	rt.router.state.Store(st)
 	if _, err := rh.newFlow(rule, rt.router); err != nil {
 		return err

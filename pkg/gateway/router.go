@@ -28,6 +28,12 @@ type ruleState struct {
 	hasher *kvhash.Hasher // nil when the rule is not a KV rule or its contract is invalid
 	addrs  [epset.Max]string
 	ids    [epset.Max]string
+	// facts carries the rule's LoRA adapter names (kvLoraAdapters) to reqfacts.
+	facts reqfacts.Options
+	// loraTokenizer maps an adapter name to the model whose staged tokenizer
+	// encodes its prompts (vLLM tokenizes adapter requests with the base
+	// model's tokenizer; see config.LoraAdapter).
+	loraTokenizer map[string]string
 }
 
 // router implements fullproxy.Router for one rule: request facts →
@@ -36,6 +42,7 @@ type router struct {
 	service int
 	state   atomic.Pointer[ruleState]
 	sel     *selector.Selector
+	scores  *timedScorer // the selector's scorer, timed (the "score" stage)
 	opts    selector.Options
 	pool    *tokenizer.Pool
 	m       *metrics.Metrics
@@ -65,9 +72,19 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 			sc.attempt.Exclude(ep)
 		}
 	}
+	var scored scoreTime
+	untrack := r.scores.track(sc.selReq.Hashes, &scored)
 	t0 := time.Now()
 	d := sc.attempt.Decide()
-	sel := fullproxy.Stage{Name: "select", Duration: time.Since(t0)}
+	decide := time.Since(t0)
+	untrack()
+	stages := append([]fullproxy.Stage(nil), sc.stages...)
+	if scored.calls > 0 {
+		// Score runs inside Decide: report it apart and leave select the rest.
+		stages = append(stages, fullproxy.Stage{Name: "score", Duration: scored.d})
+		decide = max(decide-scored.d, 0)
+	}
+	stages = append(stages, fullproxy.Stage{Name: "select", Duration: decide})
 
 	if d.Reason.Miss() {
 		r.m.Tier15Miss(r.service, d.Reason.String())
@@ -78,7 +95,7 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 	out := fullproxy.Decision{
 		Endpoint: d.Endpoint, Decode: d.Decode, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
 		Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: sc.blocks,
-		Stages: append(append([]fullproxy.Stage(nil), sc.stages...), sel),
+		Stages: stages,
 	}
 	if d.Endpoint < 0 {
 		if d.Saturated {
@@ -145,7 +162,7 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 
 	t0 := time.Now()
 	if req.BodyInspected {
-		sc.facts = reqfacts.Extract(req.Body, req.Get("X-Model"), reqfacts.Options{})
+		sc.facts = reqfacts.Extract(req.Body, req.Get("X-Model"), st.facts)
 	}
 	f := &sc.facts
 	sr.Model = f.Model
@@ -167,7 +184,7 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 	}
 
 	t1 := time.Now()
-	ids, err := r.tokenize(f)
+	ids, err := r.tokenize(st, f)
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "tokenize", Duration: time.Since(t1)})
 	if err != nil {
 		r.log.Debug("tokenize miss", "model", f.Model, "err", err)
@@ -194,12 +211,17 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 // through the model's template, completion strings with the tokenizer's
 // special tokens unless add_special_tokens says otherwise, token ids as
 // given. A list of prompts routes by its first prompt (vLLM runs each as its
-// own engine request; the first shares the request's prefix).
-func (r *router) tokenize(f *reqfacts.Facts) ([]uint32, error) {
+// own engine request; the first shares the request's prefix). A LoRA
+// adapter's prompt is encoded with its base model's tokenizer, as vLLM does.
+func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
 	if f.Kind == reqfacts.KindCompletion && f.Prompts[0].IsTokens {
 		return f.Prompts[0].Tokens, nil
 	}
-	m, err := r.pool.Get(f.Model)
+	model := f.Model
+	if base, ok := st.loraTokenizer[f.LoRA]; ok && f.LoRA != "" {
+		model = base
+	}
+	m, err := r.pool.Get(model)
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +289,13 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	}
 	if !rule.KVEnabled() {
 		return st, nil
+	}
+	if ads := rule.LoraAdapters(); len(ads) > 0 {
+		st.loraTokenizer = make(map[string]string, len(ads))
+		for _, a := range ads {
+			st.facts.Adapters = append(st.facts.Adapters, a.Name)
+			st.loraTokenizer[a.Name] = a.TokenizerModel
+		}
 	}
 	algo, err := kvhash.ParseAlgo(rule.EffectiveHashAlgo())
 	if err != nil {

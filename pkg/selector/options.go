@@ -91,15 +91,16 @@ func (m ScoreMode) String() string {
 	return "prefix"
 }
 
-// ParseScoreMode parses LOXILB_KV_SCORE: prefix (or empty) or overlap.
+// ParseScoreMode parses LOXILB_KV_SCORE: leading (alias prefix; also empty,
+// the default) or overlap. The error text is pkg/config's, word for word.
 func ParseScoreMode(s string) (ScoreMode, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "prefix":
+	case "", "leading", "prefix":
 		return ScorePrefix, nil
 	case "overlap":
 		return ScoreOverlap, nil
 	}
-	return 0, fmt.Errorf("LOXILB_KV_SCORE=%q: want prefix or overlap", s)
+	return 0, fmt.Errorf("environment variable LOXILB_KV_SCORE=%q is invalid: allowed values: leading (the default; alias prefix), overlap", strings.TrimSpace(s))
 }
 
 func parseBool(s string) (bool, error) {
@@ -146,7 +147,7 @@ type Options struct {
 	ColdStartSeedN     int       // LOXILB_KV_COLDSTART_SEED_N: ≥0, default 16, 0 disables
 	ColdStartMinBlocks int       // LOXILB_KV_COLDSTART_MIN_BLOCKS: ≥0, default 16, 0 treated as 1
 	ZeroHitN           int       // LOXILB_KV_ZERO_HIT_N: ≥1, default 50
-	Score              ScoreMode // LOXILB_KV_SCORE: prefix|overlap, default prefix
+	Score              ScoreMode // LOXILB_KV_SCORE: leading (alias prefix, default) | overlap
 	LoadGuard          bool      // LLB_KV_LOADGUARD: default off
 	// SessionHeaders are the request headers that carry a conversation key,
 	// in priority order (default X-Conversation-ID, X-Session-ID).

@@ -42,6 +42,9 @@ func TestOptionsFromEnv(t *testing.T) {
 		{name: "min blocks garbage", env: map[string]string{"LOXILB_KV_COLDSTART_MIN_BLOCKS": "x"}, wantErr: "LOXILB_KV_COLDSTART_MIN_BLOCKS"},
 		{name: "zero hit zero", env: map[string]string{"LOXILB_KV_ZERO_HIT_N": "0"}, wantErr: "LOXILB_KV_ZERO_HIT_N"},
 		{name: "score garbage", env: map[string]string{"LOXILB_KV_SCORE": "longest"}, wantErr: "LOXILB_KV_SCORE"},
+		{name: "score leading-run is not a spelling", env: map[string]string{"LOXILB_KV_SCORE": "leading-run"}, wantErr: "allowed values: leading (the default; alias prefix), overlap"},
+		{name: "score leading", env: map[string]string{"LOXILB_KV_SCORE": "leading"}, check: func(o Options) bool { return o.Score == ScorePrefix }},
+		{name: "score prefix alias", env: map[string]string{"LOXILB_KV_SCORE": " Prefix "}, check: func(o Options) bool { return o.Score == ScorePrefix }},
 		{name: "loadguard garbage", env: map[string]string{"LLB_KV_LOADGUARD": "maybe"}, wantErr: "LLB_KV_LOADGUARD"},
 	}
 	for _, tc := range tests {
