@@ -246,6 +246,13 @@ func TestValidation400(t *testing.T) {
 		{"admin", setEP(0, "admin", "drain"), "admin", "up, down"},
 		{"duplicate endpoint", setEP(1, "endpointIP", "192.0.2.1"), "endpoints[1].endpointIP", "twice"},
 		{"port as string", set("port", "8080"), "serviceArguments.port", "want an integer"},
+		{"kvLoraAdapters not a list", set("kvLoraAdapters", "sql-lora"), "serviceArguments.kvLoraAdapters", "want"},
+		{"kvLoraAdapters empty name", set("kvLoraAdapters", []any{"sql-lora", ""}), "serviceArguments.kvLoraAdapters", "empty"},
+		{"kvLoraAdapters too long", set("kvLoraAdapters", []any{strings.Repeat("l", 257)}), "serviceArguments.kvLoraAdapters", "256 bytes"},
+		{"kvLoraAdapters non-KV rule", func(a map[string]any, _ []map[string]any) []map[string]any {
+			a["kvExactMode"], a["pd_disagg_mode"], a["kvLoraAdapters"] = 0, true, []any{"sql-lora"}
+			return nil
+		}, "serviceArguments.kvLoraAdapters", "KV rules only"},
 		{"too many endpoints", func(a map[string]any, _ []map[string]any) []map[string]any {
 			a["kvExactMode"] = 3
 			var eps []map[string]any
@@ -664,5 +671,29 @@ func TestPatch(t *testing.T) {
 	}
 	if code, _ := f.do(t, "PATCH", lbPath+"/externalipaddress/10.0.0.2/port/9000/protocol/tcp", `{}`); code != 404 {
 		t.Errorf("patch unknown rule: %d", code)
+	}
+}
+
+// TestLoraAdaptersRoundTrip: kvLoraAdapters is echoed by GET as posted and
+// survives a restart.
+func TestLoraAdaptersRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	f := newFixture(t, dir, nil)
+	body := `{"serviceArguments":{"externalIP":"10.0.0.1","port":9000,"protocol":"tcp","sel":0,"mode":4,"kvExactMode":3,` +
+		`"kvLoraAdapters":["sql-lora","chat-lora=Qwen/Qwen3-0.6B"]},"endpoints":[` + epBody("10.0.1.1", 8000, 0, "") + `]}`
+	if code, resp := f.do(t, "POST", lbPath, body); code != 200 {
+		t.Fatalf("POST: %d %s", code, resp)
+	}
+	want := `"kvLoraAdapters":["sql-lora","chat-lora=Qwen/Qwen3-0.6B"]`
+	if _, got := f.do(t, "GET", lbPath+"/all", ""); !strings.Contains(got, want) {
+		t.Fatalf("GET lacks %s: %s", want, got)
+	}
+	if r := f.sink.last()[1]; r == nil || len(r.LoraAdapters()) != 2 || r.LoraAdapters()[1].TokenizerModel != "Qwen/Qwen3-0.6B" {
+		t.Fatalf("the sink got %+v", r)
+	}
+	f.ts.Close()
+	g := newFixture(t, dir, nil)
+	if _, got := g.do(t, "GET", lbPath+"/all", ""); !strings.Contains(got, want) {
+		t.Fatalf("after restart GET lacks %s: %s", want, got)
 	}
 }
