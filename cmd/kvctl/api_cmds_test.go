@@ -187,6 +187,15 @@ func TestKvctlAgainstRunningAPI(t *testing.T) {
 	if table := run(0, "get", "lb"); !strings.Contains(table, "fd00::1") {
 		t.Errorf("ipv6 endpoint missing:\n%s", table)
 	}
+	run(0, "create", "lb", "10.10.10.9", "--tcp=80:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy", "--kv-exact-mode=3",
+		"--kv-hash-algo=sha256_cbor", "--kv-lora-adapters=sql-lora, chat-lora=Qwen/Qwen3-0.6B")
+	if s := getAll(t, ts.URL); !strings.Contains(s, `"kvLoraAdapters":["sql-lora","chat-lora=Qwen/Qwen3-0.6B"]`) {
+		t.Errorf("--kv-lora-adapters not posted: %s", s)
+	}
+	if msg := run(1, "create", "lb", "10.10.10.8", "--tcp=80:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy",
+		"--kv-lora-adapters=sql-lora"); !strings.Contains(msg, "API error 400") || !strings.Contains(msg, "kvLoraAdapters") {
+		t.Errorf("adapters on a non-KV rule: %s", msg)
+	}
 	run(0, "delete", "lb", "--all")
 	if s := getAll(t, ts.URL); strings.TrimSpace(s) != `{"lbAttr":[]}` {
 		t.Errorf("delete --all left %s", s)
@@ -207,6 +216,7 @@ func TestKvctlBadInputExit2(t *testing.T) {
 		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--mode=weird"},
 		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--select=random"},
 		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--kv-exact-mode=x"},
+		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--kv-exact-mode=3", "--kv-lora-adapters=a,,b"},
 		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--no-such-flag"},
 		{"delete", "lb", "10.0.0.1"},
 		{"set", "endpoint", "10.0.0.1", "--tcp=80", "--ep=10.0.0.2:80", "--admin=sideways"},

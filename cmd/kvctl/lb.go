@@ -240,6 +240,20 @@ func splitHostPart(s string) (host, part string, ok bool) {
 	return s[:i], s[i+1:], true
 }
 
+// parseLoraAdapters splits --kv-lora-adapters=a,b=base,...; the API
+// validates each entry.
+func parseLoraAdapters(v string) ([]string, error) {
+	var out []string
+	for _, a := range strings.Split(v, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			return nil, badInput("--kv-lora-adapters %q has an empty entry; want NAME[=BASE-MODEL],...", v)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
 func parseIP(flag, v string) (string, error) {
 	ip := net.ParseIP(strings.TrimSpace(v))
 	if ip == nil {
@@ -252,6 +266,7 @@ func newCreateLBCmd() *cobra.Command {
 	var (
 		tcp, endpoints, mode, sel, epRole, nixlPorts, name             string
 		kvHashAlgo, kvEngine, kvHashSeed, probeType, probeReq          string
+		kvLoraAdapters                                                 string
 		kvExact, kvZmq, kvBlock, kvWarmup, kvRanks, kvReplay           int
 		pdTTL, pdThreshold, pdBalance, pdBootstrap                     int
 		chwblLevel, chwblFlags, chwblFactor, chwblRepl                 int
@@ -306,6 +321,11 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 				ProbeType: probeType, ProbePort: probePort, ProbeReq: probeReq, ProbeTimeout: probeTimeout,
 				ProbeRetries: probeRetries, ProbeInterval: probeInterval,
 			}}}
+			if cmd.Flags().Changed("kv-lora-adapters") {
+				if rule.ServiceArguments.KVLoraAdapters, err = parseLoraAdapters(kvLoraAdapters); err != nil {
+					return err
+				}
+			}
 			if cmd.Flags().Changed("kv-hash-seed") {
 				rule.ServiceArguments.KVHashSeed = &kvHashSeed
 			}
@@ -344,6 +364,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 	f.IntVar(&kvRanks, "kv-dp-ranks", 0, "kvDpRankCount: data-parallel ranks per endpoint, 1-8")
 	f.IntVar(&kvReplay, "kv-replay-port", 0, "KV-event replay port (0 = kv-zmq-port + LLB_KV_REPLAY_PORT_OFFSET)")
 	f.StringVar(&kvHashSeed, "kv-hash-seed", "", "NONE_HASH seed for this rule (vLLM's PYTHONHASHSEED); overrides LLB_KV_NONE_HASH_SEED")
+	f.StringVar(&kvLoraAdapters, "kv-lora-adapters", "", "LoRA adapters the engines serve, NAME[=BASE-MODEL],...: a request for NAME hashes with its lora_name; its prompt is tokenized with BASE-MODEL's staged tokenizer (default: one staged under NAME)")
 	f.StringVar(&epRole, "ep-role", "", "per-endpoint roles aligned with --endpoints: normal|prefill|decode|0|1|2")
 	f.StringVar(&nixlPorts, "nixl-port", "", "per-endpoint NIXL ports aligned with --endpoints (0 = target port)")
 	f.BoolVar(&pdDisagg, "pd-disagg", false, "P/D disaggregation (implied by --kv-exact-mode=1)")
