@@ -70,6 +70,10 @@ Example (three engines on separate loopback addresses, same ports):
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
+			for i, m := range cfg.LoRAModules {
+				// vLLM spells an adapter name=path; only the name matters here.
+				cfg.LoRAModules[i], _, _ = strings.Cut(strings.TrimSpace(m), "=")
+			}
 			if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
 				cfg.PythonHashSeed, cfg.HashSeedSet = v, true
 			}
@@ -120,6 +124,7 @@ Example (three engines on separate loopback addresses, same ports):
 	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")
 	f.StringVar(&cfg.ID, "id", "", `engine id for the x-engine-id header (default "<host>:<port>")`)
 	f.StringVar(&cfg.Model, "model", def.Model, "served model name")
+	f.StringSliceVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapter names served on the model, name[,name] (vLLM's name=path is accepted; the path is ignored): requests naming one hash with its lora_name")
 	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")
 	f.IntVar(&cfg.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")
 	f.StringVar(&cfg.HashAlgo, "prefix-caching-hash-algo", def.HashAlgo, "block hash: sha256_cbor, xxhash_cbor, sha256 (pickle) or xxhash (pickle)")

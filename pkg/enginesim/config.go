@@ -56,6 +56,11 @@ type Config struct {
 	Port  int    // HTTP port; 0 picks a free one
 	ID    string // x-engine-id; default "<host>:<port>"
 	Model string // served model name
+	// LoRAModules are LoRA adapter names served on top of Model (vLLM's
+	// --lora-modules). A request naming one is tokenized like the base
+	// model and hashed with the adapter name in every block's extra keys;
+	// its events carry it as lora_name. No weights: only the cache identity.
+	LoRAModules []string
 
 	// Tokenizer turns text and chat into token ids. Nil means the built-in
 	// byte-level tokenizer, which matches no real model (token-id prompts are
@@ -190,6 +195,18 @@ func (c Config) validate() error {
 	}
 	if c.MaxNumSeqs < 1 || c.MaxWaiting < 1 || c.MaxModelLen < 1 || c.DefaultMaxTokens < 1 || c.ReplayBuffer < 1 {
 		errs = append(errs, errors.New("max-num-seqs, max-waiting, max-model-len, default-max-tokens and the replay buffer must be positive"))
+	}
+	seen := map[string]bool{}
+	for _, name := range c.LoRAModules {
+		switch {
+		case name == "" || strings.TrimSpace(name) != name:
+			errs = append(errs, fmt.Errorf("lora-modules: adapter name %q must be non-empty without surrounding spaces", name))
+		case name == c.Model:
+			errs = append(errs, fmt.Errorf("lora-modules: adapter %q has the served model's name", name))
+		case seen[name]:
+			errs = append(errs, fmt.Errorf("lora-modules: adapter %q is listed twice", name))
+		}
+		seen[name] = true
 	}
 	if c.DataParallelRank < 0 {
 		errs = append(errs, errors.New("data-parallel-rank must not be negative"))

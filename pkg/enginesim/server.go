@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -268,11 +269,17 @@ func decodeBody(r *http.Request, v any) *badRequest {
 	return nil
 }
 
-func (e *Engine) checkModel(model string) *badRequest {
-	if model != "" && model != e.cfg.Model {
-		return &badRequest{status: http.StatusNotFound, typ: "NotFoundError", msg: fmt.Sprintf("The model `%s` does not exist.", model)}
+// checkModel accepts the served model or one of its LoRA adapters
+// (--lora-modules); lora is the adapter's name, which vLLM puts in every
+// block's extra keys and in the events' lora_name.
+func (e *Engine) checkModel(model string) (lora string, bad *badRequest) {
+	if model == "" || model == e.cfg.Model {
+		return "", nil
 	}
-	return nil
+	if slices.Contains(e.cfg.LoRAModules, model) {
+		return model, nil
+	}
+	return "", &badRequest{status: http.StatusNotFound, typ: "NotFoundError", msg: fmt.Sprintf("The model `%s` does not exist.", model)}
 }
 
 func (e *Engine) checkVocab(ids []uint32) *badRequest {
@@ -328,7 +335,8 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, b)
 		return
 	}
-	if b := e.checkModel(req.Model); b != nil {
+	lora, b := e.checkModel(req.Model)
+	if b != nil {
 		writeError(w, b)
 		return
 	}
@@ -362,6 +370,7 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if req.StreamOptions != nil {
 		p.includeUsage = req.StreamOptions.IncludeUsage
 	}
+	p.extra.LoRAName = lora
 	if req.CacheSalt != nil {
 		p.extra.CacheSalt = *req.CacheSalt
 	}
@@ -374,7 +383,8 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, b)
 		return
 	}
-	if b := e.checkModel(req.Model); b != nil {
+	lora, b := e.checkModel(req.Model)
+	if b != nil {
 		writeError(w, b)
 		return
 	}
@@ -418,6 +428,7 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 	if req.StreamOptions != nil {
 		p.includeUsage = req.StreamOptions.IncludeUsage
 	}
+	p.extra.LoRAName = lora
 	if req.CacheSalt != nil {
 		p.extra.CacheSalt = *req.CacheSalt
 	}
@@ -673,13 +684,18 @@ func (rs *responder) sseDone() {
 }
 
 func (e *Engine) handleModels(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{
-		"object": "list",
-		"data": []any{map[string]any{
-			"id": e.cfg.Model, "object": "model", "created": e.created, "owned_by": "vllm",
-			"root": e.cfg.Model, "parent": nil, "max_model_len": e.cfg.MaxModelLen,
-		}},
-	})
+	data := []any{map[string]any{
+		"id": e.cfg.Model, "object": "model", "created": e.created, "owned_by": "vllm",
+		"root": e.cfg.Model, "parent": nil, "max_model_len": e.cfg.MaxModelLen,
+	}}
+	for _, name := range e.cfg.LoRAModules {
+		// vLLM lists each adapter with its base model as parent.
+		data = append(data, map[string]any{
+			"id": name, "object": "model", "created": e.created, "owned_by": "vllm",
+			"root": name, "parent": e.cfg.Model, "max_model_len": e.cfg.MaxModelLen,
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
@@ -688,7 +704,8 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, b)
 		return
 	}
-	if b := e.checkModel(req.Model); b != nil {
+	// An adapter tokenizes like its base model.
+	if _, b := e.checkModel(req.Model); b != nil {
 		writeError(w, b)
 		return
 	}
