@@ -97,7 +97,8 @@ func freePort(t *testing.T, host string) int {
 
 type engineSpec struct {
 	role     enginesim.Role
-	decodeTS float64 // decode tokens/s (0: fast)
+	decodeTS float64  // decode tokens/s (0: fast)
+	lora     []string // LoRA adapters served on the model (--lora-modules)
 }
 
 // startEngines starts one engine per spec on <block>.11, .12, …, all
@@ -117,7 +118,7 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 			}
 			e, err := enginesim.New(enginesim.Config{
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
-				PythonHashSeed: "0", HashSeedSet: true, Role: s.role,
+				PythonHashSeed: "0", HashSeedSet: true, Role: s.role, LoRAModules: s.lora,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
 				ReplayEndpoint:    fmt.Sprintf("tcp://%s:%d", host, port+1000),
 				PrefillUsPerToken: 20, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
