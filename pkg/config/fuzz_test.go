@@ -13,6 +13,7 @@ func FuzzRuleJSON(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(`{"serviceArguments":{"externalIP":"fd00::1","port":1,"mode":4,"kvExactMode":3,"kvHashAlgo":"xxhash","kvHashSeed":""},"endpoints":[{"endpointIP":"::1","targetPort":2,"weight":0,"admin":"down"}]}`))
+	f.Add([]byte(`{"serviceArguments":{"externalIP":"10.0.0.1","port":1,"mode":4,"kvExactMode":3,"kvLoraAdapters":["sql-lora","a=Qwen/Qwen3-0.6B","=x","b="]},"endpoints":[{"endpointIP":"10.0.0.2","targetPort":2}]}`))
 	f.Add([]byte(`{"serviceArguments":null,"endpoints":null}`))
 	f.Add([]byte(`{"serviceArguments":{"port":-1,"kvDpRankCount":8,"kvZmqPort":65535}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -29,6 +30,7 @@ func FuzzRuleJSON(f *testing.F) {
 		r.AssignIndices(nil)
 		_ = r.KVEndpoints()
 		_ = r.ReplayPort(1000)
+		_ = r.LoraAdapters()
 		out, err := json.Marshal(&r)
 		if err != nil {
 			t.Fatalf("marshal a valid rule: %v", err)
