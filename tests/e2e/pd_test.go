@@ -393,7 +393,9 @@ func TestPDBreakerOpens(t *testing.T) {
 		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": "0"}) >= 12
 	})
 	engines[0].Close()
-	failover := func() float64 { return tg.metric(t, "loxilb_pd_connect_failover_total", map[string]string{"service": svc}) }
+	failover := func() float64 {
+		return tg.metric(t, "loxilb_pd_connect_failover_total", map[string]string{"service": svc})
+	}
 	for i := 0; i < 3; i++ {
 		f := failover()
 		r := post(t, url, map[string]any{"model": model, "prompt": onEP0[i], "max_tokens": 2})
