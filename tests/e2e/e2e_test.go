@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/enginesim"
 )
 
@@ -43,10 +44,10 @@ const preamble = "You are the support assistant of a large inference platform. A
 // prefix there (usage.cached_tokens, copied from the prefill response), and
 // the other prefill engine never saw the prompt.
 func TestGoNoGoGate(t *testing.T) {
-	block := netBlock(t)
+	block := testnet.Block(t)
 	engines, zmq := startEngines(t, block, []engineSpec{{role: enginesim.RolePrefill}, {role: enginesim.RoleDecode}, {role: enginesim.RolePrefill}})
 	tg := startGateway(t, block)
-	vip, port := block+"1", freePort(t, block+"1")
+	vip, port := block+"1", testnet.Port(t, block+"1")
 	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
 		"kvExactMode": 1, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16, "kvWarmupSec": 30,
 	}, engines, []int{1, 2, 1}))
@@ -101,10 +102,10 @@ func TestGoNoGoGate(t *testing.T) {
 // two prompts share a 32-token preamble (two full blocks); the second goes
 // where the first went, through tier 1.5 with score 2.
 func TestWorkedExampleMode3(t *testing.T) {
-	block := netBlock(t)
+	block := testnet.Block(t)
 	engines, zmq := startEngines(t, block, []engineSpec{{}, {}, {}})
 	tg := startGateway(t, block)
-	vip, port := block+"1", freePort(t, block+"1")
+	vip, port := block+"1", testnet.Port(t, block+"1")
 	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
 		"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
 	}, engines, nil))
@@ -149,10 +150,10 @@ func TestWorkedExampleMode3(t *testing.T) {
 // tokenizes like vLLM: the same prompt token count, and a matched-block score
 // that is exactly the engine's cached prefix.
 func TestChatSharedSystemPrompt(t *testing.T) {
-	block := netBlock(t)
+	block := testnet.Block(t)
 	engines, zmq := startEngines(t, block, []engineSpec{{}, {}, {}})
 	tg := startGateway(t, block)
-	vip, port := block+"1", freePort(t, block+"1")
+	vip, port := block+"1", testnet.Port(t, block+"1")
 	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
 		"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
 	}, engines, nil))
@@ -211,10 +212,10 @@ func TestOpenAINodeSDKStreaming(t *testing.T) {
 		}
 		t.Skip("node or tests/e2e/node/node_modules missing (npm ci in tests/e2e/node); set KVGATE_REQUIRE_NODE to fail instead")
 	}
-	block := netBlock(t)
+	block := testnet.Block(t)
 	engines, zmq := startEngines(t, block, []engineSpec{{}, {}})
 	tg := startGateway(t, block)
-	vip, port := block+"1", freePort(t, block+"1")
+	vip, port := block+"1", testnet.Port(t, block+"1")
 	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
 		"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
 	}, engines, nil))
@@ -272,9 +273,9 @@ func TestGracefulShutdownWithStreamInFlight(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	block := netBlock(t)
+	block := testnet.Block(t)
 	engines, _ := startEngines(t, block, []engineSpec{{role: enginesim.RoleBoth, decodeTS: 25}})
-	api := fmt.Sprintf("%s2:%d", block, freePort(t, block+"2"))
+	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
 	daemon := exec.Command(bin, "--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", stagingDir(t),
 		"--shutdown-grace", "20s", "--decision-header")
 	daemon.Env = append(os.Environ(), "LLB_KV_NONE_HASH_SEED=0")
@@ -297,7 +298,7 @@ func TestGracefulShutdownWithStreamInFlight(t *testing.T) {
 		}
 		return err == nil
 	})
-	vip, port := block+"1", freePort(t, block+"1")
+	vip, port := block+"1", testnet.Port(t, block+"1")
 	tg.createRule(t, ruleJSON(t, vip, port, nil, engines, nil))
 
 	body := fmt.Sprintf(`{"model":%q,"prompt":"count slowly","max_tokens":30,"stream":true}`, model)

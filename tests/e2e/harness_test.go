@@ -3,8 +3,8 @@
 // or the real binary), and real HTTP clients, including the official OpenAI
 // Node SDK.
 //
-// Every test allocates its own loopback addresses (127.<a>.<b>.<c>, drawn at
-// random) and ports, so packages and tests can run in parallel.
+// Every test allocates its own loopback /24 (internal/testnet.Block) and
+// ports, so packages and tests can run in parallel.
 package e2e
 
 import (
@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/enginesim"
 	"github.com/kvgate/kvgate/pkg/gateway"
@@ -72,57 +72,38 @@ func engineTokenizer(t *testing.T) enginesim.Tokenizer {
 	return tok
 }
 
-// netBlock is a random 127.a.b.0/24 for one test.
-func netBlock(t *testing.T) string {
-	t.Helper()
-	return fmt.Sprintf("127.%d.%d.", 100+rand.IntN(150), rand.IntN(250))
-}
-
-func freePort(t *testing.T, host string) int {
-	t.Helper()
-	for i := 0; i < 50; i++ {
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if p+1000 <= 65535 {
-			return p
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
-
 type engineSpec struct {
-	role     enginesim.Role
-	decodeTS float64  // decode tokens/s (0: fast)
-	lora     []string // LoRA adapters served on the model (--lora-modules)
+	role              enginesim.Role
+	prefillUsPerToken float64  // 0: 20 µs
+	decodeTS          float64  // decode tokens/s (0: fast)
+	lora              []string // LoRA adapters served on the model (--lora-modules)
 }
 
 // startEngines starts one engine per spec on <block>.11, .12, …, all
-// publishing KV events on the same port.
+// publishing KV events on the same port (replay on that port + 1000).
 func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.Engine, int) {
 	t.Helper()
 	tk := engineTokenizer(t)
 	var lastErr error
 	for try := 0; try < 10; try++ {
-		port := freePort(t, block+"11")
+		port := testnet.PortPair(t, block+"11", 1000)
 		var engines []*enginesim.Engine
 		for i, s := range specs {
 			host := fmt.Sprintf("%s%d", block, 11+i)
-			dts := s.decodeTS
+			dts, us := s.decodeTS, s.prefillUsPerToken
 			if dts == 0 {
 				dts = 2000
+			}
+			if us == 0 {
+				us = 20
 			}
 			e, err := enginesim.New(enginesim.Config{
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
 				PythonHashSeed: "0", HashSeedSet: true, Role: s.role, LoRAModules: s.lora,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
 				ReplayEndpoint:    fmt.Sprintf("tcp://%s:%d", host, port+1000),
-				PrefillUsPerToken: 20, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				PrefillUsPerToken: us, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
+				Logger: quietLogger(),
 			})
 			if err != nil {
 				lastErr = err
@@ -145,6 +126,8 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 	t.Fatalf("start engines: %v", lastErr)
 	return nil, 0
 }
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func engineHostPort(t *testing.T, e *enginesim.Engine) (string, int) {
 	t.Helper()
@@ -188,17 +171,35 @@ type testGateway struct {
 	done   chan error
 }
 
+// startGateway starts a gateway with default settings, its API on <block>.2
+// and the data path chosen automatically.
 func startGateway(t *testing.T, block string) *testGateway {
+	t.Helper()
+	return startGatewayWith(t, block, "2", "", nil)
+}
+
+// startPDGateway starts a gateway on the userspace data path with its API on
+// <block><apiHost> and settings adjusted by tune (short P/D timeouts,
+// fallback, admission caps).
+func startPDGateway(t *testing.T, block, apiHost string, tune func(*config.Settings)) *testGateway {
+	t.Helper()
+	return startGatewayWith(t, block, apiHost, "userspace", tune)
+}
+
+func startGatewayWith(t *testing.T, block, apiHost, datapath string, tune func(*config.Settings)) *testGateway {
 	t.Helper()
 	settings := config.DefaultSettings()
 	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
+	if tune != nil {
+		tune(&settings)
+	}
 	access := &syncBuffer{}
 	g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: stagingDir(t), DecisionHeader: true,
-		AccessLog: access, ShutdownGrace: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		AccessLog: access, ShutdownGrace: 5 * time.Second, Datapath: datapath, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", block+"2:0")
+	ln, err := net.Listen("tcp", block+apiHost+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +236,21 @@ func (tg *testGateway) createRule(t *testing.T, body []byte) int {
 // matched as a subset. Missing series read as 0.
 func (tg *testGateway) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	resp, err := http.Get(tg.api + "/netlox/v1/metrics")
+	return scrapeSum(t, tg.api+"/netlox/v1/metrics", name, labels)
+}
+
+// engineMetric reads one counter from an engine's /metrics (summed over
+// its series).
+func engineMetric(t *testing.T, e *enginesim.Engine, name string) float64 {
+	t.Helper()
+	return scrapeSum(t, e.URL()+"/metrics", name, nil)
+}
+
+// scrapeSum sums the series of metric name whose labels include labels in
+// the Prometheus text exposition at url.
+func scrapeSum(t *testing.T, url, name string, labels map[string]string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,13 +260,16 @@ func (tg *testGateway) metric(t *testing.T, name string, labels map[string]strin
 	total := 0.0
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, name) || strings.HasPrefix(line, "#") {
+		if !strings.HasPrefix(line, name) {
 			continue
 		}
 		rest := line[len(name):]
 		var lbl string
 		if strings.HasPrefix(rest, "{") {
 			end := strings.Index(rest, "}")
+			if end < 0 {
+				continue
+			}
 			lbl, rest = rest[1:end], rest[end+1:]
 		} else if !strings.HasPrefix(rest, " ") {
 			continue
@@ -259,8 +277,7 @@ func (tg *testGateway) metric(t *testing.T, name string, labels map[string]strin
 		if !labelsMatch(lbl, labels) {
 			continue
 		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		if err == nil {
+		if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
 			total += v
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/kvhash"
 )
 
@@ -23,11 +24,11 @@ import (
 // model matches nothing (its hashes differ from the adapter's).
 func TestLoRAAdapterRouting(t *testing.T) {
 	const adapter = "sql-lora"
-	block := netBlock(t)
+	block := testnet.Block(t)
 	lora := []string{adapter}
 	engines, zmq := startEngines(t, block, []engineSpec{{lora: lora}, {lora: lora}, {lora: lora}})
 	tg := startGateway(t, block)
-	vip, port := block+"1", freePort(t, block+"1")
+	vip, port := block+"1", testnet.Port(t, block+"1")
 	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
 		"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
 		"kvLoraAdapters": []string{adapter + "=" + model},

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/config"
 )
 
@@ -30,8 +31,8 @@ var (
 // skipped (its prompt tokens came from the prefill engine, not computed
 // locally); the client sees the prefill's cached tokens.
 func TestPDWorkedExampleMode1(t *testing.T) {
-	block := netBlock(t)
-	engines, zmq := startPDEngines(t, block, pdTopology())
+	block := testnet.Block(t)
+	engines, zmq := startEngines(t, block, pdTopology())
 	tg := startPDGateway(t, block, "2", nil)
 	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
 	svc := strconv.Itoa(id)
@@ -99,8 +100,8 @@ func TestPDWorkedExampleMode1(t *testing.T) {
 // served by the other prefill engine (connect failover); once the probe has
 // marked it down it is no longer tried at all.
 func TestPDPrefillKilled(t *testing.T) {
-	block := netBlock(t)
-	engines, zmq := startPDEngines(t, block, pdTopology())
+	block := testnet.Block(t)
+	engines, zmq := startEngines(t, block, pdTopology())
 	tg := startPDGateway(t, block, "2", nil)
 	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
 	svc := strconv.Itoa(id)
@@ -150,10 +151,10 @@ func TestPDPrefillKilled(t *testing.T) {
 // TestPDPrefillTimeout: a prefill slower than LLB_PD_PREFILL_TIMEOUT_SEC is
 // answered 504 pd_prefill_timeout within the timeout + 1 s.
 func TestPDPrefillTimeout(t *testing.T) {
-	block := netBlock(t)
+	block := testnet.Block(t)
 	slow := pdTopology()
 	slow[0].prefillUsPerToken, slow[2].prefillUsPerToken = 200_000, 200_000 // 40 tokens ≈ 8 s
-	engines, zmq := startPDEngines(t, block, slow)
+	engines, zmq := startEngines(t, block, slow)
 	const timeout = time.Second
 	tg := startPDGateway(t, block, "2", func(s *config.Settings) { s.PrefillTimeout = timeout })
 	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
@@ -179,8 +180,8 @@ func TestPDPrefillTimeout(t *testing.T) {
 // goes to the decode engine (LLB_PD_DECODE_ONLY_FALLBACK=1, the default),
 // or the client gets 503 pd_pool_unavailable (=0).
 func TestPDAllPrefillDown(t *testing.T) {
-	block := netBlock(t)
-	engines, zmq := startPDEngines(t, block, pdTopology())
+	block := testnet.Block(t)
+	engines, zmq := startEngines(t, block, pdTopology())
 	on := startPDGateway(t, block, "2", nil)
 	off := startPDGateway(t, block, "3", func(s *config.Settings) { s.DecodeOnlyFallback = false })
 	idOn, urlOn := pdRule(t, on, block, "1", engines, zmq, nil)
@@ -219,10 +220,10 @@ func TestPDAllPrefillDown(t *testing.T) {
 // client sees the stream end (not a hang) and the in-flight counts return
 // to 0.
 func TestPDDecodeKilledMidStream(t *testing.T) {
-	block := netBlock(t)
+	block := testnet.Block(t)
 	topo := pdTopology()
 	topo[1].decodeTS = 20 // 200 tokens take 10 s
-	engines, zmq := startPDEngines(t, block, topo)
+	engines, zmq := startEngines(t, block, topo)
 	tg := startPDGateway(t, block, "2", nil)
 	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
 
@@ -262,10 +263,10 @@ func TestPDDecodeKilledMidStream(t *testing.T) {
 // TestPDAdmissionCap: with LLB_PD_MAX_INFLIGHT_PER_EP=1 and both prefill
 // engines busy, the next request gets 429 pd_overloaded with Retry-After: 1.
 func TestPDAdmissionCap(t *testing.T) {
-	block := netBlock(t)
+	block := testnet.Block(t)
 	slow := pdTopology()
 	slow[0].prefillUsPerToken, slow[2].prefillUsPerToken = 50_000, 50_000 // 40 tokens ≈ 2 s
-	engines, zmq := startPDEngines(t, block, slow)
+	engines, zmq := startEngines(t, block, slow)
 	tg := startPDGateway(t, block, "2", func(s *config.Settings) { s.MaxInflightPerEP = 1 })
 	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
 	svc := strconv.Itoa(id)
@@ -306,8 +307,8 @@ func TestPDAdmissionCap(t *testing.T) {
 // (what `kvctl set endpoint --admin=down` sends) keeps its inventory but is
 // never selected; set up again, it wins its overlap back.
 func TestPDAdminDown(t *testing.T) {
-	block := netBlock(t)
-	engines, zmq := startPDEngines(t, block, pdTopology())
+	block := testnet.Block(t)
+	engines, zmq := startEngines(t, block, pdTopology())
 	tg := startPDGateway(t, block, "2", nil)
 	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
 	svc := strconv.Itoa(id)
@@ -367,8 +368,8 @@ func TestPDAdminDown(t *testing.T) {
 // (the P/D threshold) open it (loxilb_pd_cb_flips_total), after which the
 // endpoint is no longer tried even for prompts only it holds.
 func TestPDBreakerOpens(t *testing.T) {
-	block := netBlock(t)
-	engines, zmq := startPDEngines(t, block, pdTopology())
+	block := testnet.Block(t)
+	engines, zmq := startEngines(t, block, pdTopology())
 	tg := startPDGateway(t, block, "2", nil)
 	id, url := pdRule(t, tg, block, "1", engines, zmq, map[string]any{"probetype": "none"})
 	svc := strconv.Itoa(id)
@@ -420,8 +421,8 @@ func TestPDBreakerOpens(t *testing.T) {
 // above max_tokens) and the decode engine streams with the prompt's KV from
 // the prefill.
 func TestPDChatStream(t *testing.T) {
-	block := netBlock(t)
-	engines, zmq := startPDEngines(t, block, pdTopology())
+	block := testnet.Block(t)
+	engines, zmq := startEngines(t, block, pdTopology())
 	tg := startPDGateway(t, block, "2", nil)
 	id, u := pdRule(t, tg, block, "1", engines, zmq, nil)
 	url := strings.Replace(u, "/v1/completions", "/v1/chat/completions", 1)
