@@ -118,14 +118,18 @@ int splice_verdict(struct __sk_buff *skb)
 		return SK_PASS; // not ours (yet): leave it to userspace
 
 	__u64 len = skb->len;
+	// The backend's FIN reaches the verdict as an empty skb. It carries
+	// nothing for the client (the end of the response is the backend's
+	// RCV_SHUTDOWN, seen by kvgate), and queueing it on the client's psock
+	// would leave work pending when the client leaves the map, which the
+	// kernel reports on the client socket as EPIPE.
+	if (len == 0)
+		return SK_DROP;
 	long verdict = bpf_sk_redirect_hash(skb, &clients, &p->client_cookie, 0);
 	if (verdict != SK_PASS) {
 		__sync_fetch_and_add(&p->dropped, len);
 		return SK_DROP;
 	}
-	if (len == 0)
-		return verdict;
-
 	__u64 now = bpf_ktime_get_ns();
 	int first = __sync_fetch_and_add(&p->bytes, len) == 0;
 	if (first)
@@ -170,8 +174,9 @@ static __always_inline int remote_endpoint(struct bpf_sock_ops *ops, __u32 *ep)
 	} else {
 		return 0;
 	}
-	// remote_port is in network byte order in the low 16 bits.
-	k.port = bpf_ntohs((__u16)ops->remote_port);
+	// remote_port holds the network-order port in its upper 16 bits on
+	// little-endian hosts (sock_ops shifts it), so ntohl yields the port.
+	k.port = bpf_ntohl(ops->remote_port);
 	__u32 *v = bpf_map_lookup_elem(&endpoints, &k);
 	if (!v)
 		return 0;

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"syscall"
@@ -59,27 +60,124 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 		return d.user.Run(ctx, client, backend, prefix, opts)
 	}
 	res := datapath.Result{Path: d.Path(), LastActivity: time.Now()}
-	if len(prefix) > 0 {
-		n, err := client.Write(prefix)
+	write := func(p []byte) bool {
+		n, err := client.Write(p)
 		res.Bytes += int64(n)
+		d.user.Count(int64(n))
 		if err != nil {
 			res.Ending, res.Err = datapath.ClientGone, err
-			d.user.Count(res.Bytes)
+			return false
+		}
+		return true
+	}
+	if len(prefix) > 0 && !write(prefix) {
+		return res
+	}
+
+	// Empty the backend's receive queue before the splice starts. The
+	// verdict path (tcp_read_skb) hands whole skbs to the program and
+	// ignores how much of an skb userspace already read, so a partly read
+	// skb left in the queue would be sent again. After a read that ends in
+	// EAGAIN every queued skb was consumed whole and freed; anything that
+	// arrives later is a fresh, unread skb.
+	buf := d.drainBuf()
+	defer d.putDrainBuf(buf)
+	for round := 0; ; round++ {
+		n, state, err := drain(brc, *buf)
+		if n > 0 && !write((*buf)[:n]) {
 			return res
 		}
+		switch state {
+		case drainEmpty:
+		case drainEOF:
+			res.Ending = datapath.BackendEOF
+			return res
+		case drainError:
+			res.Ending, res.Err = datapath.BackendError, err
+			return res
+		case drainMore:
+			if round < maxDrainRounds {
+				continue
+			}
+			// The backend outruns us: stay in userspace for this body.
+			r := d.user.Run(ctx, client, backend, nil, opts)
+			r.Bytes += res.Bytes
+			return r
+		}
+		break
 	}
-	d.user.Count(res.Bytes)
+	if d.beforeInsert != nil {
+		d.beforeInsert()
+	}
 
 	s, err := d.attach(crc, brc, backend.RemoteAddr())
 	if err != nil {
 		// Nothing was redirected: the userspace copy carries on, in order.
-		d.log.Warn("sockmap attach failed; copying in userspace", "err", err)
+		// A backend that closed right after the drain can no longer join a
+		// sockhash (EOPNOTSUPP outside ESTABLISHED): expected, not a warning.
+		level := slog.LevelWarn
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			level = slog.LevelDebug
+		}
+		d.log.Log(ctx, level, "sockmap attach failed; copying in userspace", "err", err)
 		r := d.user.Run(ctx, client, backend, nil, opts)
 		r.Bytes += res.Bytes
 		return r
 	}
 	return d.follow(ctx, s, client, backend, crc, res, opts)
 }
+
+const (
+	drainEmpty = iota // the receive queue is empty (EAGAIN)
+	drainMore         // the buffer filled; more may be queued
+	drainEOF          // the backend closed; the body is complete
+	drainError        // the backend failed
+)
+
+// maxDrainRounds bounds the pre-splice drain against a backend that sends
+// faster than the drain empties its queue.
+const maxDrainRounds = 16
+
+// drain reads the backend's receive queue without blocking into buf.
+func drain(rc syscall.RawConn, buf []byte) (int, int, error) {
+	n, state := 0, drainEmpty
+	var rerr error
+	err := rc.Read(func(fd uintptr) bool {
+		for n < len(buf) {
+			m, err := unix.Read(int(fd), buf[n:])
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				state = drainEmpty
+				return true
+			case err != nil:
+				state, rerr = drainError, err
+				return true
+			case m == 0:
+				state = drainEOF
+				return true
+			}
+			n += m
+		}
+		state = drainMore
+		return true
+	})
+	if err != nil && rerr == nil {
+		return n, drainError, err
+	}
+	return n, state, rerr
+}
+
+func (d *Datapath) drainBuf() *[]byte {
+	if b, ok := d.drainBufs.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 64<<10)
+	return &b
+}
+
+func (d *Datapath) putDrainBuf(b *[]byte) { d.drainBufs.Put(b) }
 
 // session is one spliced response.
 type session struct {
@@ -98,7 +196,7 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 			err = fmt.Errorf("client SO_COOKIE: %w", err)
 			return
 		}
-		s.base, err = written(int(fd))
+		s.base, err = writtenExact(int(fd))
 	}); cerr != nil || err != nil {
 		return nil, errors.Join(cerr, err)
 	}
@@ -314,6 +412,32 @@ func written(fd int) (uint64, error) {
 		return 0, fmt.Errorf("SIOCOUTQ: %w", err)
 	}
 	return info.Bytes_acked + uint64(outq), nil
+}
+
+// writtenExact is written for a socket nobody writes to meanwhile: it
+// retries until no ACK moved between the two reads. An underestimate here
+// would let the drain check pass with redirected bytes still queued.
+func writtenExact(fd int) (uint64, error) {
+	for try := 0; ; try++ {
+		a1, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err != nil {
+			return 0, fmt.Errorf("TCP_INFO: %w", err)
+		}
+		outq, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+		if err != nil {
+			return 0, fmt.Errorf("SIOCOUTQ: %w", err)
+		}
+		a2, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err != nil {
+			return 0, fmt.Errorf("TCP_INFO: %w", err)
+		}
+		if a1.Bytes_acked == a2.Bytes_acked {
+			return a1.Bytes_acked + uint64(outq), nil
+		}
+		if try > 1000 {
+			return 0, errors.New("client socket counters did not settle")
+		}
+	}
 }
 
 func (d *Datapath) lastActivity(s *session, floor time.Time) time.Time {

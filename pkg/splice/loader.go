@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -58,6 +59,11 @@ type Datapath struct {
 	closed  atomic.Bool
 	cgroup  string
 	stopped chan struct{}
+	// drainBufs hold the pre-splice drain of backend receive queues.
+	drainBufs sync.Pool
+	// beforeInsert, when set (tests only), runs between the pre-splice
+	// drain and the sockhash insertion, to widen that window.
+	beforeInsert func()
 }
 
 // Opener returns a datapath.KernelOpener for cfg, for datapath.New.
