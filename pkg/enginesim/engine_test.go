@@ -9,30 +9,15 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-)
 
-// testHost returns a fresh loopback address so parallel packages and tests
-// do not collide on ports.
-func testHost(t *testing.T) string {
-	t.Helper()
-	for range 50 {
-		h := fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), rand.IntN(250), 2+rand.IntN(250))
-		ln, err := net.Listen("tcp", h+":0")
-		if err == nil {
-			ln.Close()
-			return h
-		}
-	}
-	t.Fatal("no free loopback address")
-	return ""
-}
+	"github.com/kvgate/kvgate/internal/testnet"
+)
 
 func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -43,7 +28,7 @@ func quietLogger() *slog.Logger {
 func startEngine(t *testing.T, cfg Config) *Engine {
 	t.Helper()
 	if cfg.Host == "" {
-		cfg.Host = testHost(t)
+		cfg.Host = testnet.Host(t)
 	}
 	if cfg.KVEventsEndpoint == "" {
 		cfg.KVEventsEndpoint = "tcp://" + cfg.Host + ":0"
@@ -483,7 +468,7 @@ func TestEnginesShareAPortOnDifferentAddresses(t *testing.T) {
 		engines = engines[:0]
 		port := 20000 + rand.IntN(20000)
 		for range 3 {
-			host := testHost(t)
+			host := testnet.Host(t)
 			e, err := New(Config{Host: host, Port: port, Logger: quietLogger(),
 				KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port+1)})
 			if err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/kvhash"
 )
 
@@ -79,7 +80,7 @@ func TestClientDisconnectFreesBlocks(t *testing.T) {
 
 // TestCloseReleasesSockets restarts engines on the same addresses and ports.
 func TestCloseReleasesSockets(t *testing.T) {
-	host := testHost(t)
+	host := testnet.Host(t)
 	cfg := Config{Host: host, Logger: quietLogger(), HashSeedSet: true, DecodeTokensPerS: 10,
 		KVEventsEndpoint: "tcp://" + host + ":0"}
 	first, err := New(cfg)

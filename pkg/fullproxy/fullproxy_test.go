@@ -9,12 +9,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/epset"
 )
 
@@ -296,7 +298,7 @@ func TestUninspectedBodyIsForwarded(t *testing.T) {
 
 func TestConnectFailureRetriesWithExclusion(t *testing.T) {
 	be := startBackend(t, "ep1", nil)
-	dead := deadAddr(t)
+	dead := net.JoinHostPort("127.0.0.1", strconv.Itoa(testnet.Port(t, "127.0.0.1")))
 	obs := &countingObserver{}
 	router := &staticRouter{addrs: []string{dead, be.addr}}
 	s := startProxy(t, Config{Router: router, Observer: obs})
@@ -316,7 +318,7 @@ func TestConnectFailureRetriesWithExclusion(t *testing.T) {
 }
 
 func TestErrorsKvgateAnswers(t *testing.T) {
-	dead := deadAddr(t)
+	dead := net.JoinHostPort("127.0.0.1", strconv.Itoa(testnet.Port(t, "127.0.0.1")))
 	tests := []struct {
 		name   string
 		router *staticRouter
@@ -498,17 +500,6 @@ func TestDecisionHeaderValue(t *testing.T) {
 	if got != "tier=1.5; ep=0; score=12; reason=hit" {
 		t.Fatal(got)
 	}
-}
-
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := ln.Addr().String()
-	ln.Close()
-	return a
 }
 
 func FuzzParseHead(f *testing.F) {

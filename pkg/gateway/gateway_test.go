@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/selector"
@@ -53,15 +54,10 @@ func TestDatapathChoice(t *testing.T) {
 	}
 }
 
+// freeAddr is 127.0.0.1 and a port nothing listens on.
 func freeAddr(t *testing.T) (string, int) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a := ln.Addr().(*net.TCPAddr)
-	return a.IP.String(), a.Port
+	return "127.0.0.1", testnet.Port(t, "127.0.0.1")
 }
 
 func mustRule(t *testing.T, body string) *config.Rule {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
@@ -59,18 +60,6 @@ func (e *engineServer) target(ep int) Target {
 	return Target{Ep: ep, Host: host, Port: p}
 }
 
-// closedPort returns a loopback port with nothing listening.
-func closedPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return port
-}
-
 func TestHTTPProbe(t *testing.T) {
 	eng := newEngineServer(t)
 	tr, _, _ := newTestTracker(t, true, 0)
@@ -105,7 +94,7 @@ func TestHTTPProbe(t *testing.T) {
 	if err := redir.Probe(ctx, eng.target(0)); err == nil {
 		t.Error("a redirect passed the probe")
 	}
-	dead := Target{Ep: 0, Host: "127.0.0.1", Port: closedPort(t)}
+	dead := Target{Ep: 0, Host: "127.0.0.1", Port: testnet.Port(t, "127.0.0.1")}
 	if err := p.Probe(ctx, dead); err == nil {
 		t.Error("probe of a closed port passed")
 	}
@@ -136,11 +125,11 @@ func TestTCPProbe(t *testing.T) {
 		t.Fatalf("live: %v", err)
 	}
 	// probeport overrides the target port.
-	p2, _ := NewProber(tr, ProbeConfig{Type: "tcp", Port: closedPort(t)}, []Target{live}, nil)
+	p2, _ := NewProber(tr, ProbeConfig{Type: "tcp", Port: testnet.Port(t, "127.0.0.1")}, []Target{live}, nil)
 	if err := p2.Probe(context.Background(), live); err == nil {
 		t.Fatal("probeport not used")
 	}
-	none, _ := NewProber(tr, ProbeConfig{Type: "none"}, []Target{{Ep: 0, Host: "127.0.0.1", Port: closedPort(t)}}, nil)
+	none, _ := NewProber(tr, ProbeConfig{Type: "none"}, []Target{{Ep: 0, Host: "127.0.0.1", Port: testnet.Port(t, "127.0.0.1")}}, nil)
 	if err := none.Probe(context.Background(), live); err != nil {
 		t.Fatal("none failed")
 	}

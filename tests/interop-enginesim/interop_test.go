@@ -10,11 +10,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/enginesim"
 )
 
@@ -38,19 +36,6 @@ func requirePython(t *testing.T) {
 		t.Fatalf("KVGATE_REQUIRE_INTEROP is set but %s lacks python3-zmq/msgpack/cbor2: %v\n%s", python, err, out)
 	}
 	t.Skipf("%s lacks python3-zmq/msgpack/cbor2 (install them or set KVGATE_REQUIRE_INTEROP=1 to fail): %v", python, err)
-}
-
-func testHost(t *testing.T) string {
-	t.Helper()
-	for range 50 {
-		h := fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), rand.IntN(250), 2+rand.IntN(250))
-		if ln, err := net.Listen("tcp", h+":0"); err == nil {
-			ln.Close()
-			return h
-		}
-	}
-	t.Fatal("no free loopback address")
-	return ""
 }
 
 func complete(t *testing.T, e *enginesim.Engine, body map[string]any) {
@@ -83,7 +68,7 @@ func TestPythonSubscriberReadsEnginesimEvents(t *testing.T) {
 	requirePython(t)
 	for _, layout := range []string{"map", "array"} {
 		t.Run(layout, func(t *testing.T) {
-			host := testHost(t)
+			host := testnet.Host(t)
 			const seed = "interop-seed"
 			e, err := enginesim.New(enginesim.Config{
 				Host: host, Port: 0,

@@ -8,11 +8,9 @@ import (
 	"bufio"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents"
 )
@@ -200,25 +199,6 @@ func (p *pyPublisher) send(cmd map[string]any) {
 	p.expect("ok")
 }
 
-func freePorts(t *testing.T, ip string, offset int) int {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port+offset)))
-		l.Close()
-		if err == nil {
-			l2.Close()
-			return port
-		}
-	}
-	t.Fatal("no free ports")
-	return 0
-}
-
 type counters struct {
 	kvevents.NopObserver
 	restarts chan struct{}
@@ -236,9 +216,9 @@ func (c *counters) Cleared(_ kvevents.EndpointRef, _ int, r kvevents.ClearReason
 func TestLibzmqPublisherGoldenPayloads(t *testing.T) {
 	requirePython(t)
 	v := loadVectors(t)
-	ip := fmt.Sprintf("127.%d.%d.%d", 1+rand.IntN(250), rand.IntN(256), 1+rand.IntN(250))
+	ip := testnet.Host(t)
 	const offset = kvevents.DefaultReplayPortOffset
-	port := freePorts(t, ip, offset)
+	port := testnet.PortPair(t, ip, offset)
 	py := startPython(t, "tcp://"+net.JoinHostPort(ip, strconv.Itoa(port)), "tcp://"+net.JoinHostPort(ip, strconv.Itoa(port+offset)))
 
 	// Group the vectors by schema; every group is one engine's history.
