@@ -619,7 +619,11 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 	rec.Status = rh.status
 
 	keep = req.KeepAlive && req.bodyDone && rh.selfDelimited(req.Method) && !s.isDraining()
-	head := s.responseHead(rh, req, d, keep)
+	decision := ""
+	if s.cfg.DecisionHeader {
+		decision = DecisionHeaderValue(d)
+	}
+	head := s.responseHead(rh, req, decision, keep)
 	_ = c.nc.SetWriteDeadline(time.Now().Add(s.lim.WriteTimeout))
 	if _, err := c.nc.Write(head); err != nil {
 		rec.Outcome = "client_gone"
@@ -670,15 +674,15 @@ type clientReadError struct{ err error }
 func (e *clientReadError) Error() string { return "reading the client body: " + e.err.Error() }
 func (e *clientReadError) Unwrap() error { return e.err }
 
-// fail answers the client with kvgate's error shape. The connection stays
-// open only when the request body was fully read.
-func (s *Server) fail(c *clientConn, req *Request, rec *Record, status int, code, detail string) bool {
+// fail answers the client with kvgate's error shape plus extra headers. The
+// connection stays open only when the request body was fully read.
+func (s *Server) fail(c *clientConn, req *Request, rec *Record, status int, code, detail string, extra ...HeaderField) bool {
 	keep := req.KeepAlive && req.bodyDone && !s.isDraining()
 	rec.Status = status
 	if rec.Outcome == "" {
 		rec.Outcome = code
 	}
-	if err := writeError(c.nc, status, code, detail, keep, s.lim.WriteTimeout); err != nil {
+	if err := writeError(c.nc, status, code, detail, keep, s.lim.WriteTimeout, extra...); err != nil {
 		return false
 	}
 	return keep
@@ -691,38 +695,7 @@ func (s *Server) forwardRequest(bc net.Conn, req *Request) error {
 	defer bc.SetWriteDeadline(time.Time{})
 	var b strings.Builder
 	b.Grow(512)
-	b.WriteString(req.Method)
-	b.WriteByte(' ')
-	b.WriteString(req.Target)
-	b.WriteString(" HTTP/1.1\r\n")
-	named := connectionNamed(req.Header)
-	hasHost := false
-	for _, h := range req.Header {
-		ln := strings.ToLower(h.Name)
-		if hopByHop[ln] || named[ln] || ln == "content-length" || ln == "transfer-encoding" || ln == "expect" || ln == "x-forwarded-for" {
-			continue
-		}
-		if ln == "host" {
-			hasHost = true
-		}
-		b.WriteString(h.Name)
-		b.WriteString(": ")
-		b.WriteString(h.Value)
-		b.WriteString("\r\n")
-	}
-	if !hasHost {
-		b.WriteString("Host: ")
-		b.WriteString(bc.RemoteAddr().String())
-		b.WriteString("\r\n")
-	}
-	if host, _, err := net.SplitHostPort(req.RemoteAddr.String()); err == nil {
-		if prior := req.Get("X-Forwarded-For"); prior != "" {
-			host = prior + ", " + host
-		}
-		b.WriteString("X-Forwarded-For: ")
-		b.WriteString(host)
-		b.WriteString("\r\n")
-	}
+	writeRequestHead(&b, req, bc, nil)
 	b.WriteString("Connection: close\r\n")
 	if req.BodyInspected {
 		b.WriteString("Content-Length: ")
@@ -744,6 +717,47 @@ func (s *Server) forwardRequest(bc net.Conn, req *Request) error {
 		return err
 	}
 	return s.streamBody(bc, req)
+}
+
+// writeRequestHead writes the request line and the client's headers for
+// backend bc: hop-by-hop ones, those its Connection header names, framing,
+// Expect, X-Forwarded-For and those in drop (lower case) left out; Host added
+// when the client sent none; X-Forwarded-For extended with the client's
+// address. The caller adds framing and ends the head.
+func writeRequestHead(b *strings.Builder, req *Request, bc net.Conn, drop map[string]bool) {
+	b.WriteString(req.Method)
+	b.WriteByte(' ')
+	b.WriteString(req.Target)
+	b.WriteString(" HTTP/1.1\r\n")
+	named := connectionNamed(req.Header)
+	hasHost := false
+	for _, h := range req.Header {
+		ln := strings.ToLower(h.Name)
+		if hopByHop[ln] || named[ln] || drop[ln] || ln == "content-length" || ln == "transfer-encoding" || ln == "expect" || ln == "x-forwarded-for" {
+			continue
+		}
+		if ln == "host" {
+			hasHost = true
+		}
+		writeHeader(b, h.Name, h.Value)
+	}
+	if !hasHost {
+		writeHeader(b, "Host", bc.RemoteAddr().String())
+	}
+	if host, _, err := net.SplitHostPort(req.RemoteAddr.String()); err == nil {
+		if prior := req.Get("X-Forwarded-For"); prior != "" {
+			host = prior + ", " + host
+		}
+		writeHeader(b, "X-Forwarded-For", host)
+	}
+}
+
+// writeHeader writes one "Name: value" header line.
+func writeHeader(b *strings.Builder, name, value string) {
+	b.WriteString(name)
+	b.WriteString(": ")
+	b.WriteString(value)
+	b.WriteString("\r\n")
 }
 
 // streamBody forwards an uninspected body without buffering it.
@@ -801,8 +815,9 @@ func (s *Server) streamBody(bc net.Conn, req *Request) error {
 
 // responseHead renders the head the client gets: the backend's status and
 // headers (framing kept, since the body passes verbatim), the proxy's own
-// Connection header, and optionally the decision.
-func (s *Server) responseHead(rh *responseHead, req *Request, d Decision, keep bool) []byte {
+// Connection header, and x-kvgate-decision when enabled and decision (its
+// value) is not empty.
+func (s *Server) responseHead(rh *responseHead, req *Request, decision string, keep bool) []byte {
 	var b strings.Builder
 	b.Grow(512)
 	b.WriteString("HTTP/1.1 ")
@@ -816,16 +831,18 @@ func (s *Server) responseHead(rh *responseHead, req *Request, d Decision, keep b
 		if ln == "connection" || ln == "keep-alive" || ln == "proxy-connection" || ln == "upgrade" || named[ln] {
 			continue
 		}
-		b.WriteString(h.Name)
-		b.WriteString(": ")
-		b.WriteString(h.Value)
-		b.WriteString("\r\n")
+		writeHeader(&b, h.Name, h.Value)
 	}
-	if s.cfg.DecisionHeader {
-		b.WriteString("x-kvgate-decision: ")
-		b.WriteString(DecisionHeaderValue(d))
-		b.WriteString("\r\n")
+	if s.cfg.DecisionHeader && decision != "" {
+		writeHeader(&b, "x-kvgate-decision", decision)
 	}
+	endResponseHead(&b, req, keep)
+	return []byte(b.String())
+}
+
+// endResponseHead writes the proxy's Connection header and the blank line:
+// HTTP/1.1 clients keep the connection by default, HTTP/1.0 ones are told.
+func endResponseHead(b *strings.Builder, req *Request, keep bool) {
 	if keep {
 		if req.Minor == 0 {
 			b.WriteString("Connection: keep-alive\r\n")
@@ -834,7 +851,6 @@ func (s *Server) responseHead(rh *responseHead, req *Request, d Decision, keep b
 		b.WriteString("Connection: close\r\n")
 	}
 	b.WriteString("\r\n")
-	return []byte(b.String())
 }
 
 // DecisionHeaderValue renders a decision as x-kvgate-decision shows it:
@@ -849,20 +865,46 @@ type ErrorBody struct {
 	Detail string `json:"detail"`
 }
 
-// writeError writes {"error":code,"detail":detail} with status.
-func writeError(w net.Conn, status int, code, detail string, keep bool, timeout time.Duration) error {
+// writeError writes {"error":code,"detail":detail} with status and extra
+// headers (Retry-After).
+func writeError(w net.Conn, status int, code, detail string, keep bool, timeout time.Duration, extra ...HeaderField) error {
 	body, _ := json.Marshal(ErrorBody{Error: code, Detail: detail})
-	conn := "close"
-	if keep {
-		conn = "keep-alive"
+	var b strings.Builder
+	b.WriteString("HTTP/1.1 " + strconv.Itoa(status) + " " + reasonPhrase(status) + "\r\nContent-Type: application/json\r\n")
+	for _, h := range extra {
+		writeHeader(&b, h.Name, h.Value)
 	}
-	head := fmt.Sprintf("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: %s\r\n\r\n",
-		status, statusText(status), len(body), conn)
+	b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n")
+	if keep {
+		b.WriteString("Connection: keep-alive\r\n\r\n")
+	} else {
+		b.WriteString("Connection: close\r\n\r\n")
+	}
 	_ = w.SetWriteDeadline(time.Now().Add(timeout))
 	defer w.SetWriteDeadline(time.Time{})
-	bufs := net.Buffers{[]byte(head), body}
+	bufs := net.Buffers{[]byte(b.String()), body}
 	_, err := bufs.WriteTo(w)
 	return err
+}
+
+// reasonPhrase is the reason phrase of the statuses kvgate answers itself.
+func reasonPhrase(code int) string {
+	switch code {
+	case 200:
+		return "OK"
+	case 429:
+		return "Too Many Requests"
+	}
+	if t := statusText(code); t != "Error" {
+		return t
+	}
+	switch {
+	case code >= 200 && code < 300:
+		return "OK"
+	case code >= 400 && code < 500:
+		return "Client Error"
+	}
+	return "Error"
 }
 
 func statusText(code int) string {

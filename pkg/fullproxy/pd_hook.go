@@ -9,7 +9,6 @@ package fullproxy
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -94,33 +93,9 @@ func (x *Exchange) WriteRequest(bc net.Conn, body []byte, set []HeaderField, dro
 	}
 	var b strings.Builder
 	b.Grow(512 + 64*len(req.Header))
-	b.WriteString(req.Method)
-	b.WriteByte(' ')
-	b.WriteString(req.Target)
-	b.WriteString(" HTTP/1.1\r\n")
-	named := connectionNamed(req.Header)
-	hasHost := false
-	for _, h := range req.Header {
-		ln := strings.ToLower(h.Name)
-		if hopByHop[ln] || named[ln] || skip[ln] || ln == "content-length" || ln == "transfer-encoding" || ln == "expect" || ln == "x-forwarded-for" {
-			continue
-		}
-		if ln == "host" {
-			hasHost = true
-		}
-		b.WriteString(h.Name + ": " + h.Value + "\r\n")
-	}
-	if !hasHost {
-		b.WriteString("Host: " + bc.RemoteAddr().String() + "\r\n")
-	}
-	if host, _, err := net.SplitHostPort(req.RemoteAddr.String()); err == nil {
-		if prior := req.Get("X-Forwarded-For"); prior != "" {
-			host = prior + ", " + host
-		}
-		b.WriteString("X-Forwarded-For: " + host + "\r\n")
-	}
+	writeRequestHead(&b, req, bc, skip)
 	for _, h := range set {
-		b.WriteString(h.Name + ": " + h.Value + "\r\n")
+		writeHeader(&b, h.Name, h.Value)
 	}
 	b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\nConnection: close\r\n\r\n")
 	bufs := net.Buffers{[]byte(b.String()), body}
@@ -247,7 +222,7 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 func (x *Exchange) Relay(ctx context.Context, r *BackendResponse, decision string, silence time.Duration) (datapath.Result, bool) {
 	req := x.Req
 	keep := req.KeepAlive && req.bodyDone && r.head.selfDelimited(req.Method) && !x.s.isDraining()
-	head := x.s.headWithDecision(r.head, req, decision, keep)
+	head := x.s.responseHead(r.head, req, decision, keep)
 	_ = x.c.nc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
 	if _, err := x.c.nc.Write(head); err != nil {
 		return datapath.Result{Ending: datapath.ClientGone, Err: err, Path: x.s.leg.Path()}, false
@@ -284,20 +259,13 @@ func (x *Exchange) Respond(status int, header []HeaderField, body []byte, decisi
 		if hopByHop[ln] || named[ln] || ln == "content-length" || ln == "transfer-encoding" {
 			continue
 		}
-		b.WriteString(h.Name + ": " + h.Value + "\r\n")
+		writeHeader(&b, h.Name, h.Value)
 	}
 	if x.s.cfg.DecisionHeader && decision != "" {
-		b.WriteString("x-kvgate-decision: " + decision + "\r\n")
+		writeHeader(&b, "x-kvgate-decision", decision)
 	}
 	b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n")
-	if keep {
-		if req.Minor == 0 {
-			b.WriteString("Connection: keep-alive\r\n")
-		}
-	} else {
-		b.WriteString("Connection: close\r\n")
-	}
-	b.WriteString("\r\n")
+	endResponseHead(&b, req, keep)
 	x.Record.Status = status
 	x.Record.BodyBytes = int64(len(body))
 	_ = x.c.nc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
@@ -313,81 +281,11 @@ func (x *Exchange) Respond(status int, header []HeaderField, body []byte, decisi
 // {"error":code,"detail":detail} plus extra headers (Retry-After). The
 // connection stays open only when the request body was fully read.
 func (x *Exchange) Fail(status int, code, detail string, extra ...HeaderField) bool {
-	req := x.Req
-	keep := req.KeepAlive && req.bodyDone && !x.s.isDraining()
-	x.Record.Status = status
-	if x.Record.Outcome == "" {
-		x.Record.Outcome = code
-	}
-	body, _ := json.Marshal(ErrorBody{Error: code, Detail: detail})
-	var b strings.Builder
-	b.WriteString("HTTP/1.1 " + strconv.Itoa(status) + " " + reasonPhrase(status) + "\r\nContent-Type: application/json\r\n")
-	for _, h := range extra {
-		b.WriteString(h.Name + ": " + h.Value + "\r\n")
-	}
-	b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n")
-	if keep {
-		b.WriteString("Connection: keep-alive\r\n\r\n")
-	} else {
-		b.WriteString("Connection: close\r\n\r\n")
-	}
-	_ = x.c.nc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
-	defer x.c.nc.SetWriteDeadline(time.Time{})
-	bufs := net.Buffers{[]byte(b.String()), body}
-	if _, err := bufs.WriteTo(x.c.nc); err != nil {
-		return false
-	}
-	return keep
+	return x.s.fail(x.c, x.Req, x.Record, status, code, detail, extra...)
 }
 
 // IsTimeout reports whether err is a deadline passing.
 func IsTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
-
-func reasonPhrase(code int) string {
-	switch code {
-	case 200:
-		return "OK"
-	case 429:
-		return "Too Many Requests"
-	}
-	if t := statusText(code); t != "Error" {
-		return t
-	}
-	switch {
-	case code >= 200 && code < 300:
-		return "OK"
-	case code >= 400 && code < 500:
-		return "Client Error"
-	}
-	return "Error"
-}
-
-// headWithDecision is responseHead with a caller-rendered decision value.
-func (s *Server) headWithDecision(rh *responseHead, req *Request, decision string, keep bool) []byte {
-	var b strings.Builder
-	b.Grow(512)
-	b.WriteString("HTTP/1.1 " + strconv.Itoa(rh.status) + " " + rh.reason + "\r\n")
-	named := connectionNamed(rh.header)
-	for _, h := range rh.header {
-		ln := strings.ToLower(h.Name)
-		if ln == "connection" || ln == "keep-alive" || ln == "proxy-connection" || ln == "upgrade" || named[ln] {
-			continue
-		}
-		b.WriteString(h.Name + ": " + h.Value + "\r\n")
-	}
-	if s.cfg.DecisionHeader && decision != "" {
-		b.WriteString("x-kvgate-decision: " + decision + "\r\n")
-	}
-	if keep {
-		if req.Minor == 0 {
-			b.WriteString("Connection: keep-alive\r\n")
-		}
-	} else {
-		b.WriteString("Connection: close\r\n")
-	}
-	b.WriteString("\r\n")
-	return []byte(b.String())
-}
 
 // WatchClient returns a context that also ends when the client closes its
 // connection while the proxy waits on something else (a prefill, an
