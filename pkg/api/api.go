@@ -360,7 +360,7 @@ func (s *Server) Delete(key config.RuleKey) error {
 	defer s.mu.Unlock()
 	old, ok := s.rules[key]
 	if !ok {
-		return &apiError{http.StatusNotFound, fmt.Sprintf("rule %s not found", key)}
+		return ruleNotFound(key)
 	}
 	return s.commitLocked(key, old, nil)
 }
@@ -383,7 +383,7 @@ func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
 	defer s.mu.Unlock()
 	old, ok := s.rules[key]
 	if !ok {
-		return &apiError{http.StatusNotFound, fmt.Sprintf("rule %s not found", key)}
+		return ruleNotFound(key)
 	}
 	updated := old.Clone()
 	found := false

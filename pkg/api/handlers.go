@@ -79,6 +79,32 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	return b, nil
 }
 
+// decodeBody reads a bounded JSON request body into v and returns its bytes.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) ([]byte, error) {
+	body, err := readBody(w, r)
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return nil, decodeError(err)
+	}
+	return body, nil
+}
+
+// keyedBody reads the rule key from the path and the JSON body into v.
+func keyedBody(w http.ResponseWriter, r *http.Request, v any) (config.RuleKey, error) {
+	k, err := keyFromPath(r)
+	if err != nil {
+		return k, err
+	}
+	_, err = decodeBody(w, r, v)
+	return k, err
+}
+
+func ruleNotFound(k config.RuleKey) error {
+	return &apiError{http.StatusNotFound, fmt.Sprintf("rule %s not found", k)}
+}
+
 // decodeError turns a JSON decoding error into a 400 that names the field.
 func decodeError(err error) error {
 	var ve *config.ValidationError
@@ -160,14 +186,10 @@ func (s *Server) inspectKeys(body []byte) postedShape {
 }
 
 func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(w, r)
+	var rule config.Rule
+	body, err := decodeBody(w, r, &rule)
 	if err != nil {
 		s.writeErr(w, r, err)
-		return
-	}
-	var rule config.Rule
-	if err := json.Unmarshal(body, &rule); err != nil {
-		s.writeErr(w, r, decodeError(err))
 		return
 	}
 	shape := s.inspectKeys(body)
@@ -273,7 +295,7 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	}
 	rule, ok := s.ruleByKey(k)
 	if !ok {
-		s.writeErr(w, r, &apiError{http.StatusNotFound, fmt.Sprintf("rule %s not found", k)})
+		s.writeErr(w, r, ruleNotFound(k))
 		return
 	}
 	writeJSON(w, http.StatusOK, listView{LBAttr: []ruleView{s.view(rule)}})
@@ -345,19 +367,10 @@ type adminBody struct {
 }
 
 func (s *Server) handleSetEndpoint(w http.ResponseWriter, r *http.Request) {
-	k, err := keyFromPath(r)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	body, err := readBody(w, r)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
 	var b adminBody
-	if err := json.Unmarshal(body, &b); err != nil {
-		s.writeErr(w, r, decodeError(err))
+	k, err := keyedBody(w, r, &b)
+	if err != nil {
+		s.writeErr(w, r, err)
 		return
 	}
 	if net.ParseIP(b.EndpointIP) == nil {

@@ -2,7 +2,6 @@ package api
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 
 	"github.com/kvgate/kvgate/pkg/config"
@@ -13,24 +12,15 @@ import (
 // are replaced whole, null removes a field. The result goes through the same
 // validation and update path as a POST.
 func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
-	k, err := keyFromPath(r)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	body, err := readBody(w, r)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
 	var patch any
-	if err := json.Unmarshal(body, &patch); err != nil {
-		s.writeErr(w, r, decodeError(err))
+	k, err := keyedBody(w, r, &patch)
+	if err != nil {
+		s.writeErr(w, r, err)
 		return
 	}
 	current, ok := s.ruleByKey(k)
 	if !ok {
-		s.writeErr(w, r, &apiError{http.StatusNotFound, fmt.Sprintf("rule %s not found", k)})
+		s.writeErr(w, r, ruleNotFound(k))
 		return
 	}
 	base, err := json.Marshal(struct {
