@@ -6,38 +6,37 @@ import (
 	"strings"
 )
 
-// completionRequest holds the /v1/completions fields the simulator reads;
-// the rest (temperature, stop, …) are accepted and ignored.
+// generationRequest holds the fields /v1/completions and
+// /v1/chat/completions share; the rest (temperature, stop, …) are accepted
+// and ignored.
+type generationRequest struct {
+	Model            string         `json:"model"`
+	MaxTokens        *int           `json:"max_tokens"`
+	MinTokens        *int           `json:"min_tokens"`
+	N                *int           `json:"n"`
+	Stream           bool           `json:"stream"`
+	StreamOptions    *streamOptions `json:"stream_options"`
+	CacheSalt        *string        `json:"cache_salt"`
+	KVTransferParams map[string]any `json:"kv_transfer_params"`
+}
+
+// completionRequest holds the /v1/completions fields the simulator reads.
 type completionRequest struct {
-	Model            string          `json:"model"`
+	generationRequest
 	Prompt           json.RawMessage `json:"prompt"`
-	MaxTokens        *int            `json:"max_tokens"`
-	MinTokens        *int            `json:"min_tokens"`
-	N                *int            `json:"n"`
-	Stream           bool            `json:"stream"`
-	StreamOptions    *streamOptions  `json:"stream_options"`
 	AddSpecialTokens *bool           `json:"add_special_tokens"`
-	CacheSalt        *string         `json:"cache_salt"`
-	KVTransferParams map[string]any  `json:"kv_transfer_params"`
 }
 
 type chatRequest struct {
-	Model                string          `json:"model"`
+	generationRequest
 	Messages             json.RawMessage `json:"messages"`
 	Tools                json.RawMessage `json:"tools"`
-	MaxTokens            *int            `json:"max_tokens"`
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
-	MinTokens            *int            `json:"min_tokens"`
-	N                    *int            `json:"n"`
-	Stream               bool            `json:"stream"`
-	StreamOptions        *streamOptions  `json:"stream_options"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	AddSpecialTokens     bool            `json:"add_special_tokens"`
 	ChatTemplate         string          `json:"chat_template"`
 	ChatTemplateKwargs   map[string]any  `json:"chat_template_kwargs"`
-	CacheSalt            *string         `json:"cache_salt"`
-	KVTransferParams     map[string]any  `json:"kv_transfer_params"`
 }
 
 type streamOptions struct {

@@ -329,19 +329,46 @@ func (e *Engine) resolveMaxTokens(promptLen int, maxTokens, minTokens, n *int) (
 	return mt, nil
 }
 
+// admitGeneration decodes a completions or chat body into req (whose shared
+// fields are g) and runs the checks both endpoints make before the prompt:
+// the model (or a LoRA adapter on it) and stream options.
+func (e *Engine) admitGeneration(r *http.Request, req any, g *generationRequest) (lora string, bad *badRequest) {
+	if b := decodeBody(r, req); b != nil {
+		return "", b
+	}
+	lora, b := e.checkModel(g.Model)
+	if b != nil {
+		return "", b
+	}
+	if g.StreamOptions != nil && !g.Stream {
+		return "", invalid("Stream options can only be defined when `stream=True`.")
+	}
+	return lora, nil
+}
+
+// generationParams bounds the output length for prompt ids and collects
+// what generate needs; maxTokens is the endpoint's effective max_tokens.
+func (e *Engine) generationParams(kind string, ids []uint32, g *generationRequest, maxTokens *int, lora string) (genParams, *badRequest) {
+	mt, b := e.resolveMaxTokens(len(ids), maxTokens, g.MinTokens, g.N)
+	if b != nil {
+		return genParams{}, b
+	}
+	p := genParams{kind: kind, prompt: ids, maxTokens: mt, stream: g.Stream, kvParams: g.KVTransferParams}
+	if g.StreamOptions != nil {
+		p.includeUsage = g.StreamOptions.IncludeUsage
+	}
+	p.extra.LoRAName = lora
+	if g.CacheSalt != nil {
+		p.extra.CacheSalt = *g.CacheSalt
+	}
+	return p, nil
+}
+
 func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if b := decodeBody(r, &req); b != nil {
-		writeError(w, b)
-		return
-	}
-	lora, b := e.checkModel(req.Model)
+	lora, b := e.admitGeneration(r, &req, &req.generationRequest)
 	if b != nil {
 		writeError(w, b)
-		return
-	}
-	if req.StreamOptions != nil && !req.Stream {
-		writeError(w, invalid("Stream options can only be defined when `stream=True`."))
 		return
 	}
 	text, ids, isText, bad := parsePrompt(req.Prompt)
@@ -361,35 +388,19 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, b)
 		return
 	}
-	mt, b := e.resolveMaxTokens(len(ids), req.MaxTokens, req.MinTokens, req.N)
+	p, b := e.generationParams("cmpl", ids, &req.generationRequest, req.MaxTokens, lora)
 	if b != nil {
 		writeError(w, b)
 		return
-	}
-	p := genParams{kind: "cmpl", prompt: ids, maxTokens: mt, stream: req.Stream, kvParams: req.KVTransferParams}
-	if req.StreamOptions != nil {
-		p.includeUsage = req.StreamOptions.IncludeUsage
-	}
-	p.extra.LoRAName = lora
-	if req.CacheSalt != nil {
-		p.extra.CacheSalt = *req.CacheSalt
 	}
 	e.generate(w, r, p)
 }
 
 func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if b := decodeBody(r, &req); b != nil {
-		writeError(w, b)
-		return
-	}
-	lora, b := e.checkModel(req.Model)
+	lora, b := e.admitGeneration(r, &req, &req.generationRequest)
 	if b != nil {
 		writeError(w, b)
-		return
-	}
-	if req.StreamOptions != nil && !req.Stream {
-		writeError(w, invalid("Stream options can only be defined when `stream=True`."))
 		return
 	}
 	// Shape check (vLLM's pydantic validation); the template sees the raw messages.
@@ -419,18 +430,10 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 	if req.MaxCompletionTokens != nil {
 		maxTokens = req.MaxCompletionTokens
 	}
-	mt, b := e.resolveMaxTokens(len(ids), maxTokens, req.MinTokens, req.N)
+	p, b := e.generationParams("chatcmpl", ids, &req.generationRequest, maxTokens, lora)
 	if b != nil {
 		writeError(w, b)
 		return
-	}
-	p := genParams{kind: "chatcmpl", prompt: ids, maxTokens: mt, stream: req.Stream, kvParams: req.KVTransferParams}
-	if req.StreamOptions != nil {
-		p.includeUsage = req.StreamOptions.IncludeUsage
-	}
-	p.extra.LoRAName = lora
-	if req.CacheSalt != nil {
-		p.extra.CacheSalt = *req.CacheSalt
 	}
 	e.generate(w, r, p)
 }
