@@ -34,6 +34,7 @@ func openTest(t testing.TB, cfg Config) *Datapath {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+	sweepCrashedTestPins()
 	d, err := Open(cfg)
 	if err != nil {
 		if os.Getenv("KVGATE_REQUIRE_BPF") == "1" || !errors.Is(err, datapath.ErrKernelUnavailable) {
@@ -47,6 +48,25 @@ func openTest(t testing.TB, cfg Config) *Datapath {
 		}
 	})
 	return d
+}
+
+// sweepCrashedTestPins removes pins left by test binaries that died (a
+// timeout panic skips cleanups): test instances are named test-<pid>-…, so
+// a new run never reuses them. Live instances hold their dir's lock.
+func sweepCrashedTestPins() {
+	ents, _ := os.ReadDir(DefaultPinDir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "test-") && !strings.HasPrefix(e.Name(), "two-") && !strings.HasPrefix(e.Name(), "select-") {
+			continue
+		}
+		dir := DefaultPinDir + "/" + e.Name()
+		f, err := claimPinDir(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			continue // in use by a running test binary
+		}
+		_ = removePins(dir)
+		f.Close()
+	}
 }
 
 // --- backend -----------------------------------------------------------
