@@ -6,37 +6,67 @@ import (
 	"strings"
 )
 
-// generationRequest holds the fields /v1/completions and
-// /v1/chat/completions share; the rest (temperature, stop, …) are accepted
-// and ignored.
-type generationRequest struct {
-	Model            string         `json:"model"`
-	MaxTokens        *int           `json:"max_tokens"`
-	MinTokens        *int           `json:"min_tokens"`
-	N                *int           `json:"n"`
-	Stream           bool           `json:"stream"`
-	StreamOptions    *streamOptions `json:"stream_options"`
-	CacheSalt        *string        `json:"cache_salt"`
-	KVTransferParams map[string]any `json:"kv_transfer_params"`
-}
-
-// completionRequest holds the /v1/completions fields the simulator reads.
+// completionRequest holds the /v1/completions fields the simulator reads;
+// the rest (temperature, stop, …) are accepted and ignored.
 type completionRequest struct {
-	generationRequest
+	Model            string          `json:"model"`
 	Prompt           json.RawMessage `json:"prompt"`
+	MaxTokens        *int            `json:"max_tokens"`
+	MinTokens        *int            `json:"min_tokens"`
+	N                *int            `json:"n"`
+	Stream           bool            `json:"stream"`
+	StreamOptions    *streamOptions  `json:"stream_options"`
 	AddSpecialTokens *bool           `json:"add_special_tokens"`
+	CacheSalt        *string         `json:"cache_salt"`
+	KVTransferParams map[string]any  `json:"kv_transfer_params"`
 }
 
 type chatRequest struct {
-	generationRequest
+	Model                string          `json:"model"`
 	Messages             json.RawMessage `json:"messages"`
 	Tools                json.RawMessage `json:"tools"`
+	MaxTokens            *int            `json:"max_tokens"`
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
+	MinTokens            *int            `json:"min_tokens"`
+	N                    *int            `json:"n"`
+	Stream               bool            `json:"stream"`
+	StreamOptions        *streamOptions  `json:"stream_options"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	AddSpecialTokens     bool            `json:"add_special_tokens"`
 	ChatTemplate         string          `json:"chat_template"`
 	ChatTemplateKwargs   map[string]any  `json:"chat_template_kwargs"`
+	CacheSalt            *string         `json:"cache_salt"`
+	KVTransferParams     map[string]any  `json:"kv_transfer_params"`
+}
+
+// generationRequest is the part of a completions or chat request both
+// endpoints handle alike. The request types stay flat (not embedding it) so
+// JSON decoding errors name the fields as vLLM clients know them.
+type generationRequest struct {
+	Model            string
+	MaxTokens        *int // the endpoint's effective max_tokens
+	MinTokens        *int
+	N                *int
+	Stream           bool
+	StreamOptions    *streamOptions
+	CacheSalt        *string
+	KVTransferParams map[string]any
+}
+
+func (r *completionRequest) generation() generationRequest {
+	return generationRequest{Model: r.Model, MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, N: r.N, Stream: r.Stream,
+		StreamOptions: r.StreamOptions, CacheSalt: r.CacheSalt, KVTransferParams: r.KVTransferParams}
+}
+
+// generation uses max_completion_tokens over max_tokens, as vLLM does.
+func (r *chatRequest) generation() generationRequest {
+	maxTokens := r.MaxTokens
+	if r.MaxCompletionTokens != nil {
+		maxTokens = r.MaxCompletionTokens
+	}
+	return generationRequest{Model: r.Model, MaxTokens: maxTokens, MinTokens: r.MinTokens, N: r.N, Stream: r.Stream,
+		StreamOptions: r.StreamOptions, CacheSalt: r.CacheSalt, KVTransferParams: r.KVTransferParams}
 }
 
 type streamOptions struct {

@@ -329,13 +329,9 @@ func (e *Engine) resolveMaxTokens(promptLen int, maxTokens, minTokens, n *int) (
 	return mt, nil
 }
 
-// admitGeneration decodes a completions or chat body into req (whose shared
-// fields are g) and runs the checks both endpoints make before the prompt:
-// the model (or a LoRA adapter on it) and stream options.
-func (e *Engine) admitGeneration(r *http.Request, req any, g *generationRequest) (lora string, bad *badRequest) {
-	if b := decodeBody(r, req); b != nil {
-		return "", b
-	}
+// admitGeneration runs the checks completions and chat make before the
+// prompt: the model (or a LoRA adapter on it) and stream options.
+func (e *Engine) admitGeneration(g generationRequest) (lora string, bad *badRequest) {
 	lora, b := e.checkModel(g.Model)
 	if b != nil {
 		return "", b
@@ -347,9 +343,9 @@ func (e *Engine) admitGeneration(r *http.Request, req any, g *generationRequest)
 }
 
 // generationParams bounds the output length for prompt ids and collects
-// what generate needs; maxTokens is the endpoint's effective max_tokens.
-func (e *Engine) generationParams(kind string, ids []uint32, g *generationRequest, maxTokens *int, lora string) (genParams, *badRequest) {
-	mt, b := e.resolveMaxTokens(len(ids), maxTokens, g.MinTokens, g.N)
+// what generate needs.
+func (e *Engine) generationParams(kind string, ids []uint32, g generationRequest, lora string) (genParams, *badRequest) {
+	mt, b := e.resolveMaxTokens(len(ids), g.MaxTokens, g.MinTokens, g.N)
 	if b != nil {
 		return genParams{}, b
 	}
@@ -366,7 +362,12 @@ func (e *Engine) generationParams(kind string, ids []uint32, g *generationReques
 
 func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	lora, b := e.admitGeneration(r, &req, &req.generationRequest)
+	if b := decodeBody(r, &req); b != nil {
+		writeError(w, b)
+		return
+	}
+	g := req.generation()
+	lora, b := e.admitGeneration(g)
 	if b != nil {
 		writeError(w, b)
 		return
@@ -388,7 +389,7 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, b)
 		return
 	}
-	p, b := e.generationParams("cmpl", ids, &req.generationRequest, req.MaxTokens, lora)
+	p, b := e.generationParams("cmpl", ids, g, lora)
 	if b != nil {
 		writeError(w, b)
 		return
@@ -398,7 +399,12 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 
 func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	lora, b := e.admitGeneration(r, &req, &req.generationRequest)
+	if b := decodeBody(r, &req); b != nil {
+		writeError(w, b)
+		return
+	}
+	g := req.generation()
+	lora, b := e.admitGeneration(g)
 	if b != nil {
 		writeError(w, b)
 		return
@@ -426,11 +432,7 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, invalid("applying chat template: %v", cerr))
 		return
 	}
-	maxTokens := req.MaxTokens
-	if req.MaxCompletionTokens != nil {
-		maxTokens = req.MaxCompletionTokens
-	}
-	p, b := e.generationParams("chatcmpl", ids, &req.generationRequest, maxTokens, lora)
+	p, b := e.generationParams("chatcmpl", ids, g, lora)
 	if b != nil {
 		writeError(w, b)
 		return
