@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -20,14 +19,7 @@ KV inventory and subscriber, so it comes back warm) or up again. The state is
 persisted and survives re-posting the rule without an admin field.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ip, err := parseIP("EXTERNAL-IP", args[0])
-			if err != nil {
-				return err
-			}
-			if tcp == "" {
-				return badInput("set endpoint: --tcp=PORT is required")
-			}
-			port, _, err := parsePortPair(tcp, false)
+			ip, port, _, err := ruleAddress("set endpoint", args[0], tcp, false)
 			if err != nil {
 				return err
 			}
@@ -53,9 +45,8 @@ persisted and survives re-posting the rule without an admin field.`,
 			if err != nil {
 				return err
 			}
-			path := fmt.Sprintf("/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp/endpoint", url.PathEscape(ip), port)
 			body := map[string]any{"endpointIP": epIP, "targetPort": epPort, "admin": admin}
-			if _, err := cl.do(http.MethodPut, path, body); err != nil {
+			if _, err := cl.do(http.MethodPut, rulePath(ip, port)+"/endpoint", body); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Success: endpoint %s of rule %s:%d/tcp is admin %s\n", ep, ip, port, admin)

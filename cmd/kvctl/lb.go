@@ -204,6 +204,28 @@ func lookupName(flag, v string, table map[string]int, allowed string) (int, erro
 	return 0, badInput("--%s %q: allowed values: %s", flag, v, allowed)
 }
 
+// ruleAddress reads a rule's EXTERNAL-IP argument and its --tcp flag for
+// command verb ("create lb"): PORT:TARGETPORT when withTarget, else PORT.
+func ruleAddress(verb, ipArg, tcp string, withTarget bool) (ip string, port, target int, err error) {
+	if ip, err = parseIP("EXTERNAL-IP", ipArg); err != nil {
+		return "", 0, 0, err
+	}
+	if tcp == "" {
+		form := "PORT"
+		if withTarget {
+			form = "PORT:TARGETPORT"
+		}
+		return "", 0, 0, badInput("%s: --tcp=%s is required", verb, form)
+	}
+	port, target, err = parsePortPair(tcp, withTarget)
+	return ip, port, target, err
+}
+
+// rulePath is the management API path of the TCP rule ip:port.
+func rulePath(ip string, port int) string {
+	return fmt.Sprintf("/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp", url.PathEscape(ip), port)
+}
+
 // parsePortPair reads --tcp=PORT:TARGETPORT (or PORT alone for delete).
 func parsePortPair(v string, needTarget bool) (port, target int, err error) {
 	if strings.Contains(v, ",") {
@@ -287,14 +309,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
     --kv-hash-algo=sha256_cbor --kv-block-size=16 --kv-warmup=30 --ep-role=prefill,decode`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ip, err := parseIP("EXTERNAL-IP", args[0])
-			if err != nil {
-				return err
-			}
-			if tcp == "" {
-				return badInput("create lb: --tcp=PORT:TARGETPORT is required")
-			}
-			port, target, err := parsePortPair(tcp, true)
+			ip, port, target, err := ruleAddress("create lb", args[0], tcp, true)
 			if err != nil {
 				return err
 			}
@@ -520,19 +535,14 @@ func newDeleteLBCmd() *cobra.Command {
 			if len(args) != 1 {
 				return badInput("delete lb: give EXTERNAL-IP (or --all)")
 			}
-			if tcp == "" {
+			if tcp == "" { // reported before a bad EXTERNAL-IP
 				return badInput("delete lb: --tcp=PORT is required")
 			}
-			ip, err := parseIP("EXTERNAL-IP", args[0])
+			ip, port, _, err := ruleAddress("delete lb", args[0], tcp, false)
 			if err != nil {
 				return err
 			}
-			port, _, err := parsePortPair(tcp, false)
-			if err != nil {
-				return err
-			}
-			path := fmt.Sprintf("/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp", url.PathEscape(ip), port)
-			if _, err := cl.do(http.MethodDelete, path, nil); err != nil {
+			if _, err := cl.do(http.MethodDelete, rulePath(ip, port), nil); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Success: rule %s:%d/tcp deleted\n", ip, port)
