@@ -206,8 +206,8 @@ func (e *Engine) Close() error {
 
 func (e *Engine) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", e.handleCompletions)
-	mux.HandleFunc("POST /v1/chat/completions", e.handleChat)
+	mux.HandleFunc("POST /v1/completions", e.handleGeneration(e.completionParams))
+	mux.HandleFunc("POST /v1/chat/completions", e.handleGeneration(e.chatParams))
 	mux.HandleFunc("GET /v1/models", e.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
@@ -360,59 +360,59 @@ func (e *Engine) generationParams(kind string, ids []uint32, g generationRequest
 	return p, nil
 }
 
-func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
+// handleGeneration serves /v1/completions and /v1/chat/completions: parse
+// turns the request into generation parameters or a vLLM-shaped error.
+func (e *Engine) handleGeneration(parse func(*http.Request) (genParams, *badRequest)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, b := parse(r)
+		if b != nil {
+			writeError(w, b)
+			return
+		}
+		e.generate(w, r, p)
+	}
+}
+
+func (e *Engine) completionParams(r *http.Request) (genParams, *badRequest) {
 	var req completionRequest
 	if b := decodeBody(r, &req); b != nil {
-		writeError(w, b)
-		return
+		return genParams{}, b
 	}
 	g := req.generation()
 	lora, b := e.admitGeneration(g)
 	if b != nil {
-		writeError(w, b)
-		return
+		return genParams{}, b
 	}
-	text, ids, isText, bad := parsePrompt(req.Prompt)
-	if bad != nil {
-		writeError(w, bad)
-		return
+	text, ids, isText, b := parsePrompt(req.Prompt)
+	if b != nil {
+		return genParams{}, b
 	}
 	if isText {
 		addSpecial := req.AddSpecialTokens == nil || *req.AddSpecialTokens
 		var err error
 		if ids, err = e.tok.EncodePrompt(text, addSpecial); err != nil {
-			writeError(w, invalid("tokenizing prompt: %v", err))
-			return
+			return genParams{}, invalid("tokenizing prompt: %v", err)
 		}
 	}
 	if b := e.checkVocab(ids); b != nil {
-		writeError(w, b)
-		return
+		return genParams{}, b
 	}
-	p, b := e.generationParams("cmpl", ids, g, lora)
-	if b != nil {
-		writeError(w, b)
-		return
-	}
-	e.generate(w, r, p)
+	return e.generationParams("cmpl", ids, g, lora)
 }
 
-func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
+func (e *Engine) chatParams(r *http.Request) (genParams, *badRequest) {
 	var req chatRequest
 	if b := decodeBody(r, &req); b != nil {
-		writeError(w, b)
-		return
+		return genParams{}, b
 	}
 	g := req.generation()
 	lora, b := e.admitGeneration(g)
 	if b != nil {
-		writeError(w, b)
-		return
+		return genParams{}, b
 	}
 	// Shape check (vLLM's pydantic validation); the template sees the raw messages.
-	if _, bad := parseMessages(req.Messages); bad != nil {
-		writeError(w, bad)
-		return
+	if _, b := parseMessages(req.Messages); b != nil {
+		return genParams{}, b
 	}
 	creq := ChatRequest{
 		Messages:             req.Messages,
@@ -424,20 +424,13 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 		AddSpecialTokens:     req.AddSpecialTokens,
 	}
 	if creq.AddGenerationPrompt && creq.ContinueFinalMessage {
-		writeError(w, invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True."))
-		return
+		return genParams{}, invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 	}
-	ids, _, cerr := e.tok.EncodeChat(creq)
-	if cerr != nil {
-		writeError(w, invalid("applying chat template: %v", cerr))
-		return
+	ids, _, err := e.tok.EncodeChat(creq)
+	if err != nil {
+		return genParams{}, invalid("applying chat template: %v", err)
 	}
-	p, b := e.generationParams("chatcmpl", ids, g, lora)
-	if b != nil {
-		writeError(w, b)
-		return
-	}
-	e.generate(w, r, p)
+	return e.generationParams("chatcmpl", ids, g, lora)
 }
 
 // acceptRemote checks kv_transfer_params from a prefill engine the way
