@@ -3,6 +3,7 @@ package inventory
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -75,7 +76,9 @@ func New(opts Options) (*Index, error) {
 		return nil, fmt.Errorf("inventory: max blocks %d outside [%d, %d]", opts.MaxBlocks, MinMaxBlocks, MaxMaxBlocks)
 	}
 	ix := &Index{observer: opts.Observer, max: opts.MaxBlocks, media: make(map[string]*table)}
-	ix.gpu = newTable(&ix.rw, opts.MaxBlocks)
+	ix.gpu = newTable(&ix.rw, opts.MaxBlocks, true)
+	// The GPU table's huge-page slabs are not Go heap: unmap them with the index.
+	runtime.AddCleanup(ix, func(a *arena) { a.release() }, ix.gpu.arena)
 	return ix, nil
 }
 
@@ -119,7 +122,7 @@ func (ix *Index) tableFor(medium string) *table {
 		}
 	}
 	ix.rw.Lock()
-	t := newTable(&ix.rw, ix.max)
+	t := newTable(&ix.rw, ix.max, false)
 	ix.media[name] = t
 	ix.rw.Unlock()
 	return t
@@ -306,6 +309,9 @@ type Stats struct {
 	Used      int // occupied slots: distinct hashes stored by any endpoint
 	Sets      int // live holder sets
 	MediaUsed int // occupied slots over the non-GPU media tables
+	// ArenaBytes bounds the resident memory of the GPU table's huge-page
+	// slabs, which live outside the Go heap (see arena.go).
+	ArenaBytes int
 }
 
 // Stats returns the current Stats.
@@ -318,6 +324,7 @@ func (ix *Index) Stats() Stats {
 		st.Used += ix.gpu.shards[i].used
 	}
 	st.Sets = ix.gpu.sets.liveSets()
+	st.ArenaBytes = ix.gpu.arena.residentBytes()
 	for _, t := range ix.media {
 		for i := range t.shards {
 			st.MediaUsed += t.shards[i].used

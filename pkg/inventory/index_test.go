@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -281,112 +282,159 @@ func TestAgainstModel(t *testing.T) {
 		{"wide keys", 1 << 40, 8, 2, 6000},
 		{"many endpoints", 5000, 70, 3, 3000},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := rand.New(rand.NewPCG(7, uint64(tc.ops)))
-			ix := newIndex(t, MaxMaxBlocks)
-			m := model{}
-			for op := range tc.ops {
-				ep, rank := r.IntN(tc.eps), r.IntN(tc.rank)
-				mb := makeMember(ep, rank)
-				hashes := make([]uint64, 1+r.IntN(300))
-				for i := range hashes {
-					hashes[i] = r.Uint64N(tc.keySpace)
+		for _, slabs := range []bool{false, true} {
+			name := tc.name
+			if slabs {
+				name += "/huge-page slabs"
+			}
+			t.Run(name, func(t *testing.T) {
+				r := rand.New(rand.NewPCG(7, uint64(tc.ops)))
+				ix := newIndex(t, MaxMaxBlocks)
+				if slabs {
+					useTinySlabs(ix)
 				}
-				switch k := r.IntN(100); {
-				case k < 60:
-					must(t, ix.Add(ep, rank, "", hashes))
-					for _, h := range hashes {
-						if m[h] == nil {
-							m[h] = map[member]bool{}
-						}
-						m[h][mb] = true
+				m := model{}
+				for op := range tc.ops {
+					ep, rank := r.IntN(tc.eps), r.IntN(tc.rank)
+					mb := makeMember(ep, rank)
+					hashes := make([]uint64, 1+r.IntN(300))
+					for i := range hashes {
+						hashes[i] = r.Uint64N(tc.keySpace)
 					}
-				case k < 95:
-					must(t, ix.Remove(ep, rank, "GPU", hashes))
-					for _, h := range hashes {
-						delete(m[h], mb)
-						if len(m[h]) == 0 {
-							delete(m, h)
+					switch k := r.IntN(100); {
+					case k < 60:
+						must(t, ix.Add(ep, rank, "", hashes))
+						for _, h := range hashes {
+							if m[h] == nil {
+								m[h] = map[member]bool{}
+							}
+							m[h][mb] = true
 						}
-					}
-				case k < 98:
-					must(t, ix.ClearRank(ep, rank))
-					for h, ms := range m {
-						delete(ms, mb)
-						if len(ms) == 0 {
-							delete(m, h)
-						}
-					}
-				default:
-					must(t, ix.ClearEndpoint(ep))
-					for h, ms := range m {
-						for x := range ms {
-							if x.ep() == ep {
-								delete(ms, x)
+					case k < 95:
+						must(t, ix.Remove(ep, rank, "GPU", hashes))
+						for _, h := range hashes {
+							delete(m[h], mb)
+							if len(m[h]) == 0 {
+								delete(m, h)
 							}
 						}
-						if len(ms) == 0 {
-							delete(m, h)
+					case k < 98:
+						must(t, ix.ClearRank(ep, rank))
+						for h, ms := range m {
+							delete(ms, mb)
+							if len(ms) == 0 {
+								delete(m, h)
+							}
+						}
+					default:
+						must(t, ix.ClearEndpoint(ep))
+						for h, ms := range m {
+							for x := range ms {
+								if x.ep() == ep {
+									delete(ms, x)
+								}
+							}
+							if len(ms) == 0 {
+								delete(m, h)
+							}
 						}
 					}
-				}
-				if op%97 != 0 && op != tc.ops-1 {
-					continue
-				}
-				byEp := map[int][]uint64{}
-				for h, ms := range m {
-					seen := epset.Set{}
-					for mb := range ms {
-						if !seen.Has(mb.ep()) {
-							seen.Add(mb.ep())
-							byEp[mb.ep()] = append(byEp[mb.ep()], h)
+					if op%97 != 0 && op != tc.ops-1 {
+						continue
+					}
+					byEp := map[int][]uint64{}
+					for h, ms := range m {
+						seen := epset.Set{}
+						for mb := range ms {
+							if !seen.Has(mb.ep()) {
+								seen.Add(mb.ep())
+								byEp[mb.ep()] = append(byEp[mb.ep()], h)
+							}
+						}
+					}
+					for e := range tc.eps {
+						want := byEp[e]
+						if want == nil {
+							want = []uint64{}
+						}
+						slices.Sort(want)
+						if got := ix.Blocks(e); got != len(want) {
+							t.Fatalf("op %d: Blocks(%d) = %d, want %d", op, e, got, len(want))
+						}
+						if got := ix.Snapshot(e); !slices.Equal(got, want) {
+							t.Fatalf("op %d: Snapshot(%d) differs: %d vs %d entries", op, e, len(got), len(want))
+						}
+					}
+					if st := ix.Stats(); st.Used != len(m) {
+						t.Fatalf("op %d: %d slots used, model has %d hashes", op, st.Used, len(m))
+					}
+					prompt := make([]uint64, r.IntN(200))
+					for i := range prompt {
+						prompt[i] = r.Uint64N(tc.keySpace)
+					}
+					if r.IntN(2) == 0 { // make long leading runs likely
+						prompt = append(m.endpoint(r.IntN(tc.eps)), prompt...)
+					}
+					eligible := epset.FirstN(tc.eps)
+					eligible.Remove(r.IntN(tc.eps))
+					for _, run := range []bool{true, false} {
+						var got [epset.Max]uint32
+						ix.Score(prompt, eligible, run, &got)
+						if want := m.score(prompt, eligible, run); got != want {
+							t.Fatalf("op %d: Score(run=%v) differs", op, run)
 						}
 					}
 				}
 				for e := range tc.eps {
-					want := byEp[e]
-					if want == nil {
-						want = []uint64{}
-					}
-					slices.Sort(want)
-					if got := ix.Blocks(e); got != len(want) {
-						t.Fatalf("op %d: Blocks(%d) = %d, want %d", op, e, got, len(want))
-					}
-					if got := ix.Snapshot(e); !slices.Equal(got, want) {
-						t.Fatalf("op %d: Snapshot(%d) differs: %d vs %d entries", op, e, len(got), len(want))
-					}
+					must(t, ix.ClearEndpoint(e))
 				}
-				if st := ix.Stats(); st.Used != len(m) {
-					t.Fatalf("op %d: %d slots used, model has %d hashes", op, st.Used, len(m))
+				st := ix.Stats()
+				if st.Used != 0 || st.Sets > tc.eps*tc.rank+1 {
+					t.Errorf("after clearing everything: %+v", st)
 				}
-				prompt := make([]uint64, r.IntN(200))
-				for i := range prompt {
-					prompt[i] = r.Uint64N(tc.keySpace)
+				if st.Slots > numShards*minShardSlots {
+					t.Errorf("empty index keeps %d slots: shards did not shrink", st.Slots)
 				}
-				if r.IntN(2) == 0 { // make long leading runs likely
-					prompt = append(m.endpoint(r.IntN(tc.eps)), prompt...)
+				if slabs && st.ArenaBytes != 0 {
+					t.Errorf("empty index keeps %d bytes of slabs", st.ArenaBytes)
 				}
-				eligible := epset.FirstN(tc.eps)
-				eligible.Remove(r.IntN(tc.eps))
-				for _, run := range []bool{true, false} {
-					var got [epset.Max]uint32
-					ix.Score(prompt, eligible, run, &got)
-					if want := m.score(prompt, eligible, run); got != want {
-						t.Fatalf("op %d: Score(run=%v) differs", op, run)
-					}
-				}
-			}
-			for e := range tc.eps {
-				must(t, ix.ClearEndpoint(e))
-			}
-			st := ix.Stats()
-			if st.Used != 0 || st.Sets > tc.eps*tc.rank+1 {
-				t.Errorf("after clearing everything: %+v", st)
-			}
-			if st.Slots > numShards*minShardSlots {
-				t.Errorf("empty index keeps %d slots: shards did not shrink", st.Slots)
-			}
-		})
+			})
+		}
+	}
+}
+
+// useTinySlabs moves segments into huge-page slabs at a few hundred slots
+// instead of megabytes, so small tests exercise slab growth, segment rebuilds
+// and the way back to the Go heap.
+func useTinySlabs(ix *Index) {
+	ix.writeMu.Lock()
+	ix.gpu.arena.enter, ix.gpu.arena.exit = 16384, 4096
+	ix.writeMu.Unlock()
+}
+
+// TestSlabsUsed checks that a big enough table actually moves into slabs and
+// that they are accounted for.
+func TestSlabsUsed(t *testing.T) {
+	ix := newIndex(t, MaxMaxBlocks)
+	useTinySlabs(ix)
+	r := rand.New(rand.NewPCG(1, 1))
+	batch := make([]uint64, 20000)
+	for i := range batch {
+		batch[i] = r.Uint64()
+	}
+	must(t, ix.Add(0, 0, "", batch))
+	st := ix.Stats()
+	if runtime.GOOS == "linux" && (st.ArenaBytes == 0 || st.ArenaBytes < st.Slots*slotSize/2) {
+		t.Fatalf("slabs not used: %+v", st)
+	}
+	var counts [epset.Max]uint32
+	ix.Score(batch, epset.Of(0), true, &counts)
+	if counts[0] != uint32(len(batch)) {
+		t.Fatalf("score %d, want %d", counts[0], len(batch))
+	}
+	must(t, ix.ClearEndpoint(0))
+	if st := ix.Stats(); st.ArenaBytes != 0 || st.Used != 0 {
+		t.Fatalf("after clear: %+v", st)
 	}
 }
 
@@ -556,7 +604,18 @@ func TestConcurrentScoreAndIngest(t *testing.T) {
 // joins and leaves the prompt's blocks, shards grow and shrink) while the
 // scorer checks that endpoint 0, which never changes, always scores fully.
 func TestScoreDuringSlotChurn(t *testing.T) {
-	ix := newIndex(t, 0)
+	for _, slabs := range []bool{false, true} {
+		t.Run(map[bool]string{false: "heap", true: "slabs"}[slabs], func(t *testing.T) {
+			ix := newIndex(t, 0)
+			if slabs {
+				useTinySlabs(ix)
+			}
+			scoreDuringSlotChurn(t, ix)
+		})
+	}
+}
+
+func scoreDuringSlotChurn(t *testing.T, ix *Index) {
 	prompt := make([]uint64, 512)
 	for i := range prompt {
 		prompt[i] = uint64(i)*0x9e3779b97f4a7c15 + 1

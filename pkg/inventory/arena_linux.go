@@ -1,0 +1,32 @@
+package inventory
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// mapSlab maps size bytes of anonymous memory starting on a huge-page
+// boundary, advised for transparent huge pages. THP "madvise" mode (the
+// default of most distributions) honours the advice; "never" leaves 4 KiB
+// pages, which still works. raw is the whole mapping, for unmapSlab: it is
+// one huge page longer than mem so mem can be aligned; the unaligned head and
+// tail are never touched and cost no memory.
+func mapSlab(size int) (raw, mem []byte, err error) {
+	raw, err = unix.Mmap(-1, 0, size+hugePageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("inventory: map %d bytes: %w", size, err)
+	}
+	head := (hugePageSize - int(uintptr(unsafe.Pointer(&raw[0])))%hugePageSize) % hugePageSize
+	mem = raw[head : head+size : head+size]
+	// Advice failure only costs the huge pages.
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
+	return raw, mem, nil
+}
+
+func unmapSlab(raw []byte) {
+	if len(raw) > 0 {
+		_ = unix.Munmap(raw)
+	}
+}
