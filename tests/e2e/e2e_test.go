@@ -45,12 +45,11 @@ const preamble = "You are the support assistant of a large inference platform. A
 // the other prefill engine never saw the prompt.
 func TestGoNoGoGate(t *testing.T) {
 	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, []engineSpec{{role: enginesim.RolePrefill}, {role: enginesim.RoleDecode}, {role: enginesim.RolePrefill}})
+	engines, zmq := startEngines(t, block, pdTopology())
 	tg := startGateway(t, block)
-	vip, port := block+"1", testnet.Port(t, block+"1")
-	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
+	id, base := createKVRule(t, tg, block+"1", engines, pdRoles, map[string]any{
 		"kvExactMode": 1, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16, "kvWarmupSec": 30,
-	}, engines, []int{1, 2, 1}))
+	})
 	svc := strconv.Itoa(id)
 
 	// Step 3: one subscriber per prefill endpoint.
@@ -58,7 +57,7 @@ func TestGoNoGoGate(t *testing.T) {
 	if n := tg.metric(t, "loxilb_kv_subscriber_connected", map[string]string{"service": svc}); n != 2 {
 		t.Fatalf("subscribers connected = %v, want 2 (the prefill endpoints)", n)
 	}
-	url := fmt.Sprintf("http://%s:%d/v1/completions", vip, port)
+	url := base + "/v1/completions"
 
 	// Cold request: the inventory fills.
 	cold := post(t, url, map[string]any{"model": model, "prompt": preamble + " Question: how do I drain a worker?", "max_tokens": 2})
@@ -102,26 +101,12 @@ func TestGoNoGoGate(t *testing.T) {
 // two prompts share a 32-token preamble (two full blocks); the second goes
 // where the first went, through tier 1.5 with score 2.
 func TestWorkedExampleMode3(t *testing.T) {
-	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, []engineSpec{{}, {}, {}})
-	tg := startGateway(t, block)
-	vip, port := block+"1", testnet.Port(t, block+"1")
-	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
-		"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
-	}, engines, nil))
-	tg.waitSubscribed(t, id, 3)
-	url := fmt.Sprintf("http://%s:%d/v1/completions", vip, port)
+	_, tg, id, base := startMode3(t, []engineSpec{{}, {}, {}}, nil)
+	url := base + "/v1/completions"
 
-	ids := func(from, n int) []int {
-		out := make([]int, n)
-		for i := range out {
-			out[i] = from + i
-		}
-		return out
-	}
-	pre := ids(1000, 32)
-	promptA := append(append([]int{}, pre...), ids(5000, 8)...) // 40 tokens: B1, B2, partial B3
-	promptB := append(append([]int{}, pre...), ids(7000, 6)...) // 38 tokens: B1, B2, partial B3'
+	pre := tokenIDs(1000, 32)
+	promptA := append(append([]int{}, pre...), tokenIDs(5000, 8)...) // 40 tokens: B1, B2, partial B3
+	promptB := append(append([]int{}, pre...), tokenIDs(7000, 6)...) // 38 tokens: B1, B2, partial B3'
 
 	a := post(t, url, map[string]any{"model": model, "prompt": promptA, "max_tokens": 2})
 	if a.status != 200 || decisionField(a.decision, "tier") != "3" {
@@ -150,15 +135,8 @@ func TestWorkedExampleMode3(t *testing.T) {
 // tokenizes like vLLM: the same prompt token count, and a matched-block score
 // that is exactly the engine's cached prefix.
 func TestChatSharedSystemPrompt(t *testing.T) {
-	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, []engineSpec{{}, {}, {}})
-	tg := startGateway(t, block)
-	vip, port := block+"1", testnet.Port(t, block+"1")
-	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
-		"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
-	}, engines, nil))
-	tg.waitSubscribed(t, id, 3)
-	url := fmt.Sprintf("http://%s:%d/v1/chat/completions", vip, port)
+	_, tg, id, base := startMode3(t, []engineSpec{{}, {}, {}}, nil)
+	url := base + "/v1/chat/completions"
 	chat := func(user any) reply {
 		r := post(t, url, map[string]any{"model": model, "max_tokens": 2, "messages": []map[string]any{
 			{"role": "system", "content": preamble},
@@ -212,16 +190,9 @@ func TestOpenAINodeSDKStreaming(t *testing.T) {
 		}
 		t.Skip("node or tests/e2e/node/node_modules missing (npm ci in tests/e2e/node); set KVGATE_REQUIRE_NODE to fail instead")
 	}
-	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, []engineSpec{{}, {}})
-	tg := startGateway(t, block)
-	vip, port := block+"1", testnet.Port(t, block+"1")
-	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
-		"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
-	}, engines, nil))
-	tg.waitSubscribed(t, id, 2)
+	_, tg, id, base := startMode3(t, []engineSpec{{}, {}}, nil)
 
-	cmd := exec.Command(node, "stream.mjs", fmt.Sprintf("http://%s:%d/v1", vip, port), model)
+	cmd := exec.Command(node, "stream.mjs", base+"/v1", model)
 	cmd.Dir = "node"
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

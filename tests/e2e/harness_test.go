@@ -162,6 +162,33 @@ func ruleJSON(t *testing.T, vip string, port int, args map[string]any, engines [
 	return b
 }
 
+// createKVRule creates a rule on vip and a fresh port over engines (roles
+// may be nil) and returns its service_id and base URL http://vip:port.
+func createKVRule(t *testing.T, tg *testGateway, vip string, engines []*enginesim.Engine, roles []int, args map[string]any) (int, string) {
+	t.Helper()
+	port := testnet.Port(t, vip)
+	id := tg.createRule(t, ruleJSON(t, vip, port, args, engines, roles))
+	return id, fmt.Sprintf("http://%s:%d", vip, port)
+}
+
+// startMode3 starts one engine per spec, a gateway and a kvExactMode-3 rule
+// over the engines on <block>.1 (sha256_cbor, 16-token blocks, extra args
+// merged), and waits until every engine's KV events are subscribed. It
+// returns the rule's service_id and base URL http://vip:port.
+func startMode3(t *testing.T, specs []engineSpec, extra map[string]any) ([]*enginesim.Engine, *testGateway, int, string) {
+	t.Helper()
+	block := testnet.Block(t)
+	engines, zmq := startEngines(t, block, specs)
+	tg := startGateway(t, block)
+	args := map[string]any{"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16}
+	for k, v := range extra {
+		args[k] = v
+	}
+	id, base := createKVRule(t, tg, block+"1", engines, nil, args)
+	tg.waitSubscribed(t, id, len(engines))
+	return engines, tg, id, base
+}
+
 // testGateway is an in-process gateway with its API served on loopback.
 type testGateway struct {
 	g      *gateway.Gateway

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/kvhash"
 )
 
@@ -24,17 +23,10 @@ import (
 // model matches nothing (its hashes differ from the adapter's).
 func TestLoRAAdapterRouting(t *testing.T) {
 	const adapter = "sql-lora"
-	block := testnet.Block(t)
 	lora := []string{adapter}
-	engines, zmq := startEngines(t, block, []engineSpec{{lora: lora}, {lora: lora}, {lora: lora}})
-	tg := startGateway(t, block)
-	vip, port := block+"1", testnet.Port(t, block+"1")
-	id := tg.createRule(t, ruleJSON(t, vip, port, map[string]any{
-		"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
-		"kvLoraAdapters": []string{adapter + "=" + model},
-	}, engines, nil))
-	tg.waitSubscribed(t, id, 3)
-	url := fmt.Sprintf("http://%s:%d/v1/completions", vip, port)
+	_, tg, id, base := startMode3(t, []engineSpec{{lora: lora}, {lora: lora}, {lora: lora}},
+		map[string]any{"kvLoraAdapters": []string{adapter + "=" + model}})
+	url := base + "/v1/completions"
 
 	shared := strings.Repeat("SELECT name, total FROM orders JOIN customers USING (customer_id) WHERE total > 100; ", 6)
 	promptA := shared + "Explain the first query."

@@ -2,10 +2,10 @@ package e2e
 
 import (
 	"encoding/json"
-	"fmt"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/testnet"
+	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/enginesim"
 )
 
@@ -20,8 +20,6 @@ func pdTopology() []engineSpec {
 // service_id and the client URL.
 func pdRule(t *testing.T, tg *testGateway, block, vipHost string, engines []*enginesim.Engine, zmq int, extra map[string]any) (int, string) {
 	t.Helper()
-	vip := block + vipHost
-	port := testnet.Port(t, vip)
 	args := map[string]any{
 		"kvExactMode": 1, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
 		"probetype": "http", "probereq": "/health", "probeInterval": 1, "probeTimeout": 1, "probeRetries": 2,
@@ -29,8 +27,20 @@ func pdRule(t *testing.T, tg *testGateway, block, vipHost string, engines []*eng
 	for k, v := range extra {
 		args[k] = v
 	}
-	id := tg.createRule(t, ruleJSON(t, vip, port, args, engines, pdRoles))
-	return id, fmt.Sprintf("http://%s:%d/v1/completions", vip, port)
+	id, base := createKVRule(t, tg, block+vipHost, engines, pdRoles, args)
+	return id, base + "/v1/completions"
+}
+
+// startPD starts engines of topo, a userspace gateway tuned by tune (API on
+// <block>.2) and the §4 rule on <block>.1 with extra args; it returns the
+// rule's service_id and completions URL.
+func startPD(t *testing.T, topo []engineSpec, tune func(*config.Settings), extra map[string]any) ([]*enginesim.Engine, *testGateway, int, string) {
+	t.Helper()
+	block := testnet.Block(t)
+	engines, zmq := startEngines(t, block, topo)
+	tg := startPDGateway(t, block, "2", tune)
+	id, url := pdRule(t, tg, block, "1", engines, zmq, extra)
+	return engines, tg, id, url
 }
 
 // errorCode reads kvgate's {"error":…} body.

@@ -31,10 +31,7 @@ var (
 // skipped (its prompt tokens came from the prefill engine, not computed
 // locally); the client sees the prefill's cached tokens.
 func TestPDWorkedExampleMode1(t *testing.T) {
-	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, pdTopology())
-	tg := startPDGateway(t, block, "2", nil)
-	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
+	engines, tg, id, url := startPD(t, pdTopology(), nil, nil)
 	svc := strconv.Itoa(id)
 	tg.waitSubscribed(t, id, 2)
 
@@ -100,10 +97,7 @@ func TestPDWorkedExampleMode1(t *testing.T) {
 // served by the other prefill engine (connect failover); once the probe has
 // marked it down it is no longer tried at all.
 func TestPDPrefillKilled(t *testing.T) {
-	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, pdTopology())
-	tg := startPDGateway(t, block, "2", nil)
-	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
+	engines, tg, id, url := startPD(t, pdTopology(), nil, nil)
 	svc := strconv.Itoa(id)
 	tg.waitSubscribed(t, id, 2)
 
@@ -151,13 +145,10 @@ func TestPDPrefillKilled(t *testing.T) {
 // TestPDPrefillTimeout: a prefill slower than LLB_PD_PREFILL_TIMEOUT_SEC is
 // answered 504 pd_prefill_timeout within the timeout + 1 s.
 func TestPDPrefillTimeout(t *testing.T) {
-	block := testnet.Block(t)
 	slow := pdTopology()
 	slow[0].prefillUsPerToken, slow[2].prefillUsPerToken = 200_000, 200_000 // 40 tokens ≈ 8 s
-	engines, zmq := startEngines(t, block, slow)
 	const timeout = time.Second
-	tg := startPDGateway(t, block, "2", func(s *config.Settings) { s.PrefillTimeout = timeout })
-	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
+	_, tg, id, url := startPD(t, slow, func(s *config.Settings) { s.PrefillTimeout = timeout }, nil)
 	start := time.Now()
 	r := post(t, url, map[string]any{"model": model, "prompt": pdPromptA, "max_tokens": 2})
 	el := time.Since(start)
@@ -220,12 +211,9 @@ func TestPDAllPrefillDown(t *testing.T) {
 // client sees the stream end (not a hang) and the in-flight counts return
 // to 0.
 func TestPDDecodeKilledMidStream(t *testing.T) {
-	block := testnet.Block(t)
 	topo := pdTopology()
 	topo[1].decodeTS = 20 // 200 tokens take 10 s
-	engines, zmq := startEngines(t, block, topo)
-	tg := startPDGateway(t, block, "2", nil)
-	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
+	engines, tg, id, url := startPD(t, topo, nil, nil)
 
 	b, _ := json.Marshal(map[string]any{"model": model, "prompt": pdPromptA, "max_tokens": 200, "stream": true})
 	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
@@ -263,12 +251,9 @@ func TestPDDecodeKilledMidStream(t *testing.T) {
 // TestPDAdmissionCap: with LLB_PD_MAX_INFLIGHT_PER_EP=1 and both prefill
 // engines busy, the next request gets 429 pd_overloaded with Retry-After: 1.
 func TestPDAdmissionCap(t *testing.T) {
-	block := testnet.Block(t)
 	slow := pdTopology()
 	slow[0].prefillUsPerToken, slow[2].prefillUsPerToken = 50_000, 50_000 // 40 tokens ≈ 2 s
-	engines, zmq := startEngines(t, block, slow)
-	tg := startPDGateway(t, block, "2", func(s *config.Settings) { s.MaxInflightPerEP = 1 })
-	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
+	_, tg, id, url := startPD(t, slow, func(s *config.Settings) { s.MaxInflightPerEP = 1 }, nil)
 	svc := strconv.Itoa(id)
 
 	done := make(chan reply, 2)
@@ -307,10 +292,7 @@ func TestPDAdmissionCap(t *testing.T) {
 // (what `kvctl set endpoint --admin=down` sends) keeps its inventory but is
 // never selected; set up again, it wins its overlap back.
 func TestPDAdminDown(t *testing.T) {
-	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, pdTopology())
-	tg := startPDGateway(t, block, "2", nil)
-	id, url := pdRule(t, tg, block, "1", engines, zmq, nil)
+	engines, tg, id, url := startPD(t, pdTopology(), nil, nil)
 	svc := strconv.Itoa(id)
 	tg.waitSubscribed(t, id, 2)
 
@@ -368,10 +350,7 @@ func TestPDAdminDown(t *testing.T) {
 // (the P/D threshold) open it (loxilb_pd_cb_flips_total), after which the
 // endpoint is no longer tried even for prompts only it holds.
 func TestPDBreakerOpens(t *testing.T) {
-	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, pdTopology())
-	tg := startPDGateway(t, block, "2", nil)
-	id, url := pdRule(t, tg, block, "1", engines, zmq, map[string]any{"probetype": "none"})
+	engines, tg, id, url := startPD(t, pdTopology(), nil, map[string]any{"probetype": "none"})
 	svc := strconv.Itoa(id)
 	tg.waitSubscribed(t, id, 2)
 
@@ -421,10 +400,7 @@ func TestPDBreakerOpens(t *testing.T) {
 // above max_tokens) and the decode engine streams with the prompt's KV from
 // the prefill.
 func TestPDChatStream(t *testing.T) {
-	block := testnet.Block(t)
-	engines, zmq := startEngines(t, block, pdTopology())
-	tg := startPDGateway(t, block, "2", nil)
-	id, u := pdRule(t, tg, block, "1", engines, zmq, nil)
+	engines, tg, id, u := startPD(t, pdTopology(), nil, nil)
 	url := strings.Replace(u, "/v1/completions", "/v1/chat/completions", 1)
 	b, _ := json.Marshal(map[string]any{"model": model, "stream": true, "stream_options": map[string]any{"include_usage": true},
 		"max_completion_tokens": 6, "min_tokens": 3,
