@@ -22,7 +22,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/metrics"
 )
@@ -1180,7 +1180,7 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 	if curlErr == nil && shaErr == nil {
 		// The rules-sync sidecar's loop, until it reports every rule applied.
 		sidecar := exec.Command("sh", "-c", localize(script(container(t, podSpec, "rules-sync"))))
-		var out syncBuffer
+		var out syncbuf.Buffer
 		sidecar.Stdout, sidecar.Stderr = &out, &out
 		// Its own process group, so that killing it also ends its sleep.
 		sidecar.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -1261,25 +1261,6 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a child process' writer goroutines
-// and the test reading it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // checkMetricsProxy runs Debian's nginx with the metrics-proxy sidecar's
 // server block (listen address and upstream moved to the test's) in front of
 // the running kvgate at base: GET /metrics passes, everything else is refused.
@@ -1328,7 +1309,7 @@ http {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(nginx, "-p", prefix, "-c", filepath.Join(prefix, "nginx.conf"), "-g", "daemon off; master_process off;")
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

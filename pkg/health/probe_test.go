@@ -1,7 +1,6 @@
 package health
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/selector"
@@ -157,7 +157,7 @@ func TestProberConfigErrors(t *testing.T) {
 // engine figures and logs a missing family once.
 func TestProberRun(t *testing.T) {
 	eng := newEngineServer(t)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	tr, err := NewTracker(TrackerConfig{ServiceID: 5, Endpoints: []int{0}, ProbeRetries: 2})
 	if err != nil {
@@ -197,23 +197,6 @@ func TestProberRun(t *testing.T) {
 	if n := strings.Count(logs.String(), "engine metric family missing"); n != 1 {
 		t.Fatalf("missing family logged %d times:\n%s", n, logs.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // invScorer is a small inventory for the selector integration test.

@@ -165,7 +165,7 @@ func TestChatSharedSystemPrompt(t *testing.T) {
 	var logged []int
 	waitFor(t, "two access-log lines", 3*time.Second, func() bool {
 		logged = logged[:0]
-		for _, l := range tg.access.lines() {
+		for _, l := range accessRecords(tg.access) {
 			if n, ok := l["prompt_tokens"].(float64); ok {
 				logged = append(logged, int(n))
 			}

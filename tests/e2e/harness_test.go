@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/enginesim"
@@ -193,7 +194,7 @@ func startMode3(t *testing.T, specs []engineSpec, extra map[string]any) ([]*engi
 type testGateway struct {
 	g      *gateway.Gateway
 	api    string
-	access *syncBuffer
+	access *syncbuf.Buffer
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -220,7 +221,7 @@ func startGatewayWith(t *testing.T, block, apiHost, datapath string, tune func(*
 	if tune != nil {
 		tune(&settings)
 	}
-	access := &syncBuffer{}
+	access := &syncbuf.Buffer{}
 	g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: stagingDir(t), DecisionHeader: true,
 		AccessLog: access, ShutdownGrace: 5 * time.Second, Datapath: datapath, Logger: quietLogger()})
 	if err != nil {
@@ -398,23 +399,10 @@ func decisionField(h, key string) string {
 	return ""
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// lines returns the access-log records so far.
-func (s *syncBuffer) lines() []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// accessRecords parses the JSON access-log records written to buf so far.
+func accessRecords(buf *syncbuf.Buffer) []map[string]any {
 	var out []map[string]any
-	for _, l := range strings.Split(s.b.String(), "\n") {
+	for _, l := range strings.Split(buf.String(), "\n") {
 		var m map[string]any
 		if json.Unmarshal([]byte(l), &m) == nil {
 			out = append(out, m)
