@@ -133,6 +133,19 @@ func startProxy(t *testing.T, cfg Config) *Server {
 	return s
 }
 
+// dialProxy connects a client to s; the connection has a 10 s deadline and
+// is closed when the test ends.
+func dialProxy(t *testing.T, s *Server) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
 // waitZero asserts the in-flight counts return to 0 at rest.
 func waitZero(t *testing.T, l *Loads) {
 	t.Helper()
@@ -174,11 +187,7 @@ func TestProxyKeepAliveAndLoads(t *testing.T) {
 	obs := &countingObserver{}
 	s := startProxy(t, Config{Service: "1", Router: &staticRouter{addrs: []string{be.addr}}, Observer: obs, DecisionHeader: true})
 
-	c, err := net.Dial("tcp", s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialProxy(t, s)
 	br := bufio.NewReader(c)
 	for i := 0; i < 3; i++ {
 		body := fmt.Sprintf(`{"model":"m","prompt":"hello %d"}`, i)
@@ -380,12 +389,7 @@ func TestStreamingIsNotBuffered(t *testing.T) {
 	step := make(chan struct{})
 	be := sseBackend(t, 3, step)
 	s := startProxy(t, Config{Router: &staticRouter{addrs: []string{be.addr}}})
-	c, err := net.Dial("tcp", s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialProxy(t, s)
 	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
@@ -416,10 +420,7 @@ func TestClientGoneMidStreamReleasesLoad(t *testing.T) {
 	be := sseBackend(t, 100, step)
 	obs := &countingObserver{}
 	s := startProxy(t, Config{Router: &staticRouter{addrs: []string{be.addr}}, Observer: obs, Limits: Limits{StreamSilence: 5 * time.Second}})
-	c, err := net.Dial("tcp", s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialProxy(t, s)
 	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -440,23 +441,14 @@ func TestShutdownLetsStreamFinish(t *testing.T) {
 	step := make(chan struct{})
 	be := sseBackend(t, 2, step)
 	s := startProxy(t, Config{Router: &staticRouter{addrs: []string{be.addr}}})
-	c, err := net.Dial("tcp", s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialProxy(t, s)
 	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// An idle keep-alive connection is closed by the shutdown.
-	idle, err := net.Dial("tcp", s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer idle.Close()
+	dialProxy(t, s) // never sends a request
 
 	shut := make(chan error, 1)
 	go func() {
@@ -564,12 +556,7 @@ func BenchmarkParseHead(b *testing.B) {
 func TestPipelinedAndHTTP10(t *testing.T) {
 	be := startBackend(t, "ep0", nil)
 	s := startProxy(t, Config{Router: &staticRouter{addrs: []string{be.addr}}})
-	c, err := net.Dial("tcp", s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialProxy(t, s)
 	io.WriteString(c, "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none"+
 		"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nthree")
 	br := bufio.NewReader(c)
@@ -584,12 +571,7 @@ func TestPipelinedAndHTTP10(t *testing.T) {
 		}
 	}
 
-	c2, err := net.Dial("tcp", s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	c2.SetDeadline(time.Now().Add(10 * time.Second))
+	c2 := dialProxy(t, s)
 	io.WriteString(c2, "GET /old HTTP/1.0\r\n\r\n")
 	all, err := io.ReadAll(c2) // returns only once kvgate closes
 	if err != nil || !strings.HasPrefix(string(all), "HTTP/1.1 200") || !strings.Contains(string(all), "Connection: close") {

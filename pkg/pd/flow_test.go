@@ -234,13 +234,7 @@ func TestPrefillOutcomes(t *testing.T) {
 // pd_prefill_timeout within the bound (+1 s), cancels the prefill and
 // releases the in-flight counts.
 func TestPrefillTimeout(t *testing.T) {
-	slow := func(w http.ResponseWriter, r *http.Request, _ seen) {
-		select {
-		case <-r.Context().Done():
-		case <-time.After(10 * time.Second):
-		}
-	}
-	r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){slow, decodeOK("d1"), slow}, prefillRoles(),
+	r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){hang, decodeOK("d1"), hang}, prefillRoles(),
 		rigOptions{cfg: Config{PrefillTimeout: 500 * time.Millisecond}})
 	start := time.Now()
 	a := r.post(`{"model":"m","prompt":"x"}`)
@@ -264,12 +258,6 @@ func TestPrefillTimeout(t *testing.T) {
 // any byte → 502 pd_decode_backend_died; death mid-stream → the client sees
 // the end.
 func TestDecodeFailures(t *testing.T) {
-	hang := func(w http.ResponseWriter, r *http.Request, _ seen) {
-		select {
-		case <-r.Context().Done():
-		case <-time.After(10 * time.Second):
-		}
-	}
 	hangup := func(w http.ResponseWriter, _ *http.Request, _ seen) {
 		c, _, _ := w.(http.Hijacker).Hijack()
 		c.Close()
@@ -458,13 +446,7 @@ func TestAdmission(t *testing.T) {
 	})
 	t.Run("park", func(t *testing.T) {
 		rel := make(chan struct{})
-		h := func(w http.ResponseWriter, r *http.Request, s seen) {
-			select {
-			case <-rel:
-			case <-r.Context().Done():
-			}
-			prefillOK("p", 0)(w, r, s)
-		}
+		h := prefillAfter(rel)
 		r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){h, decodeOK("d1"), h}, prefillRoles(),
 			rigOptions{admission: health.AdmissionConfig{MaxInflightPerEP: 1, QueueDepthPerEP: 2, MaxPark: 300 * time.Millisecond}})
 		done := make(chan answer, 3)
@@ -490,13 +472,7 @@ func TestAdmission(t *testing.T) {
 	})
 	t.Run("total", func(t *testing.T) {
 		rel := make(chan struct{})
-		h := func(w http.ResponseWriter, r *http.Request, s seen) {
-			select {
-			case <-rel:
-			case <-r.Context().Done():
-			}
-			prefillOK("p", 0)(w, r, s)
-		}
+		h := prefillAfter(rel)
 		r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){h, decodeOK("d1"), h}, prefillRoles(),
 			rigOptions{admission: health.AdmissionConfig{MaxTotalInflight: 1}})
 		done := make(chan answer, 1)

@@ -304,3 +304,23 @@ func (r *rig) post(body string, hdr ...string) answer {
 func prefillRoles() []selector.Role {
 	return []selector.Role{selector.RolePrefill, selector.RoleDecode, selector.RolePrefill}
 }
+
+// hang answers nothing until the request is cancelled (at most 10 s).
+func hang(_ http.ResponseWriter, r *http.Request, _ seen) {
+	select {
+	case <-r.Context().Done():
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// prefillAfter is prefillOK("p", 0) held until release is closed or the
+// request is cancelled.
+func prefillAfter(release <-chan struct{}) func(http.ResponseWriter, *http.Request, seen) {
+	return func(w http.ResponseWriter, r *http.Request, s seen) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		prefillOK("p", 0)(w, r, s)
+	}
+}
