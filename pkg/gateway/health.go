@@ -336,19 +336,8 @@ func (o *pdObserver) Committed(out selector.Outcome, model string, stages []full
 	if out.Tier == selector.TierSession && model != "" {
 		o.m.AIPDSessionHits.WithLabelValues(o.m.ModelLabel(model)).Inc()
 	}
-	for _, s := range stages {
-		o.m.ObserveStage(o.service, s.Name, s.Duration)
-	}
-	o.m.Decision(o.service, out.Tier.String())
-	if out.Hit {
-		o.m.Tier15Hit(o.service, out.Endpoint)
-	}
-	if out.Spilled {
-		o.m.Tier15Spill(o.service, out.Endpoint)
-	}
-	if out.ColdSeed {
-		o.m.Tier15ColdSeed(o.service, out.Endpoint)
-	}
+	observeStages(o.m, o.service, stages)
+	recordOutcome(o.m, o.service, out)
 }
 
 func (o *pdObserver) Leg(leg, model string, d time.Duration) {

@@ -127,22 +127,31 @@ func (r *router) Finish(req *fullproxy.Request, d fullproxy.Decision, connected 
 	if sc == nil {
 		return
 	}
-	for _, s := range d.Stages {
-		r.m.ObserveStage(r.service, s.Name, s.Duration)
-	}
+	observeStages(r.m, r.service, d.Stages)
 	if !connected {
 		return
 	}
-	o := sc.attempt.Commit()
-	r.m.Decision(r.service, o.Tier.String())
+	recordOutcome(r.m, r.service, sc.attempt.Commit())
+}
+
+func observeStages(m *metrics.Metrics, service int, stages []fullproxy.Stage) {
+	for _, s := range stages {
+		m.ObserveStage(service, s.Name, s.Duration)
+	}
+}
+
+// recordOutcome counts a committed decision: its tier and, for tier 1.5,
+// whether it hit, spilled or seeded a cold endpoint.
+func recordOutcome(m *metrics.Metrics, service int, o selector.Outcome) {
+	m.Decision(service, o.Tier.String())
 	if o.Hit {
-		r.m.Tier15Hit(r.service, o.Endpoint)
+		m.Tier15Hit(service, o.Endpoint)
 	}
 	if o.Spilled {
-		r.m.Tier15Spill(r.service, o.Endpoint)
+		m.Tier15Spill(service, o.Endpoint)
 	}
 	if o.ColdSeed {
-		r.m.Tier15ColdSeed(r.service, o.Endpoint)
+		m.Tier15ColdSeed(service, o.Endpoint)
 	}
 }
 
