@@ -299,3 +299,52 @@ func BenchmarkAdd(b *testing.B) {
 	b.ReportMetric(float64(2*len(batch)*b.N)/b.Elapsed().Seconds()/1e6, "Mhash/s")
 	b.ReportMetric(float64(2*len(batch)*b.N)/(threadCPU()-c0).Seconds()/1e6, "cpu-Mhash/s")
 }
+
+// BenchmarkScoreSmall is the selector's case (issue 7): a 64-block prompt
+// over 64 endpoints holding a spread of prefixes of it, table in cache. It
+// measures Score's fixed costs rather than memory latency.
+func BenchmarkScoreSmall(b *testing.B) {
+	const nEps = 64
+	ix, err := New(Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := make([]uint64, 64)
+	for i := range prompt {
+		prompt[i] = uint64(i + 1)
+	}
+	for e := range nEps {
+		if err := ix.Add(e, 0, "", prompt[:(e*13)%64]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	eligible := epset.FirstN(nEps)
+	eligible.Remove(5)
+	eligible.Remove(9)
+	for _, impl := range []string{"new", "old"} {
+		score := ix.Score
+		if impl == "old" {
+			score = ix.scoreOld // the previous overlap scorer (oldscore_test.go)
+		}
+		for _, run := range []bool{true, false} {
+			name := "overlap/" + impl
+			if run {
+				name = "leadingRun/" + impl
+			}
+			b.Run(name, func(b *testing.B) {
+				var counts [epset.Max]uint32
+				b.ReportAllocs()
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				c0 := threadCPU()
+				for b.Loop() {
+					score(prompt, eligible, run, &counts)
+				}
+				b.ReportMetric(float64(threadCPU()-c0)/float64(b.N), "cpu-ns/op")
+				if ep, _ := Best(&counts, eligible); ep < 0 {
+					b.Fatal("no match")
+				}
+			})
+		}
+	}
+}
