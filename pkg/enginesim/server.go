@@ -166,9 +166,6 @@ func (e *Engine) URL() string { return e.url }
 // ID is the value of the x-engine-id header.
 func (e *Engine) ID() string { return e.cfg.ID }
 
-// Config returns the effective configuration (defaults filled in).
-func (e *Engine) Config() Config { return e.cfg }
-
 // EventsEndpoint is the bound PUB endpoint ("none" when disabled).
 func (e *Engine) EventsEndpoint() string {
 	if e.pub == nil {

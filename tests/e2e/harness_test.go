@@ -195,8 +195,6 @@ type testGateway struct {
 	g      *gateway.Gateway
 	api    string
 	access *syncbuf.Buffer
-	cancel context.CancelFunc
-	done   chan error
 }
 
 // startGateway starts a gateway with default settings, its API on <block>.2
@@ -232,13 +230,13 @@ func startGatewayWith(t *testing.T, block, apiHost, datapath string, tune func(*
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	tg := &testGateway{g: g, api: "http://" + ln.Addr().String(), access: access, cancel: cancel, done: make(chan error, 1)}
-	go func() { tg.done <- g.Run(ctx, ln) }()
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx, ln) }()
 	t.Cleanup(func() {
 		cancel()
-		<-tg.done
+		<-done
 	})
-	return tg
+	return &testGateway{g: g, api: "http://" + ln.Addr().String(), access: access}
 }
 
 // createRule POSTs a rule to the management API and returns its service_id.
