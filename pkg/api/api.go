@@ -277,16 +277,10 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 }
 
 // commitLocked tells the sink, persists, and installs updated (nil deletes).
+// old is the rule installed under key now (nil: none).
 func (s *Server) commitLocked(key config.RuleKey, old, updated *config.Rule) error {
 	if s.opts.Sink != nil {
-		var o, u *config.Rule
-		if old != nil {
-			o = old.Clone()
-		}
-		if updated != nil {
-			u = updated.Clone()
-		}
-		if err := s.opts.Sink.RuleChanged(o, u); err != nil {
+		if err := s.opts.Sink.RuleChanged(cloneRule(old), cloneRule(updated)); err != nil {
 			if updated == nil {
 				s.log.Error("rule teardown reported an error; the rule is removed", "rule", key.String(), "err", err)
 			} else {
@@ -298,30 +292,14 @@ func (s *Server) commitLocked(key config.RuleKey, old, updated *config.Rule) err
 			}
 		}
 	}
-	prevRule, existed := s.rules[key]
-	if updated == nil {
-		delete(s.rules, key)
-	} else {
-		s.rules[key] = updated
-	}
+	s.installLocked(key, updated)
 	if s.opts.Store != nil {
 		if err := s.opts.Store.Save(s.snapshotLocked()); err != nil {
 			// Undo in memory and in the daemon: the API never answers
 			// success for a change that would be lost at restart.
-			if existed {
-				s.rules[key] = prevRule
-			} else {
-				delete(s.rules, key)
-			}
+			s.installLocked(key, old)
 			if s.opts.Sink != nil {
-				var o, u *config.Rule
-				if updated != nil {
-					o = updated.Clone()
-				}
-				if old != nil {
-					u = old.Clone()
-				}
-				if rerr := s.opts.Sink.RuleChanged(o, u); rerr != nil {
+				if rerr := s.opts.Sink.RuleChanged(cloneRule(updated), cloneRule(old)); rerr != nil {
 					s.log.Error("could not revert the daemon after a failed save", "rule", key.String(), "err", rerr)
 				}
 			}
@@ -330,6 +308,23 @@ func (s *Server) commitLocked(key config.RuleKey, old, updated *config.Rule) err
 	}
 	s.metricsChanged(old, updated)
 	return nil
+}
+
+// installLocked puts r under key; nil removes the rule.
+func (s *Server) installLocked(key config.RuleKey, r *config.Rule) {
+	if r == nil {
+		delete(s.rules, key)
+	} else {
+		s.rules[key] = r
+	}
+}
+
+// cloneRule is r.Clone(), nil for nil: the sink gets copies it may keep.
+func cloneRule(r *config.Rule) *config.Rule {
+	if r == nil {
+		return nil
+	}
+	return r.Clone()
 }
 
 // metricsChanged creates and deletes per-rule series for a committed change.
