@@ -472,6 +472,55 @@ func TestSinkErrorRejectsChange(t *testing.T) {
 	}
 }
 
+// failingStore fails every Save while fail is set.
+type failingStore struct{ fail bool }
+
+func (s *failingStore) Save([]config.Rule) error {
+	if s.fail {
+		return errors.New("disk full")
+	}
+	return nil
+}
+
+// TestFailedSaveRollsBack: a change the store could not save is undone in
+// memory and in the daemon (the sink is told the reverse change), for a new
+// rule and for an update.
+func TestFailedSaveRollsBack(t *testing.T) {
+	st := &failingStore{fail: true}
+	sink := &recordingSink{}
+	srv := New(Options{Settings: config.DefaultSettings(), Sink: sink, Store: st, Log: quiet()})
+	var posted config.Rule
+	if err := json.Unmarshal([]byte(specBody(t)), &posted); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Apply(&posted, nil); err == nil || !strings.Contains(err.Error(), "not saved") {
+		t.Fatalf("create with a failing store: %v", err)
+	}
+	if len(srv.Rules()) != 0 {
+		t.Fatal("an unsaved new rule stayed installed")
+	}
+	if c := sink.last(); c[0] == nil || c[1] != nil {
+		t.Fatalf("sink not told to remove the unsaved rule: %v", c)
+	}
+
+	st.fail = false
+	if _, err := srv.Apply(&posted, nil); err != nil {
+		t.Fatal(err)
+	}
+	updated := posted.Clone()
+	updated.Endpoints[0].AdminDown = true
+	st.fail = true
+	if _, err := srv.Apply(updated, nil); err == nil || !strings.Contains(err.Error(), "not saved") {
+		t.Fatalf("update with a failing store: %v", err)
+	}
+	if after := srv.Rules(); len(after) != 1 || after[0].Endpoints[0].AdminDown {
+		t.Fatalf("an unsaved update stayed installed: %+v", after)
+	}
+	if c := sink.last(); c[0] == nil || !c[0].Endpoints[0].AdminDown || c[1] == nil || c[1].Endpoints[0].AdminDown {
+		t.Fatalf("sink not told to restore the saved rule: %v", c)
+	}
+}
+
 func TestPersistenceAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
 	f := newFixture(t, dir, nil)
