@@ -41,12 +41,8 @@ persisted and survives re-posting the rule without an admin field.`,
 			if admin != "up" && admin != "down" {
 				return badInput("--admin %q: allowed values: up, down", admin)
 			}
-			cl, err := newAPIClient(cmd)
-			if err != nil {
-				return err
-			}
 			body := map[string]any{"endpointIP": epIP, "targetPort": epPort, "admin": admin}
-			if _, err := cl.do(http.MethodPut, rulePath(ip, port)+"/endpoint", body); err != nil {
+			if _, err := callAPI(cmd, http.MethodPut, rulePath(ip, port)+"/endpoint", body); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Success: endpoint %s of rule %s:%d/tcp is admin %s\n", ep, ip, port, admin)

@@ -30,12 +30,8 @@ gateway's shape, blocks sorted by hash. service_id is in kvctl get lb.`,
 			if epIdx < 0 {
 				return badInput("--ep-idx is required (>= 0)")
 			}
-			cl, err := newAPIClient(cmd)
-			if err != nil {
-				return err
-			}
 			q := url.Values{"service_id": {strconv.Itoa(serviceID)}, "ep_idx": {strconv.Itoa(epIdx)}}
-			b, err := cl.do(http.MethodGet, "/netlox/v1/config/ai/kv/inventory?"+q.Encode(), nil)
+			b, err := callAPI(cmd, http.MethodGet, "/netlox/v1/config/ai/kv/inventory?"+q.Encode(), nil)
 			if err != nil {
 				return err
 			}

@@ -76,6 +76,16 @@ func newAPIClient(cmd *cobra.Command) (*apiClient, error) {
 	return &apiClient{base: strings.TrimRight(base, "/"), http: &http.Client{Timeout: 60 * time.Second}}, nil
 }
 
+// callAPI sends one request to the API server the command names and
+// returns the body of a 2xx answer.
+func callAPI(cmd *cobra.Command, method, path string, body any) ([]byte, error) {
+	cl, err := newAPIClient(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return cl.do(method, path, body)
+}
+
 // apiError is an error answer of the API, printed readably.
 type apiError struct {
 	status int
@@ -344,11 +354,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 			if cmd.Flags().Changed("kv-hash-seed") {
 				rule.ServiceArguments.KVHashSeed = &kvHashSeed
 			}
-			cl, err := newAPIClient(cmd)
-			if err != nil {
-				return err
-			}
-			b, err := cl.do(http.MethodPost, "/netlox/v1/config/loadbalancer", rule)
+			b, err := callAPI(cmd, http.MethodPost, "/netlox/v1/config/loadbalancer", rule)
 			if err != nil {
 				return err
 			}
@@ -462,11 +468,7 @@ func newGetLBCmd() *cobra.Command {
 		Short:   "List load-balancer rules with their service_id and endpoints (ep_idx, state, admin)",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := newAPIClient(cmd)
-			if err != nil {
-				return err
-			}
-			b, err := cl.do(http.MethodGet, "/netlox/v1/config/loadbalancer/all", nil)
+			b, err := callAPI(cmd, http.MethodGet, "/netlox/v1/config/loadbalancer/all", nil)
 			if err != nil {
 				return err
 			}

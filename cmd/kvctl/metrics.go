@@ -28,11 +28,7 @@ expression (Go syntax, like grep -E), e.g. the spec's §9.1 engagement check:
 					return badInput("--grep %q: %v", pattern, err)
 				}
 			}
-			cl, err := newAPIClient(cmd)
-			if err != nil {
-				return err
-			}
-			b, err := cl.do(http.MethodGet, "/netlox/v1/metrics", nil)
+			b, err := callAPI(cmd, http.MethodGet, "/netlox/v1/metrics", nil)
 			if err != nil {
 				return err
 			}
