@@ -47,7 +47,7 @@ const (
 	// At a segment rebuild, shards at or above this load grow as well.
 	growAheadNum, growAheadDen = 4, 5
 	// Free space left in a new slab, as a fraction of its live bytes.
-	slabSlackDiv = 16
+	slabSlackDiv = 32
 
 	slotSize  = int(unsafe.Sizeof(slot{}))
 	slotAlign = 64 // cache line
@@ -114,12 +114,19 @@ func (a *arena) release() {
 }
 
 // residentBytes bounds the slab memory resident: what was handed out,
-// rounded up to whole huge pages (a touch faults in a whole 2 MiB page).
+// rounded up to whole huge pages in the advised part (a touch faults in a
+// whole 2 MiB page) and to 4 KiB pages in the unadvised tail.
 func (a *arena) residentBytes() int {
 	n := 0
 	for _, sb := range a.slabs {
-		if sb != nil {
-			n += min((sb.off+hugePageSize-1)&^(hugePageSize-1), len(sb.mem))
+		if sb == nil {
+			continue
+		}
+		whole := len(sb.mem) &^ (hugePageSize - 1)
+		if sb.off <= whole {
+			n += min((sb.off+hugePageSize-1)&^(hugePageSize-1), whole)
+		} else {
+			n += whole + (sb.off-whole+4095)&^4095
 		}
 	}
 	return n

@@ -20,8 +20,12 @@ func mapSlab(size int) (raw, mem []byte, err error) {
 	}
 	head := (hugePageSize - int(uintptr(unsafe.Pointer(&raw[0])))%hugePageSize) % hugePageSize
 	mem = raw[head : head+size : head+size]
-	// Advice failure only costs the huge pages.
-	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
+	// Advise whole huge pages only: a partial last page stays on 4 KiB pages,
+	// so it is resident only as far as it is used. Advice failure only costs
+	// the huge pages.
+	if whole := size &^ (hugePageSize - 1); whole > 0 {
+		_ = unix.Madvise(mem[:whole], unix.MADV_HUGEPAGE)
+	}
 	return raw, mem, nil
 }
 
