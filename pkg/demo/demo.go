@@ -177,37 +177,23 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 // startEngines starts n engines on 127.0.0.<first>…, all publishing KV
 // events on one free port (a rule has one kvZmqPort).
 func startEngines(tok enginesim.Tokenizer, n, first int, log *slog.Logger) ([]*enginesim.Engine, int, error) {
-	var lastErr error
-	for try := 0; try < 20; try++ {
-		port, err := freePort(fmt.Sprintf("127.0.0.%d", first))
-		if err != nil {
-			return nil, 0, err
-		}
-		var engines []*enginesim.Engine
-		for i := 0; i < n; i++ {
+	engines, port, err := enginesim.StartGroup(n, 20,
+		func() (int, error) { return freePort(fmt.Sprintf("127.0.0.%d", first)) },
+		func(i, port int) enginesim.Config {
 			host := fmt.Sprintf("127.0.0.%d", first+i)
-			e, err := enginesim.New(enginesim.Config{
+			return enginesim.Config{
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: Model, Tokenizer: tok,
 				PythonHashSeed: "0", HashSeedSet: true,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
 				ReplayEndpoint:    "none",
 				PrefillUsPerToken: 250, TTFTFloor: 2 * time.Millisecond, DecodeTokensPerS: 500,
 				Logger: log,
-			})
-			if err != nil {
-				lastErr = err
-				break
 			}
-			engines = append(engines, e)
-		}
-		if len(engines) == n {
-			return engines, port, nil
-		}
-		for _, e := range engines {
-			e.Close()
-		}
+		})
+	if err != nil {
+		return nil, 0, fmt.Errorf("demo: %w", err)
 	}
-	return nil, 0, fmt.Errorf("demo: start engines: %w", lastErr)
+	return engines, port, nil
 }
 
 func freePort(host string) (int, error) {

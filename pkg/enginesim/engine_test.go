@@ -460,25 +460,13 @@ func TestMetricsExposition(t *testing.T) {
 // TestEnginesShareAPortOnDifferentAddresses runs engines the way real workers
 // sit on separate hosts: same ports, different loopback addresses.
 func TestEnginesShareAPortOnDifferentAddresses(t *testing.T) {
-	var engines []*Engine
-	for attempt := 0; attempt < 10 && len(engines) < 3; attempt++ {
-		for _, e := range engines {
-			e.Close()
-		}
-		engines = engines[:0]
-		port := 20000 + rand.IntN(20000)
-		for range 3 {
+	engines, _, err := StartGroup(3, 10, func() (int, error) { return 20000 + rand.IntN(20000), nil },
+		func(_, port int) Config {
 			host := testnet.Host(t)
-			e, err := New(Config{Host: host, Port: port, Logger: quietLogger(),
-				KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port+1)})
-			if err != nil {
-				break
-			}
-			engines = append(engines, e)
-		}
-	}
-	if len(engines) < 3 {
-		t.Fatal("could not start three engines on one port")
+			return Config{Host: host, Port: port, Logger: quietLogger(), KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port+1)}
+		})
+	if err != nil {
+		t.Fatalf("could not start three engines on one port: %v", err)
 	}
 	for _, e := range engines {
 		t.Cleanup(func() { e.Close() })

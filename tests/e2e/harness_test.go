@@ -85,11 +85,10 @@ type engineSpec struct {
 func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.Engine, int) {
 	t.Helper()
 	tk := engineTokenizer(t)
-	var lastErr error
-	for try := 0; try < 10; try++ {
-		port := testnet.PortPair(t, block+"11", 1000)
-		var engines []*enginesim.Engine
-		for i, s := range specs {
+	engines, port, err := enginesim.StartGroup(len(specs), 10,
+		func() (int, error) { return testnet.PortPair(t, block+"11", 1000), nil },
+		func(i, port int) enginesim.Config {
+			s := specs[i]
 			host := fmt.Sprintf("%s%d", block, 11+i)
 			dts, us := s.decodeTS, s.prefillUsPerToken
 			if dts == 0 {
@@ -98,34 +97,24 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 			if us == 0 {
 				us = 20
 			}
-			e, err := enginesim.New(enginesim.Config{
+			return enginesim.Config{
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
 				PythonHashSeed: "0", HashSeedSet: true, Role: s.role, LoRAModules: s.lora,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
 				ReplayEndpoint:    fmt.Sprintf("tcp://%s:%d", host, port+1000),
 				PrefillUsPerToken: us, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
 				Logger: quietLogger(),
-			})
-			if err != nil {
-				lastErr = err
-				break
 			}
-			engines = append(engines, e)
-		}
-		if len(engines) == len(specs) {
-			t.Cleanup(func() {
-				for _, e := range engines {
-					e.Close()
-				}
-			})
-			return engines, port
-		}
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
 		for _, e := range engines {
 			e.Close()
 		}
-	}
-	t.Fatalf("start engines: %v", lastErr)
-	return nil, 0
+	})
+	return engines, port
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
