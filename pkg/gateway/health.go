@@ -300,7 +300,7 @@ func (r *router) pdPlan(req *fullproxy.Request) pd.Plan {
 		sc = r.prepare(r.state.Load(), req)
 		req.Scratch = sc
 	}
-	return pd.Plan{Attempt: &sc.attempt, Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: sc.blocks, Stages: sc.stages}
+	return pd.Plan{Attempt: &sc.attempt, Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes), Stages: sc.stages}
 }
 
 // healthObserver feeds pkg/health's counters to pkg/metrics.

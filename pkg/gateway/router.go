@@ -54,8 +54,7 @@ type scratch struct {
 	selReq  selector.Request
 	attempt selector.Attempt
 	facts   reqfacts.Facts
-	tokens  int
-	blocks  int
+	tokens  int // prompt tokens after truncation (0 when not tokenized)
 	stages  []fullproxy.Stage
 }
 
@@ -94,7 +93,7 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 	}
 	out := fullproxy.Decision{
 		Endpoint: d.Endpoint, Decode: d.Decode, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
-		Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: sc.blocks,
+		Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes),
 		Stages: stages,
 	}
 	if d.Endpoint < 0 {
@@ -209,7 +208,6 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 		sr.Upstream = selector.ReasonHashes
 	} else {
 		sr.Hashes = st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
-		sc.blocks = len(sr.Hashes)
 	}
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "hash", Duration: time.Since(t2)})
 	sc.attempt = r.sel.Begin(sr)
