@@ -623,33 +623,22 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 	if s.cfg.DecisionHeader {
 		decision = DecisionHeaderValue(d)
 	}
-	head := s.responseHead(rh, req, decision, keep)
-	_ = c.nc.SetWriteDeadline(time.Now().Add(s.lim.WriteTimeout))
-	if _, err := c.nc.Write(head); err != nil {
+	if err := s.writeHead(c.nc, s.responseHead(rh, req, decision, keep)); err != nil {
 		rec.Outcome = "client_gone"
 		return false
 	}
-	_ = c.nc.SetWriteDeadline(time.Time{})
 
 	if rh.bodyless(req.Method) {
 		rec.Outcome = "ok"
 		return keep
 	}
-	prefix, _ := bbr.Peek(bbr.Buffered())
-	if rh.contentLength >= 0 && int64(len(prefix)) > rh.contentLength {
-		prefix = prefix[:rh.contentLength]
-	}
-	res := s.leg.Run(ctx, c.nc, bc, prefix, datapath.Options{
-		Silence:       s.lim.StreamSilence,
-		Streamed:      rh.chunked || rh.eventStream,
-		ContentLength: rh.contentLength,
-	})
+	res := s.relayBody(ctx, c.nc, bc, bbr, rh, s.lim.StreamSilence)
 	rec.BodyBytes, rec.Datapath = res.Bytes, res.Path
 	switch res.Ending {
 	case datapath.BackendEOF:
 		rec.Outcome = "ok"
-		if rh.contentLength >= 0 && res.Bytes != rh.contentLength {
-			rec.Outcome, keep = "backend_error", false // truncated: the client cannot find the end
+		if rh.truncated(res) {
+			rec.Outcome, keep = "backend_error", false // the client cannot find the end
 		}
 	case datapath.ClientGone:
 		rec.Outcome, keep = "client_gone", false
@@ -661,6 +650,31 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 		rec.Outcome, keep = "backend_error", false
 	}
 	return keep
+}
+
+// writeHead writes a response head to the client within the write timeout.
+func (s *Server) writeHead(client net.Conn, head []byte) error {
+	_ = client.SetWriteDeadline(time.Now().Add(s.lim.WriteTimeout))
+	if _, err := client.Write(head); err != nil {
+		return err
+	}
+	_ = client.SetWriteDeadline(time.Time{})
+	return nil
+}
+
+// relayBody hands the response body to the body leg: what br has already
+// buffered first (at most the declared length), then the rest from bc, each
+// read within silence.
+func (s *Server) relayBody(ctx context.Context, client, bc net.Conn, br *bufio.Reader, rh *responseHead, silence time.Duration) datapath.Result {
+	prefix, _ := br.Peek(br.Buffered())
+	if rh.contentLength >= 0 && int64(len(prefix)) > rh.contentLength {
+		prefix = prefix[:rh.contentLength]
+	}
+	return s.leg.Run(ctx, client, bc, prefix, datapath.Options{
+		Silence:       silence,
+		Streamed:      rh.chunked || rh.eventStream,
+		ContentLength: rh.contentLength,
+	})
 }
 
 // clientSide reports whether err came from reading the client's body.

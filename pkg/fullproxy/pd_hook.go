@@ -222,24 +222,15 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 func (x *Exchange) Relay(ctx context.Context, r *BackendResponse, decision string, silence time.Duration) (datapath.Result, bool) {
 	req := x.Req
 	keep := req.KeepAlive && req.bodyDone && r.head.selfDelimited(req.Method) && !x.s.isDraining()
-	head := x.s.responseHead(r.head, req, decision, keep)
-	_ = x.c.nc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
-	if _, err := x.c.nc.Write(head); err != nil {
+	if err := x.s.writeHead(x.c.nc, x.s.responseHead(r.head, req, decision, keep)); err != nil {
 		return datapath.Result{Ending: datapath.ClientGone, Err: err, Path: x.s.leg.Path()}, false
 	}
-	_ = x.c.nc.SetWriteDeadline(time.Time{})
 	x.Record.Status = r.Status
 	if r.head.bodyless(req.Method) {
 		return datapath.Result{Ending: datapath.BackendEOF, Path: x.s.leg.Path()}, keep
 	}
-	prefix, _ := r.br.Peek(r.br.Buffered())
-	if r.ContentLength >= 0 && int64(len(prefix)) > r.ContentLength {
-		prefix = prefix[:r.ContentLength]
-	}
-	res := x.s.leg.Run(ctx, x.c.nc, r.conn, prefix, datapath.Options{
-		Silence: silence, Streamed: r.Chunked || r.EventStream, ContentLength: r.ContentLength,
-	})
-	if res.Ending != datapath.BackendEOF || (r.ContentLength >= 0 && res.Bytes != r.ContentLength) {
+	res := x.s.relayBody(ctx, x.c.nc, r.conn, r.br, r.head, silence)
+	if res.Ending != datapath.BackendEOF || r.head.truncated(res) {
 		keep = false
 	}
 	return res, keep

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
+
+	"github.com/kvgate/kvgate/pkg/datapath"
 )
 
 // responseHead is a parsed backend response head.
@@ -86,6 +88,12 @@ func parseResponseHead(raw []byte) (*responseHead, error) {
 		h.contentLength = -1
 	}
 	return h, nil
+}
+
+// truncated reports whether a relayed body ended short of (or past) its
+// declared Content-Length.
+func (h *responseHead) truncated(res datapath.Result) bool {
+	return h.contentLength >= 0 && res.Bytes != h.contentLength
 }
 
 // bodyless reports whether the response has no body whatever its headers say.
