@@ -36,7 +36,7 @@ block hashes sent as bytes print as their trailing 8 bytes. Unknown fields and
 event types are skipped (counted on stderr).`,
 		Example: `  kvctl events decode --hex 93cb41da3054981000009181a474797065b0416c6c426c6f636b73436c656172656400
   kvctl events decode --file payload.bin`,
-		Args: cobra.NoArgs,
+		Args: parityNoArgs,
 		RunE: runEventsDecode,
 	}
 	decode.Flags().String("hex", "", "payload as hex")

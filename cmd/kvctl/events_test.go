@@ -162,6 +162,7 @@ func TestEventsDecodeBadInput(t *testing.T) {
 		{"both", []string{"--hex", "90", "--file", garbage}, "--file"},
 		{"missing file", []string{"--file", filepath.Join(dir, "nope")}, "--file"},
 		{"garbage file", []string{"--file", garbage}, "--file"},
+		{"positional argument", []string{"--hex", "90", "91"}, "unexpected argument"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

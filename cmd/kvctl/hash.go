@@ -48,7 +48,7 @@ the xxhash family (vLLM then draws a random NONE_HASH). LLB_KV_HASH_DEBUG=1
 logs each block's serialized hash input on stderr.`,
 		Example: `  kvctl hash --algo sha256_cbor --block-size 16 --seed 0 --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
   PYTHONHASHSEED=0 kvctl hash --algo xxhash --block-size 16 --seed "$PYTHONHASHSEED" --tokens-file prompt.json`,
-		Args: cobra.NoArgs,
+		Args: parityNoArgs,
 		RunE: runHash,
 	}
 	f := cmd.Flags()
@@ -199,6 +199,16 @@ func hashParseTokenJSON(raw []byte) ([]uint32, error) {
 		out = append(out, uint32(v))
 	}
 	return out, nil
+}
+
+// parityNoArgs rejects positional arguments as bad input (exit 2): every
+// input of hash, events decode and tokenize goes through a flag, and a stray
+// word is usually a mistyped flag value.
+func parityNoArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return badInput("%s: unexpected argument %q (input goes through flags; see --help)", cmd.CommandPath(), args[0])
+	}
+	return nil
 }
 
 // parityReadFile reads a whole file of at most parityMaxInput bytes.

@@ -237,6 +237,7 @@ func TestHashBadInput(t *testing.T) {
 		{"file with object", []string{"--tokens-file", write("e.json", `{"a":1}`)}, "--tokens-file"},
 		{"file with trailing data", []string{"--tokens-file", write("f.json", `[1] [2]`)}, "--tokens-file"},
 		{"file null", []string{"--tokens-file", write("g.json", `null`)}, "--tokens-file"},
+		{"positional argument", []string{"--tokens", "1", "2,3"}, "unexpected argument"},
 	}
 	os.Unsetenv(hashEnvSeed)
 	for _, tt := range tests {

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -59,7 +57,7 @@ names its line number: skipping it would misalign the output.`,
 		Example: `  kvctl tokenize --tokenizer /etc/loxilb/tokenizers/Qwen__Qwen3-0.6B --text 'Hello world'
   kvctl tokenize --tokenizer tokenizer.json --jsonl corpus.jsonl > corpus.ids
   kvctl tokenize --tokenizer ./qwen3 --chat chats.jsonl --chat-template-kwargs '{"enable_thinking":false}'`,
-		Args: cobra.NoArgs,
+		Args: parityNoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTokenize(cmd, &fl) },
 	}
 	f := c.Flags()
@@ -95,10 +93,9 @@ func runTokenize(cmd *cobra.Command, fl *tokenizeFlags) error {
 	}
 	m, err := loadTokenizerModel(fl.tokenizer)
 	if err != nil {
-		if errors.Is(err, tokenizer.ErrNotFound) {
-			return badInput("--tokenizer %s: %v", fl.tokenizer, err)
-		}
-		return err
+		// Missing, unreadable, malformed or unsupported: all are bad input
+		// (exit 2), like every other flag value kvctl rejects.
+		return badInput("--tokenizer %s: %v", fl.tokenizer, err)
 	}
 	out := bufio.NewWriter(cmd.OutOrStdout())
 	defer out.Flush()
@@ -110,7 +107,7 @@ func runTokenize(cmd *cobra.Command, fl *tokenizeFlags) error {
 		}
 		return writeIDs(out, ids)
 	case fl.jsonl != "":
-		return eachLine(cmd, fl.jsonl, func(n int, line []byte) error {
+		return eachLine(cmd, "--jsonl", fl.jsonl, func(n int, line []byte) error {
 			var s string
 			if err := json.Unmarshal(line, &s); err != nil {
 				return badInput("%s line %d: want one JSON string: %v", fl.jsonl, n, err)
@@ -142,7 +139,7 @@ func runTokenizeChat(cmd *cobra.Command, fl *tokenizeFlags, m *tokenizer.Model, 
 		}
 	}
 	if fl.tools != "" {
-		data, err := readInput(cmd, fl.tools)
+		data, err := readInput(cmd, "--tools", fl.tools)
 		if err != nil {
 			return err
 		}
@@ -177,7 +174,7 @@ func runTokenizeChat(cmd *cobra.Command, fl *tokenizeFlags, m *tokenizer.Model, 
 		return writeIDs(out, ids)
 	}
 	// One JSON array (possibly spread over lines), or JSONL of arrays.
-	data, err := readInput(cmd, fl.chat)
+	data, err := readInput(cmd, "--chat", fl.chat)
 	if err != nil {
 		return err
 	}
@@ -211,37 +208,37 @@ func writeIDs(w io.Writer, ids []uint32) error {
 	return err
 }
 
-// readInput reads a whole file ("-" for stdin), bounded.
-func readInput(cmd *cobra.Command, path string) ([]byte, error) {
+// readInput reads a whole file ("-" for stdin), bounded; errors name flag.
+func readInput(cmd *cobra.Command, flag, path string) ([]byte, error) {
 	var r io.Reader
 	if path == "-" {
 		r = cmd.InOrStdin()
 	} else {
 		f, err := os.Open(path)
 		if err != nil {
-			return nil, badInput("%v", err)
+			return nil, badInput("%s: %v", flag, err)
 		}
 		defer f.Close()
 		r = f
 	}
 	data, err := io.ReadAll(io.LimitReader(r, tokenizeMaxInput+1))
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+		return nil, badInput("%s: read %s: %v", flag, path, err)
 	}
 	if len(data) > tokenizeMaxInput {
-		return nil, badInput("%s: larger than %d bytes", path, tokenizeMaxInput)
+		return nil, badInput("%s %s: larger than %d bytes", flag, path, tokenizeMaxInput)
 	}
 	return data, nil
 }
 
-func eachLine(cmd *cobra.Command, path string, fn func(n int, line []byte) error) error {
+func eachLine(cmd *cobra.Command, flag, path string, fn func(n int, line []byte) error) error {
 	var r io.Reader
 	if path == "-" {
 		r = cmd.InOrStdin()
 	} else {
 		f, err := os.Open(path)
 		if err != nil {
-			return badInput("%v", err)
+			return badInput("%s: %v", flag, err)
 		}
 		defer f.Close()
 		r = f

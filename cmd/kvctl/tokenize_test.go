@@ -165,7 +165,12 @@ func TestTokenizeBadInput(t *testing.T) {
 		{"two modes", []string{"--tokenizer", qwen, "--text", "a", "--jsonl", badJSONL}, "", "exactly one"},
 		{"render without chat", []string{"--tokenizer", qwen, "--text", "a", "--render"}, "", "need --chat"},
 		{"bad kwargs", []string{"--tokenizer", qwen, "--chat", badChat, "--chat-template-kwargs", "[1]"}, "", "JSON object"},
-		{"missing jsonl", []string{"--tokenizer", qwen, "--jsonl", "/nonexistent.jsonl"}, "", "nonexistent"},
+		{"missing jsonl", []string{"--tokenizer", qwen, "--jsonl", "/nonexistent.jsonl"}, "", "--jsonl"},
+		{"missing chat file", []string{"--tokenizer", qwen, "--chat", "/nonexistent.json"}, "", "--chat"},
+		{"missing tools file", []string{"--tokenizer", qwen, "--chat", badChat, "--tools", "/nonexistent.json"}, "", "--tools"},
+		{"malformed tokenizer", []string{"--tokenizer", writeFile(t, "broken.json", "{not json"), "--text", "a"}, "", "--tokenizer"},
+		{"unsupported model type", []string{"--tokenizer", writeFile(t, "unigram.json", `{"model":{"type":"Unigram","vocab":[]}}`), "--text", "a"}, "", "--tokenizer"},
+		{"positional argument", []string{"--tokenizer", qwen, "--text", "a", "b"}, "", "unexpected argument"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
