@@ -326,17 +326,27 @@ func (e *Engine) resolveMaxTokens(promptLen int, maxTokens, minTokens, n *int) (
 	return mt, nil
 }
 
-// admitGeneration runs the checks completions and chat make before the
-// prompt: the model (or a LoRA adapter on it) and stream options.
-func (e *Engine) admitGeneration(g generationRequest) (lora string, bad *badRequest) {
+// generationBody is a completions or chat request body.
+type generationBody interface {
+	generation() generationRequest
+}
+
+// admitGeneration decodes a completions or chat body into req and runs the
+// checks both endpoints make before the prompt: the model (or a LoRA adapter
+// on it) and stream options.
+func (e *Engine) admitGeneration(r *http.Request, req generationBody) (g generationRequest, lora string, bad *badRequest) {
+	if b := decodeBody(r, req); b != nil {
+		return g, "", b
+	}
+	g = req.generation()
 	lora, b := e.checkModel(g.Model)
 	if b != nil {
-		return "", b
+		return g, "", b
 	}
 	if g.StreamOptions != nil && !g.Stream {
-		return "", invalid("Stream options can only be defined when `stream=True`.")
+		return g, "", invalid("Stream options can only be defined when `stream=True`.")
 	}
-	return lora, nil
+	return g, lora, nil
 }
 
 // generationParams bounds the output length for prompt ids and collects
@@ -372,11 +382,7 @@ func (e *Engine) handleGeneration(parse func(*http.Request) (genParams, *badRequ
 
 func (e *Engine) completionParams(r *http.Request) (genParams, *badRequest) {
 	var req completionRequest
-	if b := decodeBody(r, &req); b != nil {
-		return genParams{}, b
-	}
-	g := req.generation()
-	lora, b := e.admitGeneration(g)
+	g, lora, b := e.admitGeneration(r, &req)
 	if b != nil {
 		return genParams{}, b
 	}
@@ -399,11 +405,7 @@ func (e *Engine) completionParams(r *http.Request) (genParams, *badRequest) {
 
 func (e *Engine) chatParams(r *http.Request) (genParams, *badRequest) {
 	var req chatRequest
-	if b := decodeBody(r, &req); b != nil {
-		return genParams{}, b
-	}
-	g := req.generation()
-	lora, b := e.admitGeneration(g)
+	g, lora, b := e.admitGeneration(r, &req)
 	if b != nil {
 		return genParams{}, b
 	}
