@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"testing"
 )
 
@@ -10,18 +11,6 @@ func keys(eps []Endpoint) []string {
 		out = append(out, e.Key())
 	}
 	return out
-}
-
-func eq(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestDiffSubscribers(t *testing.T) {
@@ -52,12 +41,12 @@ func TestDiffSubscribers(t *testing.T) {
 	}
 	for _, c := range cases {
 		d := DiffSubscribers(c.old, c.updated)
-		if !eq(keys(d.Start), c.start) || !eq(keys(d.Stop), c.stop) || !eq(keys(d.Keep), c.keep) {
+		if !slices.Equal(keys(d.Start), c.start) || !slices.Equal(keys(d.Stop), c.stop) || !slices.Equal(keys(d.Keep), c.keep) {
 			t.Errorf("%s: start %v stop %v keep %v", c.name, keys(d.Start), keys(d.Stop), keys(d.Keep))
 		}
 	}
 	e := DiffEndpoints(old, pd(ep("10.0.0.1", RolePrefill), ep("10.0.0.9", RoleDecode)))
-	if !eq(keys(e.Added), []string{"10.0.0.9:8000"}) || !eq(keys(e.Removed), []string{"10.0.0.2:8000", "10.0.0.3:8000"}) || !eq(keys(e.Kept), []string{"10.0.0.1:8000"}) {
+	if !slices.Equal(keys(e.Added), []string{"10.0.0.9:8000"}) || !slices.Equal(keys(e.Removed), []string{"10.0.0.2:8000", "10.0.0.3:8000"}) || !slices.Equal(keys(e.Kept), []string{"10.0.0.1:8000"}) {
 		t.Errorf("DiffEndpoints %+v", e)
 	}
 }

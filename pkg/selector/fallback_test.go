@@ -2,6 +2,7 @@ package selector
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func TestTier2MinLoad(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		got = append(got, e.decide(&Request{}).Endpoint)
 	}
-	if want := []int{1, 2, 1, 2}; !equalInts(got, want) {
+	if want := []int{1, 2, 1, 2}; !slices.Equal(got, want) {
 		t.Fatalf("tie round-robin %v, want %v", got, want)
 	}
 	// A non-tie does not advance the cursor.
@@ -291,7 +292,7 @@ func TestSel(t *testing.T) {
 				t.Fatalf("decision %+v", d)
 			}
 		}
-		if !equalInts(got, []int{0, 1, 2, 0}) {
+		if !slices.Equal(got, []int{0, 1, 2, 0}) {
 			t.Fatalf("%v", got)
 		}
 	})
@@ -352,7 +353,7 @@ func TestSel(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			got = append(got, e.decide(&Request{}).Endpoint)
 		}
-		if !equalInts(got, []int{1, 2, 1}) {
+		if !slices.Equal(got, []int{1, 2, 1}) {
 			t.Fatalf("%v", got)
 		}
 	})
@@ -397,7 +398,7 @@ func TestRetrySecondBest(t *testing.T) {
 			got = append(got, d.Endpoint)
 			a.Exclude(d.Endpoint)
 		}
-		if !equalInts(got, []int{0, 1, 2}) {
+		if !slices.Equal(got, []int{0, 1, 2}) {
 			t.Fatalf("pd=%v retry order %v, want by overlap", pd, got)
 		}
 		d := a.Decide() // all overlap endpoints failed: fallback, not a hit

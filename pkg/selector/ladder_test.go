@@ -2,6 +2,7 @@ package selector
 
 import (
 	"github.com/kvgate/kvgate/pkg/epset"
+	"slices"
 	"testing"
 )
 
@@ -250,7 +251,7 @@ func TestColdStartSeed(t *testing.T) {
 			t.Fatalf("request %d: score %d, want the displaced 4", i, d.Score)
 		}
 	}
-	if want := []int{0, 1, 0, 1}; !equalInts(got, want) {
+	if want := []int{0, 1, 0, 1}; !slices.Equal(got, want) {
 		t.Fatalf("endpoints %v, want %v", got, want)
 	}
 	e.inv.add(1, 77) // ep1 warms (1 block ≥ min 1); ep2 is next
@@ -267,18 +268,6 @@ func TestColdStartSeed(t *testing.T) {
 			t.Fatal("seeding with N=0")
 		}
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestZeroHitWatchdog: counts every zero-overlap lookup from the Nth on, warns
