@@ -13,30 +13,15 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testnet"
+	"github.com/kvgate/kvgate/internal/testpy"
 	"github.com/kvgate/kvgate/pkg/enginesim"
 )
-
-// python is Debian's interpreter: the python3 on PATH may lack its modules.
-const python = "/usr/bin/python3"
-
-func requirePython(t *testing.T) {
-	t.Helper()
-	out, err := exec.Command(python, "-c", "import zmq, msgpack, cbor2").CombinedOutput()
-	if err == nil {
-		return
-	}
-	if os.Getenv("KVGATE_REQUIRE_INTEROP") != "" {
-		t.Fatalf("KVGATE_REQUIRE_INTEROP is set but %s lacks python3-zmq/msgpack/cbor2: %v\n%s", python, err, out)
-	}
-	t.Skipf("%s lacks python3-zmq/msgpack/cbor2 (install them or set KVGATE_REQUIRE_INTEROP=1 to fail): %v", python, err)
-}
 
 func complete(t *testing.T, e *enginesim.Engine, body map[string]any) {
 	t.Helper()
@@ -65,7 +50,7 @@ func ids(from, n int) []int {
 }
 
 func TestPythonSubscriberReadsEnginesimEvents(t *testing.T) {
-	requirePython(t)
+	testpy.Require(t, "zmq", "msgpack", "cbor2")
 	for _, layout := range []string{"map", "array"} {
 		t.Run(layout, func(t *testing.T) {
 			host := testnet.Host(t)
@@ -84,7 +69,7 @@ func TestPythonSubscriberReadsEnginesimEvents(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, python, "subscriber.py", e.EventsEndpoint(), e.ReplayEndpoint(), layout, seed, "16", "200")
+			cmd := exec.CommandContext(ctx, testpy.Python, "subscriber.py", e.EventsEndpoint(), e.ReplayEndpoint(), layout, seed, "16", "200")
 			stdout, _ := cmd.StdoutPipe()
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr

@@ -21,25 +21,10 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testnet"
+	"github.com/kvgate/kvgate/internal/testpy"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents"
 )
-
-const python = "/usr/bin/python3"
-
-// requirePython skips when /usr/bin/python3 lacks zmq or msgpack, unless
-// KVGATE_REQUIRE_INTEROP is set (CI), in which case it fails.
-func requirePython(t *testing.T) {
-	t.Helper()
-	out, err := exec.Command(python, "-c", "import zmq, msgpack").CombinedOutput()
-	if err == nil {
-		return
-	}
-	if os.Getenv("KVGATE_REQUIRE_INTEROP") != "" {
-		t.Fatalf("KVGATE_REQUIRE_INTEROP is set but %s cannot import zmq and msgpack: %v\n%s", python, err, out)
-	}
-	t.Skipf("%s lacks python3-zmq/python3-msgpack (set KVGATE_REQUIRE_INTEROP=1 to fail instead): %v", python, err)
-}
 
 type vectors struct {
 	Payloads []struct {
@@ -153,7 +138,7 @@ type pyPublisher struct {
 
 func startPython(t *testing.T, pubEP, replayEP string) *pyPublisher {
 	t.Helper()
-	cmd := exec.Command(python, "kv_publisher.py", pubEP, replayEP)
+	cmd := exec.Command(testpy.Python, "kv_publisher.py", pubEP, replayEP)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -214,7 +199,7 @@ func (c *counters) Cleared(_ kvevents.EndpointRef, _ int, r kvevents.ClearReason
 }
 
 func TestLibzmqPublisherGoldenPayloads(t *testing.T) {
-	requirePython(t)
+	testpy.Require(t, "zmq", "msgpack")
 	v := loadVectors(t)
 	ip := testnet.Host(t)
 	const offset = kvevents.DefaultReplayPortOffset
