@@ -31,7 +31,10 @@ KV-event message - and prints it as one JSON object:
    "block_size":<int|null>,"medium":<string|null>,"lora_name":<string|null>}, ...]}
 
 Every event has these keys; values an event type does not carry are null (or
-[]). Both the map layout of vLLM >= 0.26 and the older array layouts decode;
+[]), and so is a block_size that is nil or outside 0..2^32-1. Token ids
+outside 0..2^32-1 drop the event's token_ids ([]); a data_parallel_rank that
+is not an integer in 0..2^31-1 prints null. Such values are counted on stderr
+as malformed fields. Both the map layout of vLLM >= 0.26 and the older array layouts decode;
 block hashes sent as bytes print as their trailing 8 bytes. Unknown fields and
 event types are skipped (counted on stderr).`,
 		Example: `  kvctl events decode --hex 93cb41da3054981000009181a474797065b0416c6c426c6f636b73436c656172656400
@@ -127,15 +130,15 @@ func batchToJSON(b *kvevents.Batch) batchJSON {
 			p := e.ParentBlockHash
 			ej.ParentBlockHash = &p
 		}
-		if e.Type == kvevents.BlockStored {
+		if e.Type == kvevents.BlockStored && e.HasBlockSize {
 			bs := e.BlockSize
 			ej.BlockSize = &bs
 		}
-		if e.Medium != "" {
+		if e.Medium != "" || e.HasMedium {
 			m := e.Medium
 			ej.Medium = &m
 		}
-		if e.LoRAName != "" {
+		if e.LoRAName != "" || e.HasLoRAName {
 			l := e.LoRAName
 			ej.LoRAName = &l
 		}

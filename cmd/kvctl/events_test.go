@@ -192,3 +192,34 @@ func TestEventsDecodeSkipsUnknown(t *testing.T) {
 		t.Errorf("stderr %q", stderr)
 	}
 }
+
+// Values decoded by python3-msgpack print as such: a present "" medium and
+// lora_name stay "", a nil block_size is null, and a malformed rank prints
+// null without losing the batch's events.
+func TestEventsDecodeEdgeValues(t *testing.T) {
+	tests := []struct {
+		name, hex, want string
+	}{
+		{
+			"empty strings",
+			"93cb3ff00000000000009188a474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739101b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473920102aa626c6f636b5f73697a6502a76c6f72615f6964c0a66d656469756da0a96c6f72615f6e616d65a000",
+			`{"ts":1,"data_parallel_rank":0,"events":[{"type":"BlockStored","block_hashes":[1],"parent_block_hash":null,"token_ids":[1,2],"block_size":2,"medium":"","lora_name":""}]}` + "\n",
+		},
+		{
+			"nil block_size, negative rank",
+			"93cb3ff00000000000009188a474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739101b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473920102aa626c6f636b5f73697a65c0a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0ff",
+			`{"ts":1,"data_parallel_rank":null,"events":[{"type":"BlockStored","block_hashes":[1],"parent_block_hash":null,"token_ids":[1,2],"block_size":null,"medium":"GPU","lora_name":null}]}` + "\n",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, _, err := parityRun(t, "events", "decode", "--hex", tt.hex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stdout != tt.want {
+				t.Errorf("got  %s\nwant %s", stdout, tt.want)
+			}
+		})
+	}
+}

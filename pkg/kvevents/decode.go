@@ -140,18 +140,26 @@ func (d *Decoder) decodeMapBatch(r *reader, b *Batch) error {
 	return nil
 }
 
+// decodeRank reads data_parallel_rank. A rank that is not an integer in
+// 0..MaxInt32 is dropped and counted (the batch reads as rank-less, like a
+// nil rank): the batch's events still apply.
 func (d *Decoder) decodeRank(r *reader, b *Batch) error {
 	if r.readNil() {
 		return nil
 	}
-	v, err := r.readInt64()
+	if r.kind() != kindInt {
+		b.BadFields++
+		return r.skip()
+	}
+	bits, neg, err := r.readInt()
 	if err != nil {
 		return err
 	}
-	if v < 0 || v > math.MaxInt32 {
-		return r.fail("data_parallel_rank out of range")
+	if neg || bits > math.MaxInt32 {
+		b.BadFields++
+		return nil
 	}
-	b.DataParallelRank, b.HasRank = int(v), true
+	b.DataParallelRank, b.HasRank = int(bits), true
 	return nil
 }
 
@@ -255,19 +263,19 @@ func (d *Decoder) decodeMapEvent(r *reader, b *Batch, e *Event) (ok bool, err er
 		case keyLoRAID:
 			e.LoRAID, e.HasLoRAID, err = d.optInt(r, b)
 		case keyMedium:
-			e.Medium, err = d.optStr(r, b)
+			e.Medium, e.HasMedium, err = d.optStr(r, b)
 		case keyLoRAName:
-			e.LoRAName, err = d.optStr(r, b)
+			e.LoRAName, e.HasLoRAName, err = d.optStr(r, b)
 		case keyExtraKeys:
 			err = d.decodeExtraKeys(r, e)
 		case keyGroupIdx:
 			e.GroupIdx, e.HasGroupIdx, err = d.optInt(r, b)
 		case keySpecKind:
-			e.KVCacheSpecKind, err = d.optStr(r, b)
+			e.KVCacheSpecKind, _, err = d.optStr(r, b)
 		case keySlidingWindow:
 			e.SlidingWindow, e.HasSlidingWindow, err = d.optInt(r, b)
 		case keyLocality:
-			e.Locality, err = d.optStr(r, b)
+			e.Locality, _, err = d.optStr(r, b)
 		default:
 			b.UnknownFields++
 			err = r.skip()
@@ -337,15 +345,15 @@ func (d *Decoder) storedField(r *reader, b *Batch, e *Event, pos int) (err error
 	case 5:
 		e.LoRAID, e.HasLoRAID, err = d.optInt(r, b)
 	case 6:
-		e.Medium, err = d.optStr(r, b)
+		e.Medium, e.HasMedium, err = d.optStr(r, b)
 	case 7:
-		e.LoRAName, err = d.optStr(r, b)
+		e.LoRAName, e.HasLoRAName, err = d.optStr(r, b)
 	case 8:
 		return d.decodeExtraKeys(r, e)
 	case 9:
 		e.GroupIdx, e.HasGroupIdx, err = d.optInt(r, b)
 	case 10:
-		e.KVCacheSpecKind, err = d.optStr(r, b)
+		e.KVCacheSpecKind, _, err = d.optStr(r, b)
 	case 11:
 		e.SlidingWindow, e.HasSlidingWindow, err = d.optInt(r, b)
 	default:
@@ -360,7 +368,7 @@ func (d *Decoder) removedField(r *reader, b *Batch, e *Event, pos int) (err erro
 	case 1:
 		return d.decodeHashes(r, e)
 	case 2:
-		e.Medium, err = d.optStr(r, b)
+		e.Medium, e.HasMedium, err = d.optStr(r, b)
 	case 3:
 		e.GroupIdx, e.HasGroupIdx, err = d.optInt(r, b)
 	default:
@@ -515,9 +523,9 @@ func (d *Decoder) decodeBlockSize(r *reader, b *Batch, e *Event) error {
 	}
 	if ok && (v < 0 || v > math.MaxUint32) {
 		b.BadFields++
-		v = 0
+		v, ok = 0, false
 	}
-	e.BlockSize = int(v)
+	e.BlockSize, e.HasBlockSize = int(v), ok
 	return nil
 }
 
@@ -556,21 +564,21 @@ func (d *Decoder) optInt(r *reader, b *Batch) (v int64, ok bool, err error) {
 	return int64(bits), true, nil
 }
 
-// optStr reads an optional string field ("" for nil); a value of another
-// type is dropped and counted.
-func (d *Decoder) optStr(r *reader, b *Batch) (string, error) {
+// optStr reads an optional string field: nil gives ("", false); a value of
+// another type is dropped and counted. ok tells a present "" from nil.
+func (d *Decoder) optStr(r *reader, b *Batch) (s string, ok bool, err error) {
 	if r.readNil() {
-		return "", nil
+		return "", false, nil
 	}
 	if r.kind() != kindStr {
 		b.BadFields++
-		return "", r.skip()
+		return "", false, r.skip()
 	}
 	p, err := r.readBytes()
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	return d.intern(p), nil
+	return d.intern(p), true, nil
 }
 
 // intern returns a string equal to p without allocating for values seen

@@ -292,8 +292,6 @@ func TestMalformedPayloads(t *testing.T) {
 		{"one element", mp(nil).arr(1).f64(1)},
 		{"ts not a number", mp(nil).arr(3).str("x").arr(0).nil()},
 		{"events not an array", mp(nil).arr(3).f64(1).uint(3).nil()},
-		{"rank not an int", mp(nil).arr(3).f64(1).arr(0).str("0")},
-		{"negative rank", mp(nil).arr(3).f64(1).arr(0).int(-1)},
 		{"truncated", good[:len(good)-3]},
 		{"trailing bytes", append(append(mp(nil), good...), 0x00)},
 		{"huge array count", mp(nil).arr(3).f64(1).raw(0xdd, 0xff, 0xff, 0xff, 0xff)},

@@ -88,6 +88,15 @@ func appendOptStr(dst []byte, s string) []byte {
 	return appendStr(dst, s)
 }
 
+// appendStrOrNil writes s, or nil when s is "" and was not present as an
+// empty string (Event.HasMedium / HasLoRAName from the decoder).
+func appendStrOrNil(dst []byte, s string, present bool) []byte {
+	if s == "" && !present {
+		return appendNil(dst)
+	}
+	return appendStr(dst, s)
+}
+
 func appendOptInt(dst []byte, v int64, ok bool) []byte {
 	if !ok {
 		return appendNil(dst)
@@ -118,8 +127,8 @@ func appendMapEvent(dst []byte, e *Event) []byte {
 		dst = appendTokens(appendStr(dst, keyTokenIDs), e)
 		dst = appendInt(appendStr(dst, keyBlockSize), int64(e.BlockSize))
 		dst = appendOptInt(appendStr(dst, keyLoRAID), e.LoRAID, e.HasLoRAID)
-		dst = appendOptStr(appendStr(dst, keyMedium), e.Medium)
-		dst = appendOptStr(appendStr(dst, keyLoRAName), e.LoRAName)
+		dst = appendStrOrNil(appendStr(dst, keyMedium), e.Medium, e.HasMedium)
+		dst = appendStrOrNil(appendStr(dst, keyLoRAName), e.LoRAName, e.HasLoRAName)
 		if len(e.ExtraKeys) > 0 {
 			dst = appendExtraKeys(appendStr(dst, keyExtraKeys), e)
 		}
@@ -146,7 +155,7 @@ func appendMapEvent(dst []byte, e *Event) []byte {
 		dst = appendMapHead(dst, n)
 		dst = appendStr(appendStr(dst, keyType), tagBlockRemoved)
 		dst = appendHashes(appendStr(dst, keyBlockHashes), e)
-		dst = appendOptStr(appendStr(dst, keyMedium), e.Medium)
+		dst = appendStrOrNil(appendStr(dst, keyMedium), e.Medium, e.HasMedium)
 		if e.HasGroupIdx {
 			dst = appendInt(appendStr(dst, keyGroupIdx), e.GroupIdx)
 		}
@@ -187,9 +196,9 @@ func appendStoredField(dst []byte, e *Event, pos int) []byte {
 	case 5:
 		return appendOptInt(dst, e.LoRAID, e.HasLoRAID)
 	case 6:
-		return appendOptStr(dst, e.Medium)
+		return appendStrOrNil(dst, e.Medium, e.HasMedium)
 	case 7:
-		return appendOptStr(dst, e.LoRAName)
+		return appendStrOrNil(dst, e.LoRAName, e.HasLoRAName)
 	case 8:
 		return appendExtraKeys(dst, e)
 	case 9:
@@ -206,7 +215,7 @@ func appendRemovedField(dst []byte, e *Event, pos int) []byte {
 	case 1:
 		return appendHashes(dst, e)
 	case 2:
-		return appendOptStr(dst, e.Medium)
+		return appendStrOrNil(dst, e.Medium, e.HasMedium)
 	default:
 		return appendOptInt(dst, e.GroupIdx, e.HasGroupIdx)
 	}

@@ -57,12 +57,19 @@ type Event struct {
 	HasParent       bool
 	// TokenIDs are all tokens of the stored blocks, concatenated. They may
 	// be missing, empty or not match the hash count; the event still applies.
-	TokenIDs  []uint32
-	BlockSize int
-	Medium    string // "GPU", "CPU", "STORAGE", ... or "" when absent
-	LoRAName  string
-	LoRAID    int64 // deprecated LoRA adapter id; valid when HasLoRAID
-	HasLoRAID bool
+	TokenIDs []uint32
+	// BlockSize is valid when HasBlockSize: the decoder clears it for a nil,
+	// missing or out-of-range (negative, >= 2^32) block_size.
+	BlockSize    int
+	HasBlockSize bool
+	Medium       string // "GPU", "CPU", "STORAGE", ... or "" when absent
+	LoRAName     string
+	// HasMedium and HasLoRAName tell a present empty string ("") from nil or
+	// absent; the encoder writes "" back for them.
+	HasMedium   bool
+	HasLoRAName bool
+	LoRAID      int64 // deprecated LoRA adapter id; valid when HasLoRAID
+	HasLoRAID   bool
 
 	// Fields kept so the encoder can reproduce payloads byte for byte.
 
