@@ -102,6 +102,19 @@ struct {
 	__type(value, __u64);
 } totals SEC(".maps");
 
+// A spliced backend connection left ESTABLISHED (FIN or RST): tells kvgate
+// its response ended without kvgate watching the backend socket per chunk.
+struct end_event {
+	__u64 cookie;
+	__u32 state;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 18);
+} ends SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -189,6 +202,10 @@ int endpoint_load(struct bpf_sock_ops *ops)
 {
 	switch (ops->op) {
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB: {
+		// Every active connection reports its state changes: any of them
+		// may become a spliced backend connection, whose end kvgate learns
+		// from STATE_CB below.
+		bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 		__u32 ep;
 		if (!remote_endpoint(ops, &ep))
 			return 1;
@@ -204,13 +221,22 @@ int endpoint_load(struct bpf_sock_ops *ops)
 		st->endpoint = ep;
 		st->counted = 1;
 		__sync_fetch_and_add(&l->active_conns, 1);
-		bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 		return 1;
 	}
 	case BPF_SOCK_OPS_STATE_CB: {
 		// args[0] old state, args[1] new state.
 		if (ops->args[1] == KV_TCP_ESTABLISHED)
 			return 1;
+		__u64 cookie = bpf_get_socket_cookie(ops);
+		if (bpf_map_lookup_elem(&pairs, &cookie)) {
+			struct end_event *e = bpf_ringbuf_reserve(&ends, sizeof(*e), 0);
+			if (e) {
+				e->cookie = cookie;
+				e->state = ops->args[1];
+				e->_pad = 0;
+				bpf_ringbuf_submit(e, 0);
+			}
+		}
 		struct bpf_sock *sk = ops->sk;
 		if (!sk)
 			return 1;

@@ -183,12 +183,16 @@ func (d *Datapath) putDrainBuf(b *[]byte) { d.drainBufs.Put(b) }
 type session struct {
 	clientCookie, backendCookie uint64
 	clientFD                    int
+	// backendFD is kvgate's private duplicate of the backend socket, or -1.
+	backendFD int
+	// ended receives the ring buffer's end event for the backend.
+	ended chan struct{}
 	// base is the byte count the client socket had taken before the splice.
 	base uint64
 }
 
 func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, error) {
-	s := &session{}
+	s := &session{backendFD: -1}
 	var err error
 	if cerr := crc.Control(func(fd uintptr) {
 		s.clientFD = int(fd)
@@ -210,14 +214,19 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 		return nil, errors.Join(cerr, err)
 	}
 
+	// Watch for the backend's end before the pair exists: sock_ops reports
+	// state changes only for sockets with a pair.
+	s.ended = d.ends.watch(s.backendCookie)
 	p := splicePair{ClientCookie: s.clientCookie, Endpoint: d.endpointOf(remote)}
 	if err := d.objs.Pairs.Update(s.backendCookie, &p, ebpf.UpdateNoExist); err != nil {
+		d.ends.unwatch(s.backendCookie)
 		return nil, fmt.Errorf("adding pair: %w", err)
 	}
 	// The client goes in first: once the backend is in its map, the verdict
 	// program redirects to it.
 	if err := d.objs.Clients.Update(s.clientCookie, uint64(s.clientFD), ebpf.UpdateNoExist); err != nil {
 		_ = d.objs.Pairs.Delete(s.backendCookie)
+		d.ends.unwatch(s.backendCookie)
 		return nil, fmt.Errorf("adding client socket to sockhash: %w", err)
 	}
 	// The backend's fd must stay open while we insert it: Control holds it.
@@ -226,7 +235,18 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 	}); cerr != nil || err != nil {
 		_ = d.objs.Clients.Delete(s.clientCookie)
 		_ = d.objs.Pairs.Delete(s.backendCookie)
+		d.ends.unwatch(s.backendCookie)
 		return nil, fmt.Errorf("adding backend socket to sockhash: %w", errors.Join(cerr, err))
+	}
+	// Take the backend socket out of Go's poller: every redirected chunk
+	// still raises the socket's data_ready, and a registered fd would wake
+	// kvgate per chunk for nothing. A private duplicate keeps the socket;
+	// its end comes from the ring buffer. Without a duplicate (EMFILE) the
+	// leg watches the backend through the poller instead.
+	if cerr := brc.Control(func(fd uintptr) {
+		s.backendFD, err = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	}); cerr != nil || err != nil {
+		s.backendFD = -1
 	}
 	_ = bfd
 	return s, nil
@@ -243,22 +263,30 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 // order too (tcp_read_skb). The reader then sees only EOF or an error.
 func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.Conn, crc syscall.RawConn, res datapath.Result, opts datapath.Options) datapath.Result {
 	backendDone := make(chan error, 1)
-	go func() {
-		var b [512]byte
-		for {
-			n, err := backend.Read(b[:])
-			if n > 0 {
-				// Unreachable by construction (the pair exists before the
-				// backend enters the map, so nothing is passed to userspace).
-				backendDone <- fmt.Errorf("%d body bytes bypassed the splice", n)
-				return
-			}
-			if err != nil {
-				backendDone <- err
-				return
-			}
+	if s.backendFD >= 0 {
+		backend.Close() // deregisters the original fd; the duplicate keeps the socket
+		// Kick: bytes queued between the drain and the insertion are run
+		// through the verdict by this read (see above); it also catches a
+		// FIN that came with them.
+		if err, ended := pollBackend(s.backendFD); ended {
+			backendDone <- err
 		}
-	}()
+	} else {
+		go func() {
+			var b [512]byte
+			for {
+				n, err := backend.Read(b[:])
+				if n > 0 {
+					backendDone <- errBypass(n)
+					return
+				}
+				if err != nil {
+					backendDone <- err
+					return
+				}
+			}
+		}()
+	}
 	clientDone := make(chan error, 1)
 	go func() {
 		var peek [1]byte
@@ -293,20 +321,28 @@ func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.C
 	}
 
 	var endErr error
+	ended := s.ended
+	if s.backendFD < 0 {
+		ended = nil // the poller-based reader reports the end itself
+	}
 loop:
 	for {
 		select {
 		case err := <-backendDone:
 			backendDone = nil
-			switch {
-			case errors.Is(err, io.EOF):
-				res.Ending = datapath.BackendEOF
-			case ctx.Err() != nil:
-				res.Ending = datapath.Cancelled
-			default:
-				res.Ending, endErr = datapath.BackendError, err
-			}
+			res.Ending, endErr = backendEnding(ctx, err)
 			break loop
+		case <-ended:
+			// FIN or RST reached the backend socket. The read below waits
+			// for the softirq that delivered it and runs anything still
+			// queued through the verdict first.
+			for try := 0; try < 50; try++ {
+				if err, ended := pollBackend(s.backendFD); ended {
+					res.Ending, endErr = backendEnding(ctx, err)
+					break loop
+				}
+				time.Sleep(time.Millisecond)
+			}
 		case err := <-clientDone:
 			clientDone = nil
 			res.Ending, endErr = datapath.ClientGone, err
@@ -345,9 +381,14 @@ loop:
 	// Stop the watchers and wait for them, so nothing touches the
 	// connections after Run returns.
 	past := time.Unix(1, 0)
-	_ = backend.SetReadDeadline(past)
-	if backendDone != nil {
-		<-backendDone
+	d.ends.unwatch(s.backendCookie)
+	if s.backendFD >= 0 {
+		_ = unix.Close(s.backendFD)
+	} else {
+		_ = backend.SetReadDeadline(past)
+		if backendDone != nil {
+			<-backendDone
+		}
 	}
 	_ = client.SetReadDeadline(past)
 	if clientDone != nil {
@@ -364,6 +405,42 @@ loop:
 		res.Err = endErr
 	}
 	return res
+}
+
+// backendEnding classifies how the backend side ended.
+func backendEnding(ctx context.Context, err error) (datapath.Ending, error) {
+	switch {
+	case errors.Is(err, io.EOF):
+		return datapath.BackendEOF, nil
+	case ctx.Err() != nil:
+		return datapath.Cancelled, nil
+	}
+	return datapath.BackendError, err
+}
+
+// errBypass reports body bytes that reached userspace past the verdict:
+// unreachable by construction (the pair exists before the backend enters
+// the map, so the verdict never passes a byte to userspace).
+func errBypass(n int) error { return fmt.Errorf("%d body bytes bypassed the splice", n) }
+
+// pollBackend reads the backend duplicate without blocking: with the
+// verdict attached it returns EOF, an error, or EAGAIN while streaming.
+func pollBackend(fd int) (error, bool) {
+	var b [512]byte
+	for {
+		n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return nil, false
+		case err != nil:
+			return err, true
+		case n == 0:
+			return io.EOF, true
+		}
+		return errBypass(n), true
+	}
 }
 
 // waitDrained waits until the client socket has taken every byte the

@@ -61,6 +61,7 @@ type Datapath struct {
 	stopped chan struct{}
 	// drainBufs hold the pre-splice drain of backend receive queues.
 	drainBufs sync.Pool
+	ends      *endWatch
 	// beforeInsert, when set (tests only), runs between the pre-splice
 	// drain and the sockhash insertion, to widen that window.
 	beforeInsert func()
@@ -144,6 +145,10 @@ func Open(cfg Config) (*Datapath, error) {
 		d.release()
 		return nil, err
 	}
+	if d.ends, err = newEndWatch(d); err != nil {
+		d.release()
+		return nil, fmt.Errorf("%w: reading the ends ring buffer: %v", datapath.ErrKernelUnavailable, err)
+	}
 	d.log.Info("sockmap data path loaded", "pin_dir", dir, "cgroup", cg, "threshold", cfg.Threshold)
 	return d, nil
 }
@@ -163,6 +168,7 @@ func (d *Datapath) pinned() map[string]interface{ Pin(string) error } {
 		"ep_loads":       d.objs.EpLoads,
 		"endpoints":      d.objs.Endpoints,
 		"totals":         d.objs.Totals,
+		"ends":           d.objs.Ends,
 		"conn_states":    d.objs.ConnStates,
 		"splice_verdict": d.objs.SpliceVerdict,
 		"endpoint_load":  d.objs.EndpointLoad,
@@ -189,6 +195,9 @@ func (d *Datapath) Close() error {
 
 func (d *Datapath) release() error {
 	var errs []error
+	if d.ends != nil {
+		errs = append(errs, d.ends.close())
+	}
 	if d.cg != nil {
 		errs = append(errs, d.cg.Close())
 	}

@@ -52,6 +52,7 @@ const (
 	spliceMapClients        = "clients"
 	spliceMapConnStates     = "conn_states"
 	spliceMapEndpoints      = "endpoints"
+	spliceMapEnds           = "ends"
 	spliceMapEpLoads        = "ep_loads"
 	spliceMapPairs          = "pairs"
 	spliceMapTotals         = "totals"
@@ -113,6 +114,7 @@ type spliceMapSpecs struct {
 	Clients    *ebpf.MapSpec `ebpf:"clients"`
 	ConnStates *ebpf.MapSpec `ebpf:"conn_states"`
 	Endpoints  *ebpf.MapSpec `ebpf:"endpoints"`
+	Ends       *ebpf.MapSpec `ebpf:"ends"`
 	EpLoads    *ebpf.MapSpec `ebpf:"ep_loads"`
 	Pairs      *ebpf.MapSpec `ebpf:"pairs"`
 	Totals     *ebpf.MapSpec `ebpf:"totals"`
@@ -148,6 +150,7 @@ type spliceMaps struct {
 	Clients    *ebpf.Map `ebpf:"clients"`
 	ConnStates *ebpf.Map `ebpf:"conn_states"`
 	Endpoints  *ebpf.Map `ebpf:"endpoints"`
+	Ends       *ebpf.Map `ebpf:"ends"`
 	EpLoads    *ebpf.Map `ebpf:"ep_loads"`
 	Pairs      *ebpf.Map `ebpf:"pairs"`
 	Totals     *ebpf.Map `ebpf:"totals"`
@@ -159,6 +162,7 @@ func (m *spliceMaps) Close() error {
 		m.Clients,
 		m.ConnStates,
 		m.Endpoints,
+		m.Ends,
 		m.EpLoads,
 		m.Pairs,
 		m.Totals,
