@@ -30,6 +30,8 @@ func (u unicodeForm) normalize(s string) string {
 	out := u.form.String(s)
 	if u.form == norm.NFC || u.form == norm.NFKC {
 		out = composeRecent(out)
+	} else {
+		out = decomposeRecent(out)
 	}
 	return out
 }
