@@ -100,9 +100,12 @@ type arena struct {
 	// A segment moves to a slab at enter bytes and back to the heap below
 	// exit bytes (segmentHugeMin and segmentHugeExit; tests lower them).
 	enter, exit int
+	mapSlab     func(size int) (raw, mem []byte, err error) // the platform's mapSlab; tests make it fail
 }
 
-func newArena() *arena { return &arena{enter: segmentHugeMin, exit: segmentHugeExit} }
+func newArena() *arena {
+	return &arena{enter: segmentHugeMin, exit: segmentHugeExit, mapSlab: mapSlab}
+}
 
 func (a *arena) release() {
 	for i, sb := range a.slabs {
@@ -223,7 +226,7 @@ func (t *table) rebuildSegment(seg, si, n int) bool {
 	if total >= a.exit {
 		capacity := total + total/slabSlackDiv
 		capacity = (capacity + 4095) &^ 4095
-		raw, mem, err := mapSlab(capacity)
+		raw, mem, err := a.mapSlab(capacity)
 		if err != nil {
 			a.failed = true
 			if old == nil {

@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"errors"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -410,6 +411,44 @@ func useTinySlabs(ix *Index) {
 	ix.writeMu.Lock()
 	ix.gpu.arena.enter, ix.gpu.arena.exit = 16384, 4096
 	ix.writeMu.Unlock()
+}
+
+// TestSlabMappingFails: when mapping a slab fails, segments already in slabs
+// move back to the Go heap at their next rebuild, nothing is lost, and the
+// index stays on the heap from then on.
+func TestSlabMappingFails(t *testing.T) {
+	ix := newIndex(t, MaxMaxBlocks)
+	useTinySlabs(ix)
+	r := rand.New(rand.NewPCG(2, 2))
+	m := model{}
+	add := func(n int) {
+		batch := make([]uint64, n)
+		for i := range batch {
+			batch[i] = r.Uint64()
+			m[batch[i]] = map[member]bool{makeMember(0, 0): true}
+		}
+		must(t, ix.Add(0, 0, "", batch))
+	}
+	add(20000)
+	if runtime.GOOS == "linux" && ix.Stats().ArenaBytes == 0 {
+		t.Fatal("no slabs before the failure")
+	}
+	ix.writeMu.Lock()
+	ix.gpu.arena.mapSlab = func(int) ([]byte, []byte, error) { return nil, nil, errors.New("injected mapping failure") }
+	ix.writeMu.Unlock()
+	add(60000) // grows every segment past its slab
+	want := m.endpoint(0)
+	if got := ix.Snapshot(0); !slices.Equal(got, want) {
+		t.Fatalf("snapshot after mapping failures: %d entries, want %d", len(got), len(want))
+	}
+	var counts [epset.Max]uint32
+	ix.Score(want, epset.Of(0), true, &counts)
+	if counts[0] != uint32(len(want)) {
+		t.Fatalf("score %d, want %d", counts[0], len(want))
+	}
+	if st := ix.Stats(); st.ArenaBytes != 0 {
+		t.Fatalf("slabs remain after mapping failed: %+v", st)
+	}
 }
 
 // TestSlabsUsed checks that a big enough table actually moves into slabs and
