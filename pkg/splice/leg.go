@@ -29,7 +29,13 @@ const drainBound = 30 * time.Second
 // worth reports whether a body is worth splicing: streamed bodies, and
 // bodies whose declared length reaches the threshold.
 func (d *Datapath) worth(opts datapath.Options) bool {
-	if d.cfg.Threshold < 0 || opts.Streamed {
+	if opts.Streamed {
+		return true
+	}
+	if d.cfg.StreamedOnly {
+		return false
+	}
+	if d.cfg.Threshold < 0 {
 		return true
 	}
 	return opts.ContentLength >= d.cfg.Threshold

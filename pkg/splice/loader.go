@@ -41,6 +41,10 @@ type Config struct {
 	// Threshold: non-streamed bodies with a declared length below it stay in
 	// userspace. 0 means DefaultThreshold; negative splices every body.
 	Threshold int64
+	// StreamedOnly splices only streamed bodies (chunked or
+	// text/event-stream) whatever their length; --datapath=auto sets it
+	// (see OpenerFor): bulk bodies moved faster through the userspace copy.
+	StreamedOnly bool
 	// BufSize is the buffer of the userspace copy used for small bodies.
 	BufSize int
 	Logger  *slog.Logger
@@ -65,6 +69,16 @@ type Datapath struct {
 	// beforeInsert, when set (tests only), runs between the pre-splice
 	// drain and the sockhash insertion, to widen that window.
 	beforeInsert func()
+}
+
+// OpenerFor returns the kernel opener for a --datapath mode: under auto the
+// splice takes streamed bodies only (where the benchmark showed it better);
+// under sockmap it also takes bodies whose length reaches the threshold.
+func OpenerFor(mode datapath.Mode, cfg Config) datapath.KernelOpener {
+	if mode == datapath.ModeAuto || mode == "" {
+		cfg.StreamedOnly = true
+	}
+	return Opener(cfg)
 }
 
 // Opener returns a datapath.KernelOpener for cfg, for datapath.New.

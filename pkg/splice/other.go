@@ -20,9 +20,13 @@ const DefaultThreshold = 64 << 10
 type Config struct {
 	PinDir, Instance, CgroupPath string
 	Threshold                    int64
+	StreamedOnly                 bool
 	BufSize                      int
 	Logger                       *slog.Logger
 }
+
+// OpenerFor reports that the sockmap path needs Linux.
+func OpenerFor(_ datapath.Mode, cfg Config) datapath.KernelOpener { return Opener(cfg) }
 
 // Opener reports that the sockmap path needs Linux.
 func Opener(Config) datapath.KernelOpener {

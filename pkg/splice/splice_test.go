@@ -3,6 +3,7 @@
 package splice
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -443,6 +444,7 @@ func TestSelect(t *testing.T) {
 		{datapath.ModeSockmap, func() (datapath.KernelLeg, error) { return nil, datapath.ErrKernelUnavailable }, "", true},
 		{datapath.ModeAuto, func() (datapath.KernelLeg, error) { return nil, datapath.ErrKernelUnavailable }, "userspace", false},
 		{datapath.ModeSockmap, Opener(Config{Instance: fmt.Sprintf("select-%d", os.Getpid())}), "sockmap", false},
+		{datapath.ModeAuto, OpenerFor(datapath.ModeAuto, Config{Instance: fmt.Sprintf("select-auto-%d", os.Getpid())}), "sockmap", false},
 	}
 	for _, tc := range cases {
 		s, err := datapath.New(datapath.Config{Mode: tc.mode, OpenKernel: tc.opener})
@@ -462,4 +464,71 @@ func TestSelect(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestStreamedOnly: under auto, a large non-streamed body stays in
+// userspace while a stream is spliced.
+func TestStreamedOnly(t *testing.T) {
+	d := openTest(t, Config{StreamedOnly: true})
+	be := startBackend(t, "127.0.0.1:0")
+	p := startProxy(t, d, func(string) string { return be.addr() })
+	cl := dialClient(t, p.ln.Addr().String())
+	for _, tc := range []struct {
+		target, path string
+	}{
+		{"/bulk?n=5000000&delay=5000", "userspace"},
+		{"/sse?chunks=300&gap=200", "sockmap"},
+	} {
+		sum, n, err := cl.get(tc.target)
+		want := expectedBody(tc.target)
+		if err != nil || n != int64(len(want)) || sum != crc32.ChecksumIEEE(want) {
+			t.Fatalf("%s: n=%d err=%v", tc.target, n, err)
+		}
+		if r := nextResult(t, p); r.res.Path != tc.path {
+			t.Fatalf("%s: path %s, want %s", tc.target, r.res.Path, tc.path)
+		}
+	}
+}
+
+// TestCancel: a cancelled context (shutdown grace over) ends a spliced
+// stream promptly and leaves nothing in the maps.
+func TestCancel(t *testing.T) {
+	d := openTest(t, Config{})
+	be := startBackend(t, "127.0.0.1:0")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	cl := dialClient(t, ln.Addr().String())
+	server := <-accepted
+	defer server.Close()
+	bc, err := net.Dial("tcp", be.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bc.Close()
+	fmt.Fprintf(bc, "GET /stall?chunks=3&gap=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan datapath.Result, 1)
+	go func() { done <- d.Run(ctx, server, bc, nil, datapath.Options{Streamed: true, ContentLength: -1}) }()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	select {
+	case r := <-done:
+		if r.Ending != datapath.Cancelled {
+			t.Fatalf("ending %v (%v), want cancelled", r.Ending, r.Err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	_ = cl
+	assertNoEntries(t, d)
 }
