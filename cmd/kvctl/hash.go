@@ -174,29 +174,43 @@ func hashParseTokenList(s string) ([]uint32, error) {
 
 // hashParseTokenJSON parses a JSON array of token ids.
 func hashParseTokenJSON(raw []byte) ([]uint32, error) {
+	// Streamed token by token: a 64 MiB file of ids keeps only its []uint32,
+	// not one boxed value per id.
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	var items []any
-	if err := dec.Decode(&items); err != nil {
-		return nil, badInput("--tokens-file: not a JSON array of token ids: %v", err)
+	notArray := func(err error) error {
+		return badInput("--tokens-file: not a JSON array of token ids: %v", err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, badInput("--tokens-file: trailing data after the JSON array")
-	}
-	if items == nil {
+	tok, err := dec.Token()
+	switch {
+	case err != nil:
+		return nil, notArray(err)
+	case tok == nil:
 		return nil, badInput("--tokens-file: not a JSON array of token ids (got null)")
+	case tok != json.Delim('['):
+		return nil, badInput("--tokens-file: not a JSON array of token ids (starts with %v)", tok)
 	}
-	out := make([]uint32, 0, len(items))
-	for i, it := range items {
-		n, ok := it.(json.Number)
+	out := make([]uint32, 0, len(raw)/8)
+	for i := 0; dec.More(); i++ {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, notArray(err)
+		}
+		n, ok := tok.(json.Number)
 		if !ok {
-			return nil, badInput("--tokens-file: element %d (%v) is not a number", i, it)
+			return nil, badInput("--tokens-file: element %d (%v) is not a number", i, tok)
 		}
 		v, err := strconv.ParseUint(n.String(), 10, 32)
 		if err != nil {
 			return nil, badInput("--tokens-file: element %d (%s) is not an integer in 0..4294967295", i, n)
 		}
 		out = append(out, uint32(v))
+	}
+	if _, err := dec.Token(); err != nil { // the closing ']'
+		return nil, notArray(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, badInput("--tokens-file: trailing data after the JSON array")
 	}
 	return out, nil
 }
