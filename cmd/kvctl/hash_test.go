@@ -222,6 +222,8 @@ func TestHashBadInput(t *testing.T) {
 		{"token too large", []string{"--tokens", "4294967296"}, "--tokens"},
 		{"empty element", []string{"--tokens", "1,,2"}, "--tokens"},
 		{"unknown algo", []string{"--algo", "md5", "--tokens", "1"}, "--algo"},
+		{"algo names are case-sensitive, as in vLLM", []string{"--algo", "SHA256_CBOR", "--tokens", "1"}, "--algo"},
+		{"algo name with spaces", []string{"--algo", " sha256", "--tokens", "1"}, "--algo"},
 		{"unsupported algo", []string{"--algo", "sha256_sglang", "--tokens", "1"}, "--algo"},
 		{"block size 0", []string{"--block-size", "0", "--tokens", "1"}, "--block-size"},
 		{"block size negative", []string{"--block-size", "-16", "--tokens", "1"}, "--block-size"},

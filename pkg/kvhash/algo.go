@@ -30,14 +30,14 @@ func Algos() []Algo {
 	return []Algo{SHA256CBOR, XXHashCBOR, SHA256, XXHash, SHA256SGLang, BlockHashTRTLLM}
 }
 
-// ParseAlgo turns an algorithm name into an Algo. Names are matched
-// case-insensitively after trimming spaces. An unknown name is an
+// ParseAlgo turns an algorithm name into an Algo. Names match exactly, as
+// vLLM's --prefix-caching-hash-algo and the rule's kvHashAlgo do: "SHA256"
+// is not "sha256". An unknown name is an
 // *UnknownAlgoError; a known but unimplemented one parses fine (New then
 // reports *UnsupportedError), so configuration can name it.
 func ParseAlgo(s string) (Algo, error) {
-	name := strings.ToLower(strings.TrimSpace(s))
 	for _, a := range Algos() {
-		if string(a) == name {
+		if string(a) == s {
 			return a, nil
 		}
 	}
