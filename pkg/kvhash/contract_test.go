@@ -16,7 +16,8 @@ func TestParseAlgo(t *testing.T) {
 		{"xxhash_cbor", XXHashCBOR, false},
 		{"sha256", SHA256, false},
 		{"xxhash", XXHash, false},
-		{" SHA256_CBOR ", SHA256CBOR, false},
+		{" SHA256_CBOR ", "", true}, // exact names only, as vLLM parses them
+		{"SHA256", "", true},
 		{"sha256_sglang", SHA256SGLang, false},
 		{"blockhash_trtllm", BlockHashTRTLLM, false},
 		{"", "", true},
