@@ -41,10 +41,13 @@ type Options struct {
 	// StateDir persists rules; "" keeps them in memory only (tests, the demo).
 	StateDir string
 	// Datapath is auto, sockmap or userspace (datapath.New decides; auto
-	// follows datapath.AutoPrefersKernel, the benchmark's verdict).
+	// follows datapath.AutoPrefersKernel, the benchmark's verdict, and
+	// splices streamed bodies only: splice.OpenerFor).
 	Datapath string
 	// BPFPinDir and BPFInstance place the sockmap path's pins
-	// (<dir>/<instance>); see package splice.
+	// (<dir>/<instance>); see package splice. BPFInstance must be stable per
+	// instance and unique among instances running at once (cmd/kvgate
+	// derives it from --api), so a restart recovers its own stale pins.
 	BPFPinDir, BPFInstance string
 	// DecisionHeader adds x-kvgate-decision to proxied responses.
 	DecisionHeader bool
@@ -70,6 +73,9 @@ type Gateway struct {
 	pool    *tokenizer.Pool
 	subs    *kvevents.Manager
 	leg     *datapath.Selected
+	// slots keeps the BPF load map's endpoint registrations; nil when the
+	// body leg has no load map (userspace path).
+	slots   *loadSlots
 	selOpts selector.Options
 	access  *slog.Logger
 	store   *state.Store
@@ -110,12 +116,21 @@ func New(opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	g.leg, err = datapath.New(datapath.Config{Mode: mode, Logger: g.log, OpenKernel: splice.Opener(splice.Config{
+	g.leg, err = datapath.New(datapath.Config{Mode: mode, Logger: g.log, OpenKernel: splice.OpenerFor(mode, splice.Config{
 		PinDir: opts.BPFPinDir, Instance: opts.BPFInstance, Logger: g.log,
 	})})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: data path: %w", err)
 	}
+	if lm, ok := g.leg.BodyLeg.(bpfLoadMap); ok {
+		g.slots = newLoadSlots(lm, g.log)
+	}
+	built := false
+	defer func() {
+		if !built { // a later step failed: release the pins and programs now
+			_ = g.leg.Close()
+		}
+	}()
 	g.Metrics = metrics.New(metrics.Options{Version: opts.Version, Revision: opts.Revision})
 	g.Metrics.SetDatapath(g.leg.Path())
 	for _, path := range []string{"userspace", "sockmap"} {
@@ -152,6 +167,7 @@ func New(opts Options) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: restore rules: %w", err)
 		}
 	}
+	built = true
 	return g, nil
 }
 
@@ -314,6 +330,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	for _, e := range rule.Endpoints {
 		g.Metrics.SetAdminDown(id, e.Idx, e.AdminDown)
 	}
+	g.registerEndpoints(rule)
 	g.reconcile()
 	g.log.Info("rule started", "service", id, "listen", srv.Addr().String(), "kvExactMode", rule.Args.KVExactMode,
 		"endpoints", len(rule.Endpoints), "kv_endpoints", len(rule.KVEndpoints()))
@@ -351,7 +368,11 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 			_ = rt.index.ClearEndpoint(e.Idx)
 			g.Metrics.DeleteEndpoint(updated.ServiceID, e.Idx)
 		}
+		if _, kept := updated.Endpoint(e.Idx); !kept && g.slots != nil {
+			g.slots.remove(updated.ServiceID, e.Idx) // an index kept with a new address moves in registerEndpoints
+		}
 	}
+	g.registerEndpoints(updated)
 	for _, e := range updated.Endpoints {
 		g.Metrics.SetAdminDown(updated.ServiceID, e.Idx, e.AdminDown)
 	}
@@ -370,6 +391,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 	if !ok {
 		return
 	}
+	g.unregisterEndpoints(rule)
 	g.reconcile()
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)

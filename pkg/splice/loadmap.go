@@ -74,6 +74,13 @@ func (d *Datapath) EndpointLoad(idx int) (EndpointLoad, error) {
 	return l, nil
 }
 
+// ActiveConns reads one endpoint's established-connection count from the
+// load map (the part of EndpointLoad the daemon compares with its counts).
+func (d *Datapath) ActiveConns(idx int) (uint64, error) {
+	l, err := d.EndpointLoad(idx)
+	return l.ActiveConns, err
+}
+
 // SplicedBytes is the total the kernel spliced for this instance.
 func (d *Datapath) SplicedBytes() uint64 {
 	var v uint64
