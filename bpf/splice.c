@@ -57,6 +57,11 @@ struct ep_key {
 struct conn_state {
 	__u32 endpoint;
 	__u32 counted;
+	// Set from userspace (Datapath.TagBackend) before connect(): the socket
+	// is a backend connection of this instance's proxy. Only tagged sockets
+	// are counted, so health probes, metrics scrapes and other instances'
+	// connections to the same address are not load.
+	__u32 backend;
 };
 
 struct {
@@ -206,14 +211,14 @@ int endpoint_load(struct bpf_sock_ops *ops)
 		// may become a spliced backend connection, whose end kvgate learns
 		// from STATE_CB below.
 		bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
-		__u32 ep;
-		if (!remote_endpoint(ops, &ep))
-			return 1;
 		struct bpf_sock *sk = ops->sk;
 		if (!sk)
 			return 1;
-		struct conn_state *st = bpf_sk_storage_get(&conn_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-		if (!st)
+		struct conn_state *st = bpf_sk_storage_get(&conn_states, sk, 0, 0);
+		if (!st || !st->backend || st->counted)
+			return 1;
+		__u32 ep;
+		if (!remote_endpoint(ops, &ep))
 			return 1;
 		struct ep_load *l = bpf_map_lookup_elem(&ep_loads, &ep);
 		if (!l)

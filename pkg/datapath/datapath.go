@@ -56,6 +56,10 @@ type Options struct {
 	// use it (with ContentLength) to decide whether moving the body in the
 	// kernel is worth it.
 	Streamed bool
+	// TokenStream is true when the content type says the body is a stream
+	// of events (text/event-stream, application/x-ndjson): a token stream.
+	// --datapath=auto splices only these; a chunked JSON body is bulk.
+	TokenStream bool
 	// ContentLength is the declared body length, or -1 when unknown.
 	ContentLength int64
 }

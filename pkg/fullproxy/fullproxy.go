@@ -230,6 +230,10 @@ type Config struct {
 	Logger    *slog.Logger
 	// Dial overrides the backend dialer (tests); nil uses net.Dialer.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// DialControl, when set, is the default dialer's net.Dialer.Control: it
+	// runs on each backend socket before connect(). The daemon uses it to tag
+	// backend sockets for the BPF load map (splice.Datapath.TagBackend).
+	DialControl func(network, address string, c syscall.RawConn) error
 	// PD, for a pd_disagg_mode rule, serves requests through the two-leg
 	// prefill/decode flow (pd_hook.go); nil means the plain path only.
 	PD PDHandler
@@ -288,7 +292,7 @@ func newServer(cfg Config, ln net.Listener) *Server {
 	s.log = s.log.With("service", cfg.Service, "listen", ln.Addr().String())
 	s.dial = cfg.Dial
 	if s.dial == nil {
-		d := &net.Dialer{Timeout: s.lim.ConnectTimeout}
+		d := &net.Dialer{Timeout: s.lim.ConnectTimeout, Control: cfg.DialControl}
 		s.dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -673,6 +677,7 @@ func (s *Server) relayBody(ctx context.Context, client, bc net.Conn, br *bufio.R
 	return s.leg.Run(ctx, client, bc, prefix, datapath.Options{
 		Silence:       silence,
 		Streamed:      rh.chunked || rh.eventStream,
+		TokenStream:   rh.eventStream || rh.ndjson,
 		ContentLength: rh.contentLength,
 	})
 }

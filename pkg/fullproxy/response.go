@@ -17,6 +17,7 @@ type responseHead struct {
 	contentLength int64 // -1 when absent
 	chunked       bool
 	eventStream   bool
+	ndjson        bool // application/x-ndjson: a stream of JSON lines
 }
 
 // readResponseHead reads a backend response head of at most max bytes,
@@ -79,8 +80,12 @@ func parseResponseHead(raw []byte) (*responseHead, error) {
 				h.chunked = true
 			}
 		case "content-type":
-			if strings.HasPrefix(strings.ToLower(value), "text/event-stream") {
+			ct := strings.ToLower(strings.TrimSpace(value))
+			if strings.HasPrefix(ct, "text/event-stream") {
 				h.eventStream = true
+			}
+			if strings.HasPrefix(ct, "application/x-ndjson") {
+				h.ndjson = true
 			}
 		}
 	}

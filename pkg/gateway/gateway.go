@@ -306,7 +306,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	srv, err := fullproxy.Listen(fullproxy.Config{
 		Service: strconv.Itoa(id), Addr: addr, Router: rh.router(rt.router), Leg: g.leg, Loads: loads,
 		Observer: rh.observer(&proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}), Limits: g.opts.Limits, PD: rh.pdHandler(),
-		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log,
+		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}

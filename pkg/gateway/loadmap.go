@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"syscall"
 
 	"github.com/kvgate/kvgate/pkg/config"
 )
@@ -17,6 +18,9 @@ type bpfLoadMap interface {
 	SetEndpoint(idx int, addr netip.AddrPort) error
 	RemoveEndpoint(addr netip.AddrPort) error
 	ActiveConns(idx int) (uint64, error)
+	// TagBackend marks a proxy backend socket before connect(): only
+	// tagged connections count, not health probes or metrics scrapes.
+	TagBackend(network, address string, c syscall.RawConn) error
 }
 
 // maxLoadSlots is the size of the BPF load map (splice.MaxEndpoints).
@@ -153,6 +157,21 @@ func (g *Gateway) BPFActiveConns(serviceID, epIdx int) (uint64, error) {
 		return 0, errNoLoadMap
 	}
 	return g.slots.activeConns(serviceID, epIdx)
+}
+
+// dialControl is the proxies' backend dialer hook: it tags each backend
+// socket so the BPF load map counts it. nil without a load map.
+func (g *Gateway) dialControl() func(network, address string, c syscall.RawConn) error {
+	if g.slots == nil {
+		return nil
+	}
+	return func(network, address string, c syscall.RawConn) error {
+		if err := g.slots.lm.TagBackend(network, address, c); err != nil {
+			// The connection works; only the load map misses it.
+			g.log.Debug("BPF load map: backend connection not tagged", "addr", address, "err", err)
+		}
+		return nil
+	}
 }
 
 // registerEndpoints puts every endpoint of rule in the BPF load map.

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,6 +76,7 @@ func sweepCrashedTestPins() {
 //
 //	/bulk?n=N&seed=S&delay=D         N random bytes, Content-Length, D µs after the head
 //	/sse?chunks=C&seed=S&gap=D       C SSE events, chunked, D between events
+//	/chunkedjson?chunks=C&seed=S     the same bytes as one chunked application/json burst
 //	/burst?chunks=C&seed=S           C events written at once, then close
 //	/stall?chunks=C                  C events, then silence until the conn dies
 //	/reset?chunks=C                  C events, then RST
@@ -196,14 +198,18 @@ func (b *backend) serve(c *net.TCPConn) {
 		}
 		w.WriteString("0\r\n\r\n")
 		w.Flush()
-	case "/sse", "/burst", "/stall", "/reset":
+	case "/sse", "/burst", "/stall", "/reset", "/chunkedjson":
 		chunks := param(q, "chunks", 10)
 		gap := time.Duration(param(q, "gap", 0)) * time.Microsecond
 		w := bufio.NewWriterSize(c, 64<<10)
-		w.WriteString(sseHead)
+		if path == "/chunkedjson" { // bulk in chunked framing, as a Go backend sends a large JSON body
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+		} else {
+			w.WriteString(sseHead)
+		}
 		for i := 0; i < chunks; i++ {
 			w.Write(chunk(sseEvent(r, i)))
-			if path == "/burst" {
+			if path == "/burst" || path == "/chunkedjson" {
 				continue
 			}
 			if err := w.Flush(); err != nil {
@@ -343,7 +349,14 @@ func (p *proxy) serveClient(ctx context.Context, c net.Conn) {
 }
 
 func (p *proxy) forward(ctx context.Context, c net.Conn, req *http.Request) bool {
-	bc, err := net.Dial("tcp", p.route(req.RequestURI))
+	// Like kvgate's proxy, tag backend sockets so the load map counts them.
+	dialer := net.Dialer{}
+	if tb, ok := p.leg.(interface {
+		TagBackend(network, address string, c syscall.RawConn) error
+	}); ok {
+		dialer.Control = tb.TagBackend
+	}
+	bc, err := dialer.Dial("tcp", p.route(req.RequestURI))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "harness proxy: dial:", err)
 		return false
@@ -358,7 +371,7 @@ func (p *proxy) forward(ctx context.Context, c net.Conn, req *http.Request) bool
 		return false
 	}
 	head.WriteString(status)
-	cl, streamed := int64(-1), false
+	cl, streamed, tokenStream := int64(-1), false, false
 	for {
 		line, err := br.ReadString('\n')
 		if err != nil {
@@ -376,13 +389,16 @@ func (p *proxy) forward(ctx context.Context, c net.Conn, req *http.Request) bool
 			if strings.Contains(v, "chunked") || strings.Contains(v, "event-stream") {
 				streamed = true
 			}
+			if strings.Contains(v, "event-stream") {
+				tokenStream = true
+			}
 		}
 	}
 	if _, err := io.WriteString(c, head.String()); err != nil {
 		return false
 	}
 	prefix, _ := br.Peek(br.Buffered())
-	res := p.leg.Run(ctx, c, bc, prefix, datapath.Options{Silence: p.silence, Streamed: streamed, ContentLength: cl})
+	res := p.leg.Run(ctx, c, bc, prefix, datapath.Options{Silence: p.silence, Streamed: streamed, TokenStream: tokenStream, ContentLength: cl})
 	p.results <- legResult{target: req.RequestURI, prefix: len(prefix), res: res}
 	return res.Ending == datapath.BackendEOF
 }

@@ -27,13 +27,17 @@ const noEndpoint = 0xffffffff
 const drainBound = 30 * time.Second
 
 // worth reports whether a body is worth splicing: streamed bodies, and
-// bodies whose declared length reaches the threshold.
+// bodies whose declared length reaches the threshold; under StreamedOnly
+// (auto) token streams only.
 func (d *Datapath) worth(opts datapath.Options) bool {
-	if opts.Streamed {
-		return true
-	}
 	if d.cfg.StreamedOnly {
-		return false
+		// auto: token streams only. Chunked framing alone does not make a
+		// body a stream (a Go backend chunks any large JSON body), and bulk
+		// moved faster through the userspace copy.
+		return opts.TokenStream
+	}
+	if opts.Streamed || opts.TokenStream {
+		return true
 	}
 	if d.cfg.Threshold < 0 {
 		return true

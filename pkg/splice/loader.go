@@ -41,9 +41,10 @@ type Config struct {
 	// Threshold: non-streamed bodies with a declared length below it stay in
 	// userspace. 0 means DefaultThreshold; negative splices every body.
 	Threshold int64
-	// StreamedOnly splices only streamed bodies (chunked or
-	// text/event-stream) whatever their length; --datapath=auto sets it
-	// (see OpenerFor): bulk bodies moved faster through the userspace copy.
+	// StreamedOnly splices only token streams (datapath.Options.TokenStream:
+	// text/event-stream or application/x-ndjson bodies) whatever their
+	// length or framing; --datapath=auto sets it (see OpenerFor): bulk
+	// bodies, chunked JSON included, moved faster through the userspace copy.
 	StreamedOnly bool
 	// BufSize is the buffer of the userspace copy used for small bodies.
 	BufSize int

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -44,6 +45,29 @@ func (d *Datapath) SetEndpoint(idx int, addr netip.AddrPort) error {
 	v := uint32(idx)
 	if err := d.objs.Endpoints.Update(&k, &v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("registering endpoint %d (%s): %w", idx, addr, err)
+	}
+	return nil
+}
+
+// TagBackend marks a socket, before it connects, as a backend connection of
+// this instance's proxy; use it as net.Dialer.Control. Only tagged
+// connections to registered endpoints are counted in the load map, so a
+// health probe or metrics scrape of the same address, or another kvgate
+// instance's connections, are not counted as load. An error means the
+// connection will not be counted (it still works).
+func (d *Datapath) TagBackend(_, _ string, c syscall.RawConn) error {
+	if d.closed.Load() {
+		return errors.New("tagging a backend socket: the data path is closed")
+	}
+	v := spliceConnState{Backend: 1}
+	var uerr error
+	if err := c.Control(func(fd uintptr) {
+		uerr = d.objs.ConnStates.Update(uint32(fd), &v, ebpf.UpdateAny)
+	}); err != nil {
+		return fmt.Errorf("tagging a backend socket: %w", err)
+	}
+	if uerr != nil {
+		return fmt.Errorf("tagging a backend socket: %w", uerr)
 	}
 	return nil
 }

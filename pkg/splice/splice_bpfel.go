@@ -17,6 +17,7 @@ type spliceConnState struct {
 	_        structs.HostLayout
 	Endpoint uint32
 	Counted  uint32
+	Backend  uint32
 }
 
 type spliceEpKey struct {

@@ -397,6 +397,15 @@ func TestLoadMapAgreesWithCounts(t *testing.T) {
 		}
 	}
 	check(0, 0)
+	// A connection the proxy did not dial (a health probe, a metrics scrape,
+	// another instance) is not load.
+	probe, err := net.Dial("tcp", be0.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	check(0, 0)
+	probe.Close()
 	// The proxy's in-flight count per endpoint: streams held open.
 	p := startProxy(t, d, func(target string) string {
 		if strings.Contains(target, "ep=1") {
@@ -466,8 +475,8 @@ func TestSelect(t *testing.T) {
 	}
 }
 
-// TestStreamedOnly: under auto, a large non-streamed body stays in
-// userspace while a stream is spliced.
+// TestStreamedOnly: under auto, a large non-streamed body (declared length
+// or chunked JSON) stays in userspace while a token stream is spliced.
 func TestStreamedOnly(t *testing.T) {
 	d := openTest(t, Config{StreamedOnly: true})
 	be := startBackend(t, "127.0.0.1:0")
@@ -477,6 +486,7 @@ func TestStreamedOnly(t *testing.T) {
 		target, path string
 	}{
 		{"/bulk?n=5000000&delay=5000", "userspace"},
+		{"/chunkedjson?chunks=3000", "userspace"}, // chunked framing alone is not a token stream
 		{"/sse?chunks=300&gap=200", "sockmap"},
 	} {
 		sum, n, err := cl.get(tc.target)
