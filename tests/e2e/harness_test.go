@@ -203,6 +203,19 @@ func startPDGateway(t *testing.T, block, apiHost string, tune func(*config.Setti
 
 func startGatewayWith(t *testing.T, block, apiHost, datapath string, tune func(*config.Settings)) *testGateway {
 	t.Helper()
+	tg, err := tryStartGateway(t, block, apiHost, datapath, tune)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tg
+}
+
+// tryStartGateway is startGatewayWith returning gateway.New's error (a
+// sockmap data path that cannot be set up). The BPF pin instance is named
+// after the API address, as cmd/kvgate does, so gateways of parallel tests
+// never share pins.
+func tryStartGateway(t *testing.T, block, apiHost, datapath string, tune func(*config.Settings)) (*testGateway, error) {
+	t.Helper()
 	settings := config.DefaultSettings()
 	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
 	if tune != nil {
@@ -210,12 +223,14 @@ func startGatewayWith(t *testing.T, block, apiHost, datapath string, tune func(*
 	}
 	access := &syncbuf.Buffer{}
 	g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: stagingDir(t), DecisionHeader: true,
-		AccessLog: access, ShutdownGrace: 5 * time.Second, Datapath: datapath, Logger: quietLogger()})
+		AccessLog: access, ShutdownGrace: 5 * time.Second, Datapath: datapath, Logger: quietLogger(),
+		BPFInstance: "e2e_" + strings.ReplaceAll(block+apiHost, ".", "_")})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", block+apiHost+":0")
 	if err != nil {
+		g.Shutdown() // releases the data path's pins
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -225,7 +240,7 @@ func startGatewayWith(t *testing.T, block, apiHost, datapath string, tune func(*
 		cancel()
 		<-done
 	})
-	return &testGateway{g: g, api: "http://" + ln.Addr().String(), access: access}
+	return &testGateway{g: g, api: "http://" + ln.Addr().String(), access: access}, nil
 }
 
 // createRule POSTs a rule to the management API and returns its service_id.
