@@ -57,7 +57,8 @@ func openTest(t testing.TB, cfg Config) *Datapath {
 func sweepCrashedTestPins() {
 	ents, _ := os.ReadDir(DefaultPinDir)
 	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), "test-") && !strings.HasPrefix(e.Name(), "two-") && !strings.HasPrefix(e.Name(), "select-") {
+		if !strings.HasPrefix(e.Name(), "test-") && !strings.HasPrefix(e.Name(), "two-") && !strings.HasPrefix(e.Name(), "select-") &&
+			!strings.HasPrefix(e.Name(), "e2e_") { // tests/e2e gateways (named after their API address)
 			continue
 		}
 		dir := DefaultPinDir + "/" + e.Name()

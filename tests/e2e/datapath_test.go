@@ -195,7 +195,31 @@ func TestDatapathStreamBothPaths(t *testing.T) {
 				t.Fatalf("access record of the second request: %v", rec)
 			}
 
-			// 3. While a stream is in flight, the BPF map counts its backend
+			// 3. Two requests pipelined in one write: the second is already in
+			// the proxy's client reader (or the client socket) while the first
+			// streams, and must stay there, not be lost to the body leg.
+			var pipelined bytes.Buffer
+			for _, user := range []string{"First of two.", "Second of two."} {
+				b, _ := json.Marshal(chat(user, 60))
+				fmt.Fprintf(&pipelined, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", rc.host, len(b), b)
+			}
+			_ = rc.conn.SetDeadline(time.Now().Add(20 * time.Second))
+			if _, err := rc.conn.Write(pipelined.Bytes()); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				r, err := http.ReadResponse(rc.br, nil)
+				if err != nil {
+					t.Fatalf("pipelined response %d: %v", i+1, err)
+				}
+				b, err := io.ReadAll(r.Body)
+				if err != nil || r.StatusCode != 200 {
+					t.Fatalf("pipelined response %d: %d %v %s", i+1, r.StatusCode, err, b)
+				}
+				sseEvents(t, b)
+			}
+
+			// 4. While a stream is in flight, the BPF map counts its backend
 			// connection like the proxy does (sockmap only).
 			if mode == "sockmap" {
 				rc3 := dialRaw(t, base)
