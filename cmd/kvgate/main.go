@@ -214,9 +214,10 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 
 // pinInstance names this daemon's BPF pin subdirectory after its API
 // address, so a restart of the same instance finds (and clears) its own
-// stale pins and two instances never share pins.
+// stale pins and two instances never share pins. bpffs refuses names with a
+// dot (EPERM), so 127.0.0.1:9090 becomes api_127_0_0_1_9090.
 func pinInstance(api string) string {
-	r := strings.NewReplacer("/", "_", ":", "_", "[", "", "]", "")
+	r := strings.NewReplacer("/", "_", ":", "_", ".", "_", "%", "_", "[", "", "]", "")
 	return "api_" + r.Replace(api)
 }
 

@@ -33,7 +33,7 @@ type Config struct {
 	// Instance names this kvgate's pin subdirectory. Use a name that is
 	// stable across restarts of the same instance (the daemon derives it from
 	// its listen address or state dir) so stale pins of a crashed run are
-	// recognised and removed. Must be a single path element.
+	// recognised and removed. Must be a single path element without a dot (bpffs refuses dots).
 	Instance string
 	// CgroupPath is where the sock_ops load counter attaches; empty means
 	// the cgroup v2 root found in /proc/self/mountinfo.
@@ -103,8 +103,9 @@ func Open(cfg Config) (*Datapath, error) {
 	if cfg.Instance == "" {
 		cfg.Instance = "default"
 	}
-	if strings.ContainsAny(cfg.Instance, "/\x00") || cfg.Instance == "." || cfg.Instance == ".." {
-		return nil, fmt.Errorf("bpf pin instance %q: must be a single path element", cfg.Instance)
+	if strings.ContainsAny(cfg.Instance, "/\x00.") {
+		// bpffs refuses names with a dot (EPERM), which would read as "no BPF here".
+		return nil, fmt.Errorf("bpf pin instance %q: must be a single path element without '.'", cfg.Instance)
 	}
 	if cfg.Threshold == 0 {
 		cfg.Threshold = DefaultThreshold

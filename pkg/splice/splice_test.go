@@ -542,3 +542,14 @@ func TestCancel(t *testing.T) {
 	_ = cl
 	assertNoEntries(t, d)
 }
+
+// TestBadInstance: an instance name bpffs cannot hold is a configuration
+// error, not "no BPF here" (which --datapath=auto would silently accept).
+func TestBadInstance(t *testing.T) {
+	for _, name := range []string{"a/b", ".", "..", "api_127.0.0.1_9090", "x\x00y"} {
+		_, err := Open(Config{Instance: name})
+		if err == nil || errors.Is(err, datapath.ErrKernelUnavailable) {
+			t.Errorf("instance %q: err %v, want a configuration error", name, err)
+		}
+	}
+}
