@@ -29,6 +29,18 @@ func startDatapathGateway(t *testing.T, mode string, specs []engineSpec) ([]*eng
 	t.Helper()
 	block := testnet.Block(t)
 	engines, zmq := startEngines(t, block, specs)
+	tg := startDatapathOnly(t, block, mode)
+	args := map[string]any{"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16}
+	id, base := createKVRule(t, tg, block+"1", engines, nil, args)
+	tg.waitSubscribed(t, id, len(engines))
+	return engines, tg, id, base
+}
+
+// startDatapathOnly starts a gateway on the given --datapath with its API
+// on <block>.2 and no rules. A sockmap gateway that cannot load BPF skips
+// the test, or fails it under KVGATE_REQUIRE_BPF=1.
+func startDatapathOnly(t *testing.T, block, mode string) *testGateway {
+	t.Helper()
 	tg, err := tryStartGateway(t, block, "2", mode, nil)
 	if err != nil {
 		if errors.Is(err, datapath.ErrKernelUnavailable) && os.Getenv("KVGATE_REQUIRE_BPF") != "1" {
@@ -36,10 +48,7 @@ func startDatapathGateway(t *testing.T, mode string, specs []engineSpec) ([]*eng
 		}
 		t.Fatalf("gateway with --datapath=%s: %v", mode, err)
 	}
-	args := map[string]any{"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16}
-	id, base := createKVRule(t, tg, block+"1", engines, nil, args)
-	tg.waitSubscribed(t, id, len(engines))
-	return engines, tg, id, base
+	return tg
 }
 
 // rawClient is one client keep-alive connection, so a test controls which
