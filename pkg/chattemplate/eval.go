@@ -396,6 +396,19 @@ func hasKey(d *Dict, k string) bool { _, ok := d.Get(k); return ok }
 
 // ---- expressions ----
 
+// evalItems evaluates the items of a list or tuple literal in order.
+func (r *renderer) evalItems(items []expr, sc *scope) ([]any, error) {
+	out := make([]any, len(items))
+	for i, it := range items {
+		v, err := r.eval(it, sc)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
 func (r *renderer) eval(e expr, sc *scope) (any, error) {
 	switch e := e.(type) {
 	case *constExpr:
@@ -409,25 +422,17 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return undefined{format: "'%s' is undefined", a: e.name}, nil
 	case *listExpr:
-		out := make([]any, len(e.items))
-		for i, it := range e.items {
-			v, err := r.eval(it, sc)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = v
+		out, err := r.evalItems(e.items, sc)
+		if err != nil {
+			return nil, err
 		}
 		return out, nil
 	case *tupleExpr:
-		out := make(tuple, len(e.items))
-		for i, it := range e.items {
-			v, err := r.eval(it, sc)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = v
+		out, err := r.evalItems(e.items, sc)
+		if err != nil {
+			return nil, err
 		}
-		return out, nil
+		return tuple(out), nil
 	case *dictExpr:
 		d := NewDict()
 		for i, ke := range e.keys {
