@@ -210,17 +210,11 @@ func writeIDs(w io.Writer, ids []uint32) error {
 
 // readInput reads a whole file ("-" for stdin), bounded; errors name flag.
 func readInput(cmd *cobra.Command, flag, path string) ([]byte, error) {
-	var r io.Reader
-	if path == "-" {
-		r = cmd.InOrStdin()
-	} else {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, badInput("%s: %v", flag, err)
-		}
-		defer f.Close()
-		r = f
+	r, closeInput, err := openInput(cmd, flag, path)
+	if err != nil {
+		return nil, err
 	}
+	defer closeInput()
 	data, err := io.ReadAll(io.LimitReader(r, tokenizeMaxInput+1))
 	if err != nil {
 		return nil, badInput("%s: read %s: %v", flag, path, err)
@@ -232,18 +226,24 @@ func readInput(cmd *cobra.Command, flag, path string) ([]byte, error) {
 }
 
 func eachLine(cmd *cobra.Command, flag, path string, fn func(n int, line []byte) error) error {
-	var r io.Reader
-	if path == "-" {
-		r = cmd.InOrStdin()
-	} else {
-		f, err := os.Open(path)
-		if err != nil {
-			return badInput("%s: %v", flag, err)
-		}
-		defer f.Close()
-		r = f
+	r, closeInput, err := openInput(cmd, flag, path)
+	if err != nil {
+		return err
 	}
+	defer closeInput()
 	return scanLines(path, r, fn)
+}
+
+// openInput opens path for reading, or stdin for "-"; an error names flag.
+func openInput(cmd *cobra.Command, flag, path string) (io.Reader, func(), error) {
+	if path == "-" {
+		return cmd.InOrStdin(), func() {}, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, badInput("%s: %v", flag, err)
+	}
+	return f, func() { f.Close() }, nil
 }
 
 // scanLines calls fn for each line (1-based numbers). An empty line is bad
