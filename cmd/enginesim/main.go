@@ -1,7 +1,7 @@
 // Command enginesim is a vLLM stand-in for machines without a GPU: an
 // OpenAI-compatible server with vLLM's prefix cache, block hashes, ZeroMQ KV
 // events, P/D roles and metrics, and a timing model in which cached tokens
-// shorten time to first token. All logic lives in pkg/enginesim; this file
+// shorten time to first token. All logic lives in internal/enginesim; this file
 // only maps flags and the environment onto enginesim.Config.
 package main
 
@@ -18,7 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvgate/kvgate/pkg/enginesim"
+	"github.com/kvgate/kvgate/internal/enginesim"
 )
 
 func main() {

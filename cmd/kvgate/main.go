@@ -18,9 +18,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvgate/kvgate/internal/demo"
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
-	"github.com/kvgate/kvgate/pkg/demo"
 	"github.com/kvgate/kvgate/pkg/gateway"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"

@@ -3,7 +3,7 @@
 // every change; for each rule the gateway runs an inventory (pkg/inventory),
 // a selector (pkg/selector), a hash contract (pkg/kvhash) and a fullproxy
 // listener (pkg/fullproxy) whose Router tokenizes (pkg/tokenizer), hashes and
-// decides; one kvevents.Manager follows every KV endpoint's event stream; and
+// decides; one ingest.Manager follows every KV endpoint's event stream; and
 // every observer is wired to pkg/metrics. cmd/kvgate only parses flags and
 // calls Run.
 package gateway
@@ -24,7 +24,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/inventory"
-	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
@@ -61,7 +61,7 @@ type Options struct {
 	Version, Revision string
 	Logger            *slog.Logger
 	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
-	SubscriberOptions kvevents.Options
+	SubscriberOptions ingest.Options
 }
 
 // Gateway is the running daemon minus its flags.
@@ -71,7 +71,7 @@ type Gateway struct {
 	Metrics *metrics.Metrics
 	API     *api.Server
 	pool    *tokenizer.Pool
-	subs    *kvevents.Manager
+	subs    *ingest.Manager
 	leg     *datapath.Selected
 	// slots keeps the BPF load map's endpoint registrations; nil when the
 	// body leg has no load map (userspace path).
@@ -146,7 +146,7 @@ func New(opts Options) (*Gateway, error) {
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
-	g.subs = kvevents.NewManager(so)
+	g.subs = ingest.NewManager(so)
 
 	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Log: g.log}
 	if opts.StateDir != "" {
@@ -241,7 +241,7 @@ func (g *Gateway) ProxyAddr(serviceID int) (net.Addr, bool) {
 }
 
 // Subscribers reports the KV-event subscribers' state.
-func (g *Gateway) Subscribers() []kvevents.EndpointStatus { return g.subs.Status() }
+func (g *Gateway) Subscribers() []ingest.EndpointStatus { return g.subs.Status() }
 
 // Snapshot implements api.InventorySource.
 func (g *Gateway) Snapshot(serviceID, epIdx int) (string, []uint64, bool) {
@@ -279,7 +279,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 		return err
 	}
 	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks,
-		Observer: kvevents.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
+		Observer: ingest.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
 	if err != nil {
 		return fmt.Errorf("service %d: inventory: %w", id, err)
 	}
@@ -406,11 +406,11 @@ func (g *Gateway) remove(rule *config.Rule) {
 // reconcile points the subscriber manager at every KV endpoint of every rule.
 func (g *Gateway) reconcile() {
 	g.mu.Lock()
-	var targets []kvevents.Target
+	var targets []ingest.Target
 	for _, rt := range g.rules {
 		r := rt.rule
 		for _, e := range r.KVEndpoints() {
-			targets = append(targets, kvevents.Target{
+			targets = append(targets, ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index,
 			})

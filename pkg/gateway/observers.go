@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/fullproxy"
-	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/metrics"
 )
 
@@ -72,31 +72,31 @@ func (o selectorObserver) Sessions(id uint32, n int) {
 // subscriberObserver feeds the KV-event subscribers' metrics.
 type subscriberObserver struct{ m *metrics.Metrics }
 
-func (o subscriberObserver) EndpointInfo(ep kvevents.EndpointRef) {
+func (o subscriberObserver) EndpointInfo(ep ingest.EndpointRef) {
 	o.m.SetEPInfo(int(ep.Service), ep.EPIdx, ep.IP, ep.IP)
 }
-func (o subscriberObserver) EndpointGone(ep kvevents.EndpointRef) {
+func (o subscriberObserver) EndpointGone(ep ingest.EndpointRef) {
 	o.m.DeleteEndpoint(int(ep.Service), ep.EPIdx)
 }
-func (o subscriberObserver) Connected(ep kvevents.EndpointRef, up bool) {
+func (o subscriberObserver) Connected(ep ingest.EndpointRef, up bool) {
 	o.m.SetSubscriberConnected(int(ep.Service), ep.EPIdx, up)
 }
-func (o subscriberObserver) RankConnected(ep kvevents.EndpointRef, rank int, up bool) {
+func (o subscriberObserver) RankConnected(ep ingest.EndpointRef, rank int, up bool) {
 	o.m.SetRankConnected(int(ep.Service), ep.EPIdx, rank, up)
 }
-func (o subscriberObserver) Reconnected(ep kvevents.EndpointRef) {
+func (o subscriberObserver) Reconnected(ep ingest.EndpointRef) {
 	o.m.SubscriberReconnect(int(ep.Service), ep.EPIdx)
 }
-func (o subscriberObserver) RecvError(ep kvevents.EndpointRef) {
+func (o subscriberObserver) RecvError(ep ingest.EndpointRef) {
 	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
 }
-func (o subscriberObserver) Blocks(ep kvevents.EndpointRef, blocks int) {
+func (o subscriberObserver) Blocks(ep ingest.EndpointRef, blocks int) {
 	o.m.SetKVBlocks(int(ep.Service), ep.EPIdx, blocks)
 }
-func (o subscriberObserver) CapEvicted(ep kvevents.EndpointRef, n int) {
+func (o subscriberObserver) CapEvicted(ep ingest.EndpointRef, n int) {
 	o.m.InvCapEvicted(int(ep.Service), ep.EPIdx, n)
 }
-func (o subscriberObserver) Sequence(ep kvevents.EndpointRef, _ int, c kvevents.SeqCase, _ uint64) {
+func (o subscriberObserver) Sequence(ep ingest.EndpointRef, _ int, c ingest.SeqCase, _ uint64) {
 	switch kind := c.String(); kind {
 	case "small_gap":
 		o.m.SubscriberGap(int(ep.Service), ep.EPIdx, "small")
@@ -106,10 +106,10 @@ func (o subscriberObserver) Sequence(ep kvevents.EndpointRef, _ int, c kvevents.
 		o.m.SubscriberGap(int(ep.Service), ep.EPIdx, "restart")
 	}
 }
-func (o subscriberObserver) Cleared(ep kvevents.EndpointRef, _ int, r kvevents.ClearReason) {
+func (o subscriberObserver) Cleared(ep ingest.EndpointRef, _ int, r ingest.ClearReason) {
 	o.m.SubscriberClear(int(ep.Service), ep.EPIdx, r.String())
 }
-func (o subscriberObserver) Replay(ep kvevents.EndpointRef, _ int, _ kvevents.ReplayPurpose, ok bool, batches int) {
+func (o subscriberObserver) Replay(ep ingest.EndpointRef, _ int, _ ingest.ReplayPurpose, ok bool, batches int) {
 	outcome := "ok"
 	if !ok {
 		outcome = "error"
@@ -119,7 +119,7 @@ func (o subscriberObserver) Replay(ep kvevents.EndpointRef, _ int, _ kvevents.Re
 		o.m.SubscriberBatches(int(ep.Service), ep.EPIdx, 0, batches)
 	}
 }
-func (o subscriberObserver) DecodeError(ep kvevents.EndpointRef, _ int) {
+func (o subscriberObserver) DecodeError(ep ingest.EndpointRef, _ int) {
 	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
 }
 

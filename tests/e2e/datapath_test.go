@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/datapath"
-	"github.com/kvgate/kvgate/pkg/enginesim"
 )
 
 // startDatapathGateway starts engines, a gateway on the given --datapath and

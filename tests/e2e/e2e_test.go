@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/internal/testnet"
-	"github.com/kvgate/kvgate/pkg/enginesim"
 )
 
 func assertLoadsZero(t *testing.T, tg *testGateway, service int) {

@@ -1,5 +1,5 @@
 // Package e2e runs kvgate end to end on loopback: simulated vLLM engines
-// (pkg/enginesim) publishing real ZeroMQ KV events, the gateway (in-process
+// (internal/enginesim) publishing real ZeroMQ KV events, the gateway (in-process
 // or the real binary), and real HTTP clients, including the official OpenAI
 // Node SDK.
 //
@@ -26,10 +26,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/config"
-	"github.com/kvgate/kvgate/pkg/enginesim"
 	"github.com/kvgate/kvgate/pkg/gateway"
 )
 

@@ -4,9 +4,9 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/config"
-	"github.com/kvgate/kvgate/pkg/enginesim"
 )
 
 // spec §4 topology: EP0 and EP2 prefill, EP1 decode.

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/internal/testpy"
-	"github.com/kvgate/kvgate/pkg/enginesim"
 )
 
 func complete(t *testing.T, e *enginesim.Engine, body map[string]any) {

@@ -23,7 +23,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/internal/testpy"
 	"github.com/kvgate/kvgate/pkg/inventory"
-	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 )
 
 type vectors struct {
@@ -185,12 +185,12 @@ func (p *pyPublisher) send(cmd map[string]any) {
 }
 
 type counters struct {
-	kvevents.NopObserver
+	ingest.NopObserver
 	restarts chan struct{}
 }
 
-func (c *counters) Cleared(_ kvevents.EndpointRef, _ int, r kvevents.ClearReason) {
-	if r == kvevents.ClearRestart {
+func (c *counters) Cleared(_ ingest.EndpointRef, _ int, r ingest.ClearReason) {
+	if r == ingest.ClearRestart {
 		select {
 		case c.restarts <- struct{}{}:
 		default:
@@ -202,7 +202,7 @@ func TestLibzmqPublisherGoldenPayloads(t *testing.T) {
 	testpy.Require(t, "zmq", "msgpack")
 	v := loadVectors(t)
 	ip := testnet.Host(t)
-	const offset = kvevents.DefaultReplayPortOffset
+	const offset = ingest.DefaultReplayPortOffset
 	port := testnet.PortPair(t, ip, offset)
 	py := startPython(t, "tcp://"+net.JoinHostPort(ip, strconv.Itoa(port)), "tcp://"+net.JoinHostPort(ip, strconv.Itoa(port+offset)))
 
@@ -230,7 +230,7 @@ func TestLibzmqPublisherGoldenPayloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	obs := &counters{restarts: make(chan struct{}, 1)}
-	mgr := kvevents.NewManager(kvevents.Options{
+	mgr := ingest.NewManager(ingest.Options{
 		ReplayPortOffset: offset,
 		DialRetry:        50 * time.Millisecond,
 		RebuildDelay:     20 * time.Millisecond,
@@ -238,8 +238,8 @@ func TestLibzmqPublisherGoldenPayloads(t *testing.T) {
 		Observer:         obs,
 	})
 	t.Cleanup(mgr.Close)
-	target := kvevents.Target{Service: 1, EPIdx: 0, IP: ip, Port: port, Ranks: 1, Inventory: ix}
-	if err := mgr.Reconcile([]kvevents.Target{target}); err != nil {
+	target := ingest.Target{Service: 1, EPIdx: 0, IP: ip, Port: port, Ranks: 1, Inventory: ix}
+	if err := mgr.Reconcile([]ingest.Target{target}); err != nil {
 		t.Fatal(err)
 	}
 	lastSeq := func() (uint64, bool) {

@@ -1,5 +1,5 @@
 // Package demo is `kvgate demo`: it starts simulated vLLM engines in-process
-// on 127.0.0.11… (pkg/enginesim, with the Qwen3 tokenizer committed in the
+// on 127.0.0.11… (internal/enginesim, with the Qwen3 tokenizer committed in the
 // repo), a kvgate gateway with a KV rule (kvExactMode 3) and, for contrast,
 // a plain round-robin rule over a second, identical set of engines, then runs
 // the same bounded shared-prefix workload (RAG preambles, few-shot headers,
@@ -28,8 +28,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/pkg/config"
-	"github.com/kvgate/kvgate/pkg/enginesim"
 	"github.com/kvgate/kvgate/pkg/gateway"
 )
 

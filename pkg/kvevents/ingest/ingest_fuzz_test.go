@@ -1,4 +1,4 @@
-package kvevents
+package ingest
 
 import (
 	"encoding/hex"
@@ -15,7 +15,7 @@ import (
 //
 //	go test -run '^$' -fuzz FuzzIngest -fuzztime 60s ./pkg/kvevents
 func FuzzIngest(f *testing.F) {
-	raw, err := os.ReadFile("testdata/vllm_event_vectors.json")
+	raw, err := os.ReadFile("../testdata/vllm_event_vectors.json")
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -1,7 +1,8 @@
-package kvevents
+package ingest
 
 import (
 	"fmt"
+	"github.com/kvgate/kvgate/pkg/kvevents"
 	"strconv"
 
 	"github.com/kvgate/kvgate/pkg/inventory"
@@ -11,12 +12,12 @@ import (
 // rule's inventory. It reuses its decode buffers, so steady-state ingest does
 // not allocate. Not safe for concurrent use: one per subscription.
 type Ingester struct {
-	Inventory *inventory.Index
+	Inventory Sink
 	EPIdx     int
 	Rank      int
 
-	dec   Decoder
-	batch Batch
+	dec   kvevents.Decoder
+	batch kvevents.Batch
 
 	// primaryGroup is the KV-cache group whose blocks make up the scored
 	// inventory: the full-attention group as announced by BlockStored's
@@ -32,8 +33,8 @@ type Ingester struct {
 // BlockRemoved must not erase a block the full-attention group still holds.
 // So only the primary group's GPU blocks are scored; other groups' blocks are
 // counted apart under "<medium>#g<idx>", like other media.
-func (in *Ingester) bucket(e *Event) string {
-	if e.Type == BlockStored && e.HasGroupIdx && !in.groupKnown {
+func (in *Ingester) bucket(e *kvevents.Event) string {
+	if e.Type == kvevents.BlockStored && e.HasGroupIdx && !in.groupKnown {
 		switch e.KVCacheSpecKind {
 		case "full_attention", "mla_attention":
 			in.primaryGroup, in.groupKnown = e.GroupIdx, true
@@ -89,13 +90,13 @@ func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
 		e := &in.batch.Events[i]
 		var err error
 		switch e.Type {
-		case BlockStored:
+		case kvevents.BlockStored:
 			err = in.Inventory.Add(in.EPIdx, in.Rank, in.bucket(e), e.BlockHashes)
 			res.Stored += len(e.BlockHashes)
-		case BlockRemoved:
+		case kvevents.BlockRemoved:
 			err = in.Inventory.Remove(in.EPIdx, in.Rank, in.bucket(e), e.BlockHashes)
 			res.Removed += len(e.BlockHashes)
-		case AllBlocksCleared:
+		case kvevents.AllBlocksCleared:
 			err = in.Inventory.ClearRank(in.EPIdx, in.Rank)
 			res.Cleared = true
 		}
@@ -107,4 +108,4 @@ func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
 }
 
 // Stats returns the decoder's cumulative counters.
-func (in *Ingester) Stats() DecodeStats { return in.dec.Stats }
+func (in *Ingester) Stats() kvevents.DecodeStats { return in.dec.Stats }

@@ -1,4 +1,4 @@
-package kvevents
+package ingest
 
 // SeqWindow is the spec's gap window, counted in batch sequence numbers: a
 // gap of at most SeqWindow (S ≤ L+SeqWindow) keeps the inventory.

@@ -9,8 +9,8 @@ import (
 // The real tokenizers are the tokenizer package's committed testdata (the
 // Qwen3 and Llama-3 tokenizer.json + tokenizer_config.json).
 const (
-	qwen3Dir  = "../tokenizer/testdata/qwen3"
-	llama3Dir = "../tokenizer/testdata/llama3"
+	qwen3Dir  = "../../pkg/tokenizer/testdata/qwen3"
+	llama3Dir = "../../pkg/tokenizer/testdata/llama3"
 )
 
 func TestRealTokenizersTokenizeLikeVLLM(t *testing.T) {

@@ -1,6 +1,7 @@
-package kvevents
+package ingest
 
 import (
+	"github.com/kvgate/kvgate/pkg/kvevents"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -55,7 +56,7 @@ func BenchmarkIngest(b *testing.B) {
 				for i := range hs {
 					hs[i] = r.Uint64()
 				}
-				st := Event{Type: BlockStored, BlockHashes: hs, BlockSize: 16, Medium: "GPU", HasGroupIdx: true,
+				st := kvevents.Event{Type: kvevents.BlockStored, BlockHashes: hs, BlockSize: 16, Medium: "GPU", HasGroupIdx: true,
 					KVCacheSpecKind: "full_attention"}
 				if withTokens {
 					st.TokenIDs = make([]uint32, 16*blocks)
@@ -63,13 +64,13 @@ func BenchmarkIngest(b *testing.B) {
 						st.TokenIDs[i] = uint32(r.IntN(151000))
 					}
 				}
-				p, err := AppendEncode(nil, &Batch{TS: 1.5, Events: []Event{st}, HasRank: true}, LayoutMap)
+				p, err := kvevents.AppendEncode(nil, &kvevents.Batch{TS: 1.5, Events: []kvevents.Event{st}, HasRank: true}, kvevents.LayoutMap)
 				if err != nil {
 					b.Fatal(err)
 				}
 				stores = append(stores, p)
-				rm := Event{Type: BlockRemoved, BlockHashes: hs, Medium: "GPU", HasGroupIdx: true}
-				p, err = AppendEncode(nil, &Batch{TS: 1.5, Events: []Event{rm}, HasRank: true}, LayoutMap)
+				rm := kvevents.Event{Type: kvevents.BlockRemoved, BlockHashes: hs, Medium: "GPU", HasGroupIdx: true}
+				p, err = kvevents.AppendEncode(nil, &kvevents.Batch{TS: 1.5, Events: []kvevents.Event{rm}, HasRank: true}, kvevents.LayoutMap)
 				if err != nil {
 					b.Fatal(err)
 				}

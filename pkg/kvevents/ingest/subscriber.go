@@ -1,9 +1,10 @@
-package kvevents
+package ingest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvgate/kvgate/pkg/kvevents"
 	"io"
 	"log"
 	"log/slog"
@@ -31,7 +32,7 @@ type Target struct {
 	// ReplayPort+r); 0 means Port + Options.ReplayPortOffset.
 	ReplayPort int
 	// Inventory is the rule's index; the endpoint's ranks write into it.
-	Inventory *inventory.Index
+	Inventory Sink
 }
 
 // Key is the target's stable identity: service and ip:port, never its position.
@@ -524,7 +525,7 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err 
 
 // handle applies one live message under the sequence table.
 func (r *rankSub) handle(ctx context.Context, m liveMsg) {
-	_, seq, payload, err := ParseMessage(m.frames)
+	_, seq, payload, err := kvevents.ParseMessage(m.frames)
 	if err != nil {
 		r.ep.obs.DecodeError(r.ep.ref, r.rank)
 		r.log.Debug("kv subscriber: skipping malformed message", "err", err)

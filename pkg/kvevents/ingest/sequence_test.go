@@ -1,4 +1,4 @@
-package kvevents
+package ingest
 
 import "testing"
 

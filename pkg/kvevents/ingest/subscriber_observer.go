@@ -1,4 +1,4 @@
-package kvevents
+package ingest
 
 import "github.com/kvgate/kvgate/pkg/inventory"
 

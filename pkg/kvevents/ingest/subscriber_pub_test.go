@@ -1,8 +1,9 @@
-package kvevents
+package ingest
 
 import (
 	"context"
 	"fmt"
+	"github.com/kvgate/kvgate/pkg/kvevents"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -119,7 +120,7 @@ func (p *testPublisher) serveReplay(router zmq4.Socket, done chan struct{}) {
 			continue
 		}
 		id := msg.Frames[0]
-		start, err := ParseReplayRequest(msg.Frames[1:])
+		start, err := kvevents.ParseReplayRequest(msg.Frames[1:])
 		if err != nil {
 			continue // vLLM ignores other shapes
 		}
@@ -132,11 +133,11 @@ func (p *testPublisher) serveReplay(router zmq4.Socket, done chan struct{}) {
 		}
 		p.mu.Unlock()
 		for _, b := range out {
-			if router.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, ReplayReply(b.seq, b.payload)...)...)) != nil {
+			if router.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayReply(b.seq, b.payload)...)...)) != nil {
 				break
 			}
 		}
-		_ = router.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, ReplayEnd()...)...))
+		_ = router.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayEnd()...)...))
 	}
 }
 
@@ -212,7 +213,7 @@ func (p *testPublisher) tryStart() (err error) {
 }
 
 type pubOp struct {
-	typ    EventType
+	typ    kvevents.EventType
 	hashes []uint64
 }
 
@@ -221,15 +222,15 @@ type pubOp struct {
 // subscriber had missed it.
 func (p *testPublisher) publish(drop bool, ops ...pubOp) uint64 {
 	p.t.Helper()
-	b := &Batch{TS: 1757500000.25, HasRank: true}
+	b := &kvevents.Batch{TS: 1757500000.25, HasRank: true}
 	for _, op := range ops {
-		e := Event{Type: op.typ, BlockHashes: op.hashes, BlockSize: 16, Medium: "GPU"}
-		if op.typ == BlockRemoved {
+		e := kvevents.Event{Type: op.typ, BlockHashes: op.hashes, BlockSize: 16, Medium: "GPU"}
+		if op.typ == kvevents.BlockRemoved {
 			e.HasGroupIdx = true
 		}
 		b.Events = append(b.Events, e)
 	}
-	payload, err := AppendEncode(nil, b, LayoutMap)
+	payload, err := kvevents.AppendEncode(nil, b, kvevents.LayoutMap)
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -239,15 +240,15 @@ func (p *testPublisher) publish(drop bool, ops ...pubOp) uint64 {
 	p.seq++
 	for _, op := range ops {
 		switch op.typ {
-		case BlockStored:
+		case kvevents.BlockStored:
 			for _, h := range op.hashes {
 				p.cache[h] = true
 			}
-		case BlockRemoved:
+		case kvevents.BlockRemoved:
 			for _, h := range op.hashes {
 				delete(p.cache, h)
 			}
-		case AllBlocksCleared:
+		case kvevents.AllBlocksCleared:
 			p.cache = map[uint64]bool{}
 		}
 	}
@@ -256,7 +257,7 @@ func (p *testPublisher) publish(drop bool, ops ...pubOp) uint64 {
 		p.buf = slices.Delete(p.buf, 0, len(p.buf)-p.bufLen)
 	}
 	if !drop {
-		if err := p.pub.Send(zmq4.NewMsgFrom(BuildMessage([]byte("kv-events"), seq, payload)...)); err != nil {
+		if err := p.pub.Send(zmq4.NewMsgFrom(kvevents.BuildMessage([]byte("kv-events"), seq, payload)...)); err != nil {
 			p.t.Fatalf("publish %d: %v", seq, err)
 		}
 	}
@@ -281,9 +282,9 @@ func (p *testPublisher) cached() []uint64 {
 	return out
 }
 
-func stored(hs ...uint64) pubOp  { return pubOp{typ: BlockStored, hashes: hs} }
-func removed(hs ...uint64) pubOp { return pubOp{typ: BlockRemoved, hashes: hs} }
-func cleared() pubOp             { return pubOp{typ: AllBlocksCleared} }
+func stored(hs ...uint64) pubOp  { return pubOp{typ: kvevents.BlockStored, hashes: hs} }
+func removed(hs ...uint64) pubOp { return pubOp{typ: kvevents.BlockRemoved, hashes: hs} }
+func cleared() pubOp             { return pubOp{typ: kvevents.AllBlocksCleared} }
 
 // hashRange returns n distinct hashes starting at base (spread over the
 // 64-bit space, including values above 2^63).

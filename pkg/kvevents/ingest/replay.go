@@ -1,9 +1,10 @@
-package kvevents
+package ingest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvgate/kvgate/pkg/kvevents"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -39,7 +40,7 @@ func fetchReplay(ctx context.Context, endpoint string, start uint64, maxBatches 
 	if err := dialBounded(ctx, sock, endpoint, 2*dialTimeout); err != nil {
 		return st, fmt.Errorf("dial replay %s: %w", endpoint, err)
 	}
-	if err := sock.SendMulti(zmq4.NewMsgFrom(ReplayRequest(start)...)); err != nil {
+	if err := sock.SendMulti(zmq4.NewMsgFrom(kvevents.ReplayRequest(start)...)); err != nil {
 		return st, fmt.Errorf("send replay request to %s: %w", endpoint, err)
 	}
 	for st.Batches < maxBatches {
@@ -50,7 +51,7 @@ func fetchReplay(ctx context.Context, endpoint string, start uint64, maxBatches 
 			}
 			return st, fmt.Errorf("receive replay from %s: %w", endpoint, err)
 		}
-		seq, payload, end, err := ParseReplayReply(msg.Frames)
+		seq, payload, end, err := kvevents.ParseReplayReply(msg.Frames)
 		if err != nil {
 			return st, fmt.Errorf("replay from %s: %w", endpoint, err)
 		}
