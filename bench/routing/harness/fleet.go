@@ -1,0 +1,340 @@
+package harness
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/enginesim"
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/gateway"
+)
+
+// Profile is one engine fleet: how many engines and what each can do.
+// Tuning runs on one profile, headline numbers on the other
+// (docs/routing-benchmark.md, "Fairness").
+type Profile struct {
+	Name         string
+	Engines      int
+	NumGPUBlocks int // KV capacity per engine, in 16-token blocks
+	MaxNumSeqs   int
+	// PerfModel names enginesim's performance profile; "" keeps
+	// enginesim's default. The simple model reads the three fields below.
+	PerfModel         string
+	PrefillUsPerToken float64
+	TTFTFloor         time.Duration
+	DecodeTokensPerS  float64
+}
+
+// Profiles: "tune" is where the SGLang router's scaled thresholds were
+// chosen (seeds 1–3); "headline" is what the doc reports (seeds 4–6).
+var Profiles = map[string]Profile{
+	"tune": {Name: "tune", Engines: 4, NumGPUBlocks: 450, MaxNumSeqs: 4,
+		PrefillUsPerToken: 150, TTFTFloor: 10 * time.Millisecond, DecodeTokensPerS: 50},
+	"headline": {Name: "headline", Engines: 6, NumGPUBlocks: 400, MaxNumSeqs: 4,
+		PrefillUsPerToken: 200, TTFTFloor: 12 * time.Millisecond, DecodeTokensPerS: 40},
+}
+
+// Env is what every point shares: the tokenizer, its staging directory for
+// kvgate, and a logger.
+type Env struct {
+	Tokenizer    enginesim.Tokenizer
+	StagingDir   string
+	Log          *slog.Logger
+	cleanupStage func()
+}
+
+// NewEnv loads the Qwen3 tokenizer from tokDir and stages it for kvgate
+// under its model slug (<dir>/Qwen__Qwen3-0.6B, as the gateway's pool looks
+// it up).
+func NewEnv(tokDir string, log *slog.Logger) (*Env, error) {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	abs, err := filepath.Abs(tokDir)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer dir: %w", err)
+	}
+	tok, err := enginesim.LoadTokenizer(abs)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer %s: %w", abs, err)
+	}
+	stage, err := os.MkdirTemp("", "kvgate-bench-routing-")
+	if err != nil {
+		return nil, fmt.Errorf("staging dir: %w", err)
+	}
+	if err := os.Symlink(abs, filepath.Join(stage, "Qwen__Qwen3-0.6B")); err != nil {
+		os.RemoveAll(stage)
+		return nil, fmt.Errorf("stage tokenizer: %w", err)
+	}
+	return &Env{Tokenizer: tok, StagingDir: stage, Log: log, cleanupStage: func() { os.RemoveAll(stage) }}, nil
+}
+
+// Close removes the staging directory.
+func (e *Env) Close() {
+	if e.cleanupStage != nil {
+		e.cleanupStage()
+	}
+}
+
+// Fleet is one fresh set of engines (empty caches).
+type Fleet struct {
+	Host    string // the /24 prefix "127.a.b."
+	Engines []*enginesim.Engine
+	ZMQPort int
+}
+
+// URLs are the engines' base URLs.
+func (f *Fleet) URLs() []string {
+	out := make([]string, len(f.Engines))
+	for i, e := range f.Engines {
+		out[i] = e.URL()
+	}
+	return out
+}
+
+// Close stops every engine.
+func (f *Fleet) Close() {
+	for _, e := range f.Engines {
+		e.Close()
+	}
+}
+
+// StartFleet starts p.Engines engines on a random loopback /24 (.11, .12, …),
+// all publishing KV events on one port, as a kvgate rule expects.
+func StartFleet(env *Env, p Profile, debugState bool) (*Fleet, error) {
+	var lastErr error
+	for range 10 {
+		block := fmt.Sprintf("127.%d.%d.", 100+rand.IntN(150), rand.IntN(250))
+		engines, port, err := enginesim.StartGroup(p.Engines, 10,
+			func() (int, error) { return freePortPair(block+"11", 1000) },
+			func(i, port int) enginesim.Config {
+				host := fmt.Sprintf("%s%d", block, 11+i)
+				cfg := enginesim.Config{
+					Host: host, ID: fmt.Sprintf("engine-%d", i), Model: Model, Tokenizer: env.Tokenizer,
+					PythonHashSeed: "0", HashSeedSet: true,
+					KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port),
+					ReplayEndpoint:   fmt.Sprintf("tcp://%s:%d", host, port+1000),
+					NumGPUBlocks:     p.NumGPUBlocks, MaxNumSeqs: p.MaxNumSeqs,
+					PrefillUsPerToken: p.PrefillUsPerToken, TTFTFloor: p.TTFTFloor, DecodeTokensPerS: p.DecodeTokensPerS,
+					Logger: env.Log,
+				}
+				applyEngineOptions(&cfg, p, debugState)
+				return cfg
+			})
+		if err == nil {
+			return &Fleet{Host: block, Engines: engines, ZMQPort: port}, nil
+		}
+		lastErr = err
+	}
+	return nil, fmt.Errorf("start fleet: %w", lastErr)
+}
+
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("listen %s: %w", host, err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func freePortPair(host string, offset int) (int, error) {
+	for range 100 {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return 0, fmt.Errorf("listen %s: %w", host, err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l2, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port+offset)))
+		l.Close()
+		if err == nil {
+			l2.Close()
+			return port, nil
+		}
+	}
+	return 0, errors.New("no free port pair")
+}
+
+// Front is what the client talks to: kvgate or the bench proxy.
+type Front struct {
+	URL   string
+	close func()
+}
+
+// Close stops the front.
+func (f *Front) Close() {
+	if f.close != nil {
+		f.close()
+	}
+}
+
+// StartKVGate starts an in-process kvgate (pkg/gateway, as internal/demo and
+// tests/e2e do) with a kvExactMode 3 rule over the fleet and waits until it
+// follows every engine's KV events. The data path is the userspace copy, the
+// same hop the bench proxy makes.
+func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb config.LBMode) (*Front, error) {
+	settings := config.DefaultSettings()
+	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
+	if lb != "" {
+		settings.LBMode = lb
+	}
+	g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: env.StagingDir, Datapath: "userspace", DecisionHeader: true,
+		Logger: env.Log, ShutdownGrace: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("kvgate: %w", err)
+	}
+	host := f.Host + "1"
+	port, err := freePort(host)
+	if err != nil {
+		g.Shutdown()
+		return nil, err
+	}
+	args := map[string]any{"externalIP": host, "port": port, "protocol": "tcp", "sel": 0, "mode": 4,
+		"kvExactMode": 3, "kvZmqPort": f.ZMQPort, "kvBlockSize": 16, "kvHashAlgo": "sha256_cbor"}
+	var eps []map[string]any
+	for _, e := range f.Engines {
+		h, p, err := net.SplitHostPort(strings.TrimPrefix(e.URL(), "http://"))
+		if err != nil {
+			g.Shutdown()
+			return nil, fmt.Errorf("engine URL %q: %w", e.URL(), err)
+		}
+		pn, _ := strconv.Atoi(p)
+		eps = append(eps, map[string]any{"endpointIP": h, "targetPort": pn, "weight": 1})
+	}
+	body, _ := json.Marshal(map[string]any{"serviceArguments": args, "endpoints": eps})
+	var rule config.Rule
+	if err := json.Unmarshal(body, &rule); err != nil {
+		g.Shutdown()
+		return nil, fmt.Errorf("kvgate rule: %w", err)
+	}
+	id, err := g.API.Apply(&rule, nil)
+	if err != nil {
+		g.Shutdown()
+		return nil, fmt.Errorf("kvgate create rule: %w", err)
+	}
+	if err := waitSubscribers(ctx, g, id, len(f.Engines)); err != nil {
+		g.Shutdown()
+		return nil, err
+	}
+	return &Front{URL: fmt.Sprintf("http://%s:%d", host, port), close: g.Shutdown}, nil
+}
+
+func waitSubscribers(ctx context.Context, g *gateway.Gateway, id, n int) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		up := 0
+		for _, s := range g.Subscribers() {
+			if int(s.Service) != id {
+				continue
+			}
+			ok := len(s.Ranks) > 0
+			for _, r := range s.Ranks {
+				ok = ok && r.Connected
+			}
+			if ok {
+				up++
+			}
+		}
+		if up >= n {
+			// ZeroMQ subscriptions settle just after the connect.
+			time.Sleep(200 * time.Millisecond)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kvgate: only %d of %d KV-event subscribers connected", up, n)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Policies in report order. kvgate's default load blend is hard, so
+// "kvgate" is also kvgate-hard.
+var Policies = []string{"kvgate", "kvgate-off", "kvgate-soft", "kvgate-adaptive", "kvgate-adaptive-soft",
+	"round-robin", "least-inflight", "least-load", "sglang", "sglang-scaled", "oracle"}
+
+// StartFront starts policy name in front of the fleet.
+func StartFront(ctx context.Context, env *Env, f *Fleet, p Profile, name string) (*Front, error) {
+	if lb, ok := strings.CutPrefix(name, "kvgate"); ok {
+		mode := config.LBMode(strings.TrimPrefix(lb, "-"))
+		return StartKVGate(ctx, env, f, mode)
+	}
+	urls := f.URLs()
+	var pol Policy
+	switch name {
+	case "round-robin":
+		pol = &roundRobin{n: len(urls)}
+	case "least-inflight":
+		pol = &leastInflight{inflight: make([]int, len(urls))}
+	case "least-load":
+		pol = newLeastLoad(urls)
+	case "sglang":
+		pol = newSGLang(name, len(urls), SGLangDefaults())
+	case "sglang-scaled":
+		pol = newSGLang(name, len(urls), SGLangScaled(p.MaxNumSeqs, p.NumGPUBlocks*16*charsPerToken))
+	case "oracle":
+		c := &http.Client{Timeout: 2 * time.Second}
+		for _, u := range urls {
+			if err := probeDebug(c, u); err != nil {
+				return nil, err
+			}
+		}
+		pol = newOracle(urls)
+	default:
+		spec, ok := strings.CutPrefix(name, "sglang@")
+		if !ok {
+			return nil, fmt.Errorf("policy %q: want one of %s, or sglang@absN-relF-thrF", name, strings.Join(Policies, ", "))
+		}
+		cfg, err := parseSGLangSpec(spec, SGLangScaled(p.MaxNumSeqs, p.NumGPUBlocks*16*charsPerToken))
+		if err != nil {
+			return nil, fmt.Errorf("policy %q: %w", name, err)
+		}
+		pol = newSGLang(name, len(urls), cfg)
+	}
+	px, err := StartProxy(f.Host+"1", urls, pol, env.Log)
+	if err != nil {
+		pol.Close()
+		return nil, err
+	}
+	return &Front{URL: px.URL(), close: px.Close}, nil
+}
+
+// charsPerToken is about how many characters of the workloads' English prose
+// one Qwen3 token covers (a word and its space).
+const charsPerToken = 7
+
+// parseSGLangSpec reads "abs5-rel1.25-thr0.3" over base.
+func parseSGLangSpec(spec string, base SGLangConfig) (SGLangConfig, error) {
+	for _, part := range strings.Split(spec, "-") {
+		var err error
+		switch {
+		case strings.HasPrefix(part, "abs"):
+			base.BalanceAbsThreshold, err = strconv.Atoi(part[3:])
+		case strings.HasPrefix(part, "rel"):
+			base.BalanceRelThreshold, err = strconv.ParseFloat(part[3:], 64)
+		case strings.HasPrefix(part, "thr"):
+			base.CacheThreshold, err = strconv.ParseFloat(part[3:], 64)
+		default:
+			err = fmt.Errorf("unknown part %q (want absN, relF, thrF)", part)
+		}
+		if err != nil {
+			return base, fmt.Errorf("sglang spec %q: %w", spec, err)
+		}
+	}
+	return base, nil
+}

@@ -1,0 +1,164 @@
+package harness
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// EngineState is enginesim's GET /debug/state (only with --debug-state).
+type EngineState struct {
+	EngineID             string `json:"engine_id"`
+	NowUnixNano          int64  `json:"now_unix_nano"`
+	Running              int    `json:"running"`
+	Waiting              int    `json:"waiting"`
+	PendingPrefillTokens int    `json:"pending_prefill_tokens"`
+	KVBlocksUsed         int    `json:"kv_blocks_used"`
+	KVBlocksTotal        int    `json:"kv_blocks_total"`
+	BlockSize            int    `json:"block_size"`
+	Perf                 struct {
+		Model                string  `json:"model"`
+		StepFloorS           float64 `json:"step_floor_s"`
+		PrefillSPerToken     float64 `json:"prefill_s_per_token"`
+		DecodeSPerSeq        float64 `json:"decode_s_per_seq"`
+		AttnSPerContextToken float64 `json:"attn_s_per_context_token"`
+		MaxNumBatchedTokens  int     `json:"max_num_batched_tokens"`
+		MaxNumSeqs           int     `json:"max_num_seqs"`
+	} `json:"perf"`
+	PredictedTTFTPer1k float64 `json:"predicted_ttft_s_for_new_tokens_per_1k"`
+}
+
+// MatchResult is enginesim's POST /debug/match.
+type MatchResult struct {
+	PromptTokens int `json:"prompt_tokens"`
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// PredictTTFT is the oracle's estimate of a new request's TTFT on an engine
+// in state s when uncached of its tokens must be prefilled. vLLM V1's
+// scheduler spends each step's token budget (max_num_batched_tokens) on
+// decodes first (one token per running sequence) and then on prefill chunks
+// in arrival order, so the request's last prompt token is computed once
+// everything pending ahead of it and its own uncached tokens have gone
+// through the leftover budget; each of those steps costs the engine's step
+// time. A request that finds every sequence slot taken also waits for one
+// to free up, which the waiting count stands for.
+func PredictTTFT(s EngineState, uncached int) float64 {
+	p := s.Perf
+	work := float64(s.PendingPrefillTokens + max(uncached, 1))
+	if p.MaxNumBatchedTokens <= 0 {
+		// No performance block: prefill cost only, scaled by the queue.
+		return work * math.Max(p.PrefillSPerToken, 60e-6) * float64(1+s.Waiting)
+	}
+	decoding := s.Running
+	budget := float64(max(p.MaxNumBatchedTokens-decoding, 1))
+	steps := math.Ceil(work / budget)
+	step := p.StepFloorS + p.DecodeSPerSeq*float64(decoding)
+	t := steps*step + p.PrefillSPerToken*work
+	if p.MaxNumSeqs > 0 && s.Running+s.Waiting >= p.MaxNumSeqs {
+		// Slots are full: wait roughly one step per request ahead of it.
+		t += float64(s.Running+s.Waiting-p.MaxNumSeqs+1) * step
+	}
+	return t
+}
+
+// oracle sees every engine's true cache (POST /debug/match) and queue (GET
+// /debug/state) and sends each request where the predicted TTFT is lowest.
+// Picks are serialized so two requests cannot both claim the same idle
+// engine from one snapshot.
+type oracle struct {
+	urls   []string
+	client *http.Client
+	mu     sync.Mutex
+}
+
+func newOracle(urls []string) *oracle {
+	return &oracle{urls: urls, client: &http.Client{Timeout: 5 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: 8}}}
+}
+
+func (o *oracle) Name() string { return "oracle" }
+func (o *oracle) Done(int)     {}
+func (o *oracle) Close()       {}
+
+func (o *oracle) Pick(r *PickRequest) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := len(o.urls)
+	states := make([]EngineState, n)
+	matches := make([]MatchResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range o.urls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := o.getJSON(o.urls[i]+"/debug/state", nil, "", &states[i]); err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = o.getJSON(o.urls[i]+"/debug/match", r.Body, r.Path, &matches[i])
+		}()
+	}
+	wg.Wait()
+	best, bestT := -1, math.Inf(1)
+	for i := range o.urls {
+		if errs[i] != nil {
+			continue
+		}
+		t := PredictTTFT(states[i], matches[i].PromptTokens-matches[i].CachedTokens)
+		if t < bestT || (t == bestT && states[i].Running+states[i].Waiting < states[best].Running+states[best].Waiting) {
+			best, bestT = i, t
+		}
+	}
+	if best < 0 {
+		return 0 // every probe failed: the request still goes somewhere and the error shows in its engine's answer
+	}
+	return best
+}
+
+func (o *oracle) getJSON(url string, body []byte, path string, v any) error {
+	method := http.MethodGet
+	if body != nil {
+		method = http.MethodPost
+	}
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	if path != "" {
+		req.Header.Set("X-Debug-Path", path)
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := o.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: status %d (enginesim needs --debug-state): %.200s", url, resp.StatusCode, b)
+	}
+	return json.Unmarshal(b, v)
+}
+
+// probeDebug checks that an engine serves the oracle hooks.
+func probeDebug(c *http.Client, base string) error {
+	resp, err := c.Get(base + "/debug/state")
+	if err != nil {
+		return fmt.Errorf("oracle: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("oracle: %s/debug/state answered %d: the engines need --debug-state (enginesim Config.DebugState)", base, resp.StatusCode)
+	}
+	return nil
+}
