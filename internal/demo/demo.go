@@ -189,10 +189,10 @@ func startEngines(tok enginesim.Tokenizer, n, first int, log *slog.Logger) ([]*e
 			return enginesim.Config{
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: Model, Tokenizer: tok,
 				PythonHashSeed: "0", HashSeedSet: true,
-				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
-				ReplayEndpoint:    "none",
-				PerfModel: PerfModel,
-				Logger: log,
+				KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port),
+				ReplayEndpoint:   "none",
+				PerfModel:        PerfModel,
+				Logger:           log,
 			}
 		})
 	if err != nil {
