@@ -36,6 +36,11 @@ import (
 // Model is the model name the demo serves.
 const Model = "Qwen/Qwen3-0.6B"
 
+// PerfModel is the engines' timing profile: vLLM's step loop with an 8B
+// model's costs on an H100 (docs/enginesim.md), so load and cache affinity
+// cost what they would on a real fleet.
+const PerfModel = enginesim.DefaultPerfModel
+
 // Options tune the demo; the zero value is the README's run.
 type Options struct {
 	// TokenizerDir holds tokenizer.json and tokenizer_config.json of the
@@ -184,10 +189,10 @@ func startEngines(tok enginesim.Tokenizer, n, first int, log *slog.Logger) ([]*e
 			return enginesim.Config{
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: Model, Tokenizer: tok,
 				PythonHashSeed: "0", HashSeedSet: true,
-				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
-				ReplayEndpoint:    "none",
-				PrefillUsPerToken: 250, TTFTFloor: 2 * time.Millisecond, DecodeTokensPerS: 500,
-				Logger: log,
+				KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port),
+				ReplayEndpoint:   "none",
+				PerfModel:        PerfModel,
+				Logger:           log,
 			}
 		})
 	if err != nil {

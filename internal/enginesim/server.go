@@ -127,7 +127,8 @@ func New(cfg Config) (*Engine, error) {
 	}()
 	cfg.Logger.Info("enginesim engine started", "id", e.cfg.ID, "url", e.url, "role", cfg.Role,
 		"model", cfg.Model, "block_size", cfg.BlockSize, "hash_algo", cfg.HashAlgo,
-		"num_gpu_blocks", cfg.NumGPUBlocks, "kv_events", e.EventsEndpoint(), "replay", e.ReplayEndpoint())
+		"num_gpu_blocks", cfg.NumGPUBlocks, "perf_model", cfg.PerfModel, "max_num_seqs", cfg.MaxNumSeqs,
+		"max_num_batched_tokens", cfg.MaxNumBatchedTokens, "kv_events", e.EventsEndpoint(), "replay", e.ReplayEndpoint())
 	return e, nil
 }
 
@@ -214,6 +215,10 @@ func (e *Engine) routes() http.Handler {
 	mux.HandleFunc("POST /reset_prefix_cache", e.handleReset)
 	mux.HandleFunc("POST "+notifyPath, e.handleNotify)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.metrics.registry, promhttp.HandlerOpts{}))
+	if e.cfg.DebugState {
+		mux.HandleFunc("GET /debug/state", e.handleDebugState)
+		mux.HandleFunc("POST /debug/match", e.handleDebugMatch)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-engine-id", e.cfg.ID)
 		r.Body = http.MaxBytesReader(w, r.Body, e.cfg.MaxRequestBytes)
@@ -486,6 +491,24 @@ func (e *Engine) generate(w http.ResponseWriter, hr *http.Request, p genParams) 
 		return
 	}
 	resp := responder{e: e, w: w, p: p, id: publicID, created: time.Now().Unix()}
+	// The loop answers a submit at once: queued, or refused (queue full,
+	// shutting down) while the status can still say so.
+	select {
+	case out := <-req.out:
+		if !out.accepted {
+			resp.handle(req, out)
+			return
+		}
+	case <-ctx.Done():
+		e.cancel(req)
+		return
+	}
+	if p.stream {
+		// vLLM's server returns a StreamingResponse as soon as the request
+		// is queued, so the status and headers reach the client now and the
+		// first token later: TTFT is the first body byte after the head.
+		resp.startStream()
+	}
 	for {
 		select {
 		case out := <-req.out:
@@ -554,20 +577,40 @@ type responder struct {
 	cachedTokens int
 }
 
+// modelHeaders carry the model's own figures; a streamed response sends
+// them as trailers, because its head leaves before the first token.
+var modelHeaders = []string{"x-enginesim-ttft-us", "x-enginesim-queue-us", "x-enginesim-cached-tokens"}
+
 func (rs *responder) setModelHeaders(out stepOutput) {
 	h := rs.w.Header()
-	h.Set("x-enginesim-ttft-us", strconv.FormatInt(out.ttft.Microseconds(), 10))
-	h.Set("x-enginesim-queue-us", strconv.FormatInt(out.queueTime.Microseconds(), 10))
-	h.Set("x-enginesim-cached-tokens", strconv.Itoa(out.cachedTokens))
+	h.Set(modelHeaders[0], strconv.FormatInt(out.ttft.Microseconds(), 10))
+	h.Set(modelHeaders[1], strconv.FormatInt(out.queueTime.Microseconds(), 10))
+	h.Set(modelHeaders[2], strconv.Itoa(out.cachedTokens))
+}
+
+// startStream writes a streamed response's status and headers.
+func (rs *responder) startStream() {
+	rs.started = true
+	h := rs.w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Trailer", strings.Join(modelHeaders, ", "))
+	rs.w.WriteHeader(http.StatusOK)
+	if f, ok := rs.w.(http.Flusher); ok {
+		f.Flush()
+	}
 }
 
 func (rs *responder) usage() *usage {
-	return &usage{
-		PromptTokens:        len(rs.p.prompt),
-		CompletionTokens:    len(rs.tokens),
-		TotalTokens:         len(rs.p.prompt) + len(rs.tokens),
-		PromptTokensDetails: promptTokensDetails{CachedTokens: rs.cachedTokens},
+	u := &usage{
+		PromptTokens:     len(rs.p.prompt),
+		CompletionTokens: len(rs.tokens),
+		TotalTokens:      len(rs.p.prompt) + len(rs.tokens),
 	}
+	if !rs.e.cfg.DisablePromptTokensDetails {
+		u.PromptTokensDetails = &promptTokensDetails{CachedTokens: rs.cachedTokens}
+	}
+	return u
 }
 
 // handle processes one output; it returns true when the response is done.
@@ -589,15 +632,12 @@ func (rs *responder) handle(req *request, out stepOutput) bool {
 	rs.tokens = append(rs.tokens, out.tokens...)
 	if rs.p.stream {
 		if !rs.started {
-			rs.started = true
-			h := rs.w.Header()
-			h.Set("Content-Type", "text/event-stream; charset=utf-8")
-			h.Set("Cache-Control", "no-cache")
-			rs.w.WriteHeader(http.StatusOK)
-			if rs.p.kind == "chatcmpl" {
-				rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model,
-					Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: ""}}}})
-			}
+			rs.startStream()
+		}
+		if out.first && rs.p.kind == "chatcmpl" {
+			// vLLM sends the role chunk with the first output, not with the head.
+			rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model,
+				Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: ""}}}})
 		}
 		if len(out.tokens) > 0 {
 			rs.sseText(rs.delta(), nil)

@@ -1,0 +1,297 @@
+package enginesim
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvhash"
+)
+
+// schedHarness drives the step loop's scheduler by hand, one step at a time,
+// with no goroutine and no wall clock: scheduleStep plans a step and
+// completeStep ends it at its modelled end.
+type schedHarness struct {
+	t   *testing.T
+	e   *Engine
+	st  *loopState
+	now time.Time
+	n   int
+}
+
+func newSchedHarness(t *testing.T, cfg Config) *schedHarness {
+	t.Helper()
+	if cfg.PerfModel == "" {
+		cfg.PerfModel = DefaultPerfModel
+	}
+	cfg.PythonHashSeed, cfg.HashSeedSet = "0", true
+	cfg.Logger = quietLogger()
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	e := &Engine{cfg: cfg, tok: byteTokenizer{}}
+	e.outVocab = outputVocabulary(e.tok)
+	var err error
+	if e.hasher, err = newHasher(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if e.pool, err = newBlockPool(cfg.NumGPUBlocks); err != nil {
+		t.Fatal(err)
+	}
+	e.metrics = newEngineMetrics(cfg)
+	return &schedHarness{t: t, e: e, st: &loopState{pool: e.pool, leases: map[string]lease{}}, now: time.Unix(1000, 0)}
+}
+
+func (h *schedHarness) submit(prompt []uint32, maxTokens int) *request {
+	h.t.Helper()
+	h.n++
+	r, err := h.e.newRequest(context.Background(), fmt.Sprintf("req-%d", h.n), prompt, kvhash.Extra{}, maxTokens)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	r.arrival = h.now
+	h.st.waiting = append(h.st.waiting, r)
+	return r
+}
+
+// step runs one engine step and returns its plan (nil when idle).
+func (h *schedHarness) step() *stepPlan {
+	plan := h.e.scheduleStep(h.st, h.now)
+	if plan == nil {
+		return nil
+	}
+	h.now = plan.end
+	h.e.completeStep(h.st, plan)
+	h.st.pool.takeEvents()
+	return plan
+}
+
+func (h *schedHarness) runUntilIdle(maxSteps int) {
+	h.t.Helper()
+	for range maxSteps {
+		if h.step() == nil {
+			return
+		}
+	}
+	h.t.Fatalf("still busy after %d steps", maxSteps)
+}
+
+func (p *stepPlan) tokensOf(r *request) (int, bool) {
+	for _, s := range p.batch {
+		if s.r == r {
+			return s.newTokens, true
+		}
+	}
+	return 0, false
+}
+
+func (p *stepPlan) total() int {
+	n := 0
+	for _, s := range p.batch {
+		n += s.newTokens
+	}
+	return n
+}
+
+// drain returns the tokens a request has sent so far.
+func drain(r *request) (tokens []uint32, first bool, finished bool) {
+	for {
+		select {
+		case out := <-r.out:
+			tokens = append(tokens, out.tokens...)
+			first = first || out.first
+			finished = finished || out.finished
+		default:
+			return
+		}
+	}
+}
+
+func TestSchedulerChunkedPrefillBudget(t *testing.T) {
+	tests := []struct {
+		name       string
+		budget     int
+		decoders   int // short requests already decoding when the long prompt arrives
+		prompt     int
+		wantChunks []int
+	}{
+		{"alone", 100, 0, 250, []int{100, 100, 50}},
+		{"beside two decoders", 100, 2, 250, []int{98, 98, 54}},
+		{"fits one step", 8192, 3, 5000, []int{5000}},
+		{"vLLM default budget", 8192, 0, 20000, []int{8192, 8192, 3616}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newSchedHarness(t, Config{MaxNumBatchedTokens: tc.budget})
+			for i := range tc.decoders {
+				h.submit(seqIDs(100000*(i+1), 10), 50)
+			}
+			if tc.decoders > 0 {
+				h.step() // their prefill
+			}
+			long := h.submit(seqIDs(7, tc.prompt), 2)
+			var chunks []int
+			for range 20 {
+				plan := h.step()
+				if plan.total() > tc.budget {
+					t.Fatalf("step scheduled %d tokens over the budget %d", plan.total(), tc.budget)
+				}
+				for _, s := range plan.batch {
+					if s.r != long && s.newTokens != 1 {
+						t.Fatalf("a decoding request got %d tokens", s.newTokens)
+					}
+				}
+				if n, ok := plan.tokensOf(long); ok {
+					chunks = append(chunks, n)
+				}
+				if long.emitted > 0 {
+					break
+				}
+			}
+			if !slices.Equal(chunks, tc.wantChunks) {
+				t.Fatalf("prefill chunks %v, want %v", chunks, tc.wantChunks)
+			}
+			if long.numComputed != tc.prompt {
+				t.Fatalf("first token after %d computed tokens, want %d", long.numComputed, tc.prompt)
+			}
+		})
+	}
+}
+
+func TestSchedulerFIFOAdmission(t *testing.T) {
+	t.Run("max-num-seqs", func(t *testing.T) {
+		h := newSchedHarness(t, Config{MaxNumSeqs: 2})
+		a := h.submit(seqIDs(100, 20), 3)
+		b := h.submit(seqIDs(200, 20), 5)
+		c := h.submit(seqIDs(300, 20), 3)
+		h.step()
+		if len(h.st.running) != 2 || h.st.running[0] != a || h.st.running[1] != b || h.st.waiting[0] != c {
+			t.Fatalf("running %d, waiting %d: want a and b running, c waiting", len(h.st.running), len(h.st.waiting))
+		}
+		for a.emitted < 3 {
+			h.step()
+		}
+		if c.admitted {
+			t.Fatal("c was admitted in the step a finished in, before a's slot was free")
+		}
+		h.step()
+		if !c.admitted {
+			t.Fatal("c not admitted once a slot was free")
+		}
+	})
+	t.Run("KV blocks block the head", func(t *testing.T) {
+		h := newSchedHarness(t, Config{NumGPUBlocks: 10, BlockSize: 16}) // 9 usable
+		x := h.submit(seqIDs(1000, 100), 2)                              // 7 blocks
+		y := h.submit(seqIDs(2000, 100), 2)                              // 7 blocks: does not fit
+		z := h.submit(seqIDs(3000, 16), 2)                               // 1 block: fits, but is behind y
+		h.step()
+		if !x.admitted || y.admitted || z.admitted {
+			t.Fatalf("admitted x=%v y=%v z=%v: want only x (FIFO: the head y blocks z)", x.admitted, y.admitted, z.admitted)
+		}
+		h.runUntilIdle(50)
+		for _, r := range []*request{x, y, z} {
+			if r.emitted != 2 {
+				t.Fatalf("%s emitted %d of 2", r.id, r.emitted)
+			}
+		}
+	})
+}
+
+func TestSchedulerPreemptsNewest(t *testing.T) {
+	// 6 usable blocks of 16 tokens; each request needs 5 for 32 prompt + 40
+	// generated tokens, so they cannot both finish without a preemption.
+	h := newSchedHarness(t, Config{NumGPUBlocks: 7, BlockSize: 16})
+	older := h.submit(seqIDs(1000, 32), 40)
+	newer := h.submit(seqIDs(5000, 32), 40)
+	var got [2][]uint32
+	for range 400 {
+		plan := h.step()
+		for i, r := range []*request{older, newer} {
+			toks, _, _ := drain(r)
+			got[i] = append(got[i], toks...)
+		}
+		if plan == nil {
+			break
+		}
+		used := h.st.pool.usable() - h.st.pool.numFree
+		if used > h.st.pool.usable() {
+			t.Fatalf("%d blocks in use of %d", used, h.st.pool.usable())
+		}
+	}
+	if older.preemptions != 0 || newer.preemptions == 0 {
+		t.Fatalf("preemptions: older %d, newer %d; want only the newer preempted", older.preemptions, newer.preemptions)
+	}
+	for i, r := range []*request{older, newer} {
+		if !slices.Equal(got[i], r.output) {
+			t.Fatalf("%s sent %d tokens %v, want its %d in order", r.id, len(got[i]), got[i], len(r.output))
+		}
+	}
+	if h.st.pool.numFree != h.st.pool.usable() {
+		t.Fatalf("%d blocks still pinned after both finished", h.st.pool.usable()-h.st.pool.numFree)
+	}
+}
+
+func TestSchedulerCacheHitsSkipTokens(t *testing.T) {
+	tests := []struct {
+		name          string
+		prompt        int
+		wantScheduled int // prefill tokens of the second, identical request
+	}{
+		{"two blocks", 32, 16},            // floor((32-1)/16) = 1 block cached
+		{"six blocks and a tail", 100, 4}, // 6 blocks cached
+		{"under a block", 15, 15},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newSchedHarness(t, Config{})
+			h.submit(seqIDs(1, tc.prompt), 2)
+			h.runUntilIdle(20)
+			r := h.submit(seqIDs(1, tc.prompt), 2)
+			plan := h.step()
+			if n, _ := plan.tokensOf(r); n != tc.wantScheduled || plan.load.prefillTokens != tc.wantScheduled {
+				t.Fatalf("scheduled %d prefill tokens (load %d), want %d", n, plan.load.prefillTokens, tc.wantScheduled)
+			}
+			if got := r.hitBlocks * 16; got != tc.prompt-tc.wantScheduled {
+				t.Fatalf("cached tokens %d, want %d", got, tc.prompt-tc.wantScheduled)
+			}
+		})
+	}
+}
+
+func TestStepTimeGrowsWithBatch(t *testing.T) {
+	for _, prof := range Profiles() {
+		t.Run(prof.Name, func(t *testing.T) {
+			loads := []stepLoad{
+				{decodeSeqs: 1, contextTokens: 1000},
+				{decodeSeqs: 8, contextTokens: 8000},
+				{decodeSeqs: 64, contextTokens: 64000},
+				{decodeSeqs: 64, contextTokens: 64000, prefillTokens: 1000},
+				{decodeSeqs: 64, contextTokens: 128000, prefillTokens: 1000},
+			}
+			prev := time.Duration(0)
+			for _, l := range loads {
+				d := prof.Perf.duration(l)
+				if d <= prev {
+					t.Fatalf("step %+v takes %v, not more than the smaller step's %v", l, d, prev)
+				}
+				prev = d
+			}
+			// The same through the scheduler: more decoding requests, longer steps.
+			var steps []time.Duration
+			for _, n := range []int{1, 4, 32} {
+				h := newSchedHarness(t, Config{PerfModel: prof.Name})
+				for i := range n {
+					h.submit(seqIDs(10000*(i+1), 500), 10)
+				}
+				h.step() // prefills
+				steps = append(steps, h.step().model)
+			}
+			if !(steps[0] < steps[1] && steps[1] < steps[2]) {
+				t.Fatalf("decode step times %v do not grow with the batch", steps)
+			}
+		})
+	}
+}
