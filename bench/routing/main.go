@@ -35,7 +35,7 @@ func main() {
 func run() error {
 	mode := flag.String("mode", "quick", "quick (one load per workload, ~5 min), full (QPS sweep + closed loop, seeds 4-6, ≤ 90 min), tune (SGLang thresholds on the tune profile, seeds 1-3) or point")
 	out := flag.String("out", "bench/routing/out", "output directory (gitignored): results CSV and plots")
-	policies := flag.String("policies", strings.Join(harness.Policies, ","), "comma-separated policies")
+	policies := flag.String("policies", "", "comma-separated policies (default: all; -mode quick: "+strings.Join(harness.QuickPolicies, ",")+")")
 	workloads := flag.String("workloads", strings.Join(harness.Workloads, ","), "comma-separated workloads")
 	seeds := flag.String("seeds", "4,5,6", "seeds for -mode full")
 	tokDir := flag.String("tokenizer-dir", "pkg/tokenizer/testdata/qwen3", "Qwen3 tokenizer (tokenizer.json, tokenizer_config.json)")
@@ -61,6 +61,12 @@ func run() error {
 		return harness.Report(os.Stdout, csvPath, *out)
 	}
 	pols, wls := split(*policies), split(*workloads)
+	if len(pols) == 0 {
+		pols = harness.Policies
+		if *mode == "quick" {
+			pols = harness.QuickPolicies
+		}
+	}
 	var plan harness.Plan
 	switch *mode {
 	case "quick":

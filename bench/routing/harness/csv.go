@@ -118,11 +118,11 @@ func AppendResult(path string, r Result) error {
 // EstimateDuration is a rough wall time for a point: the trace at its rate
 // plus fleet start-up and drain.
 func EstimateDuration(pt Point) time.Duration {
-	d := 3 * time.Second
+	d := 4 * time.Second
 	if pt.Load.QPS > 0 {
-		d += time.Duration(float64(pt.Shape.Requests) / pt.Load.QPS * float64(time.Second))
+		d += time.Duration(float64(pt.Shape.Requests) / pt.Load.QPS * scale(pt.Profile) * float64(time.Second))
 	} else {
-		d += time.Duration(pt.Shape.Requests/max(1, pt.Load.Concurrency)) * time.Second
+		d += time.Duration(float64(pt.Shape.Requests) / float64(max(1, pt.Load.Concurrency)) * scale(pt.Profile) * float64(time.Second))
 	}
 	return d
 }

@@ -21,29 +21,29 @@ import (
 	"github.com/kvgate/kvgate/pkg/gateway"
 )
 
-// Profile is one engine fleet: how many engines and what each can do.
-// Tuning runs on one profile, headline numbers on the other
-// (docs/routing-benchmark.md, "Fairness").
+// Profile is one engine fleet: how many engines, which enginesim
+// performance profile (a vLLM V1 step loop with a GPU cost model), and the KV
+// capacity each engine gets. Tuning runs on one profile, headline numbers on
+// the other (docs/routing-benchmark.md, "Fairness").
 type Profile struct {
-	Name         string
-	Engines      int
-	NumGPUBlocks int // KV capacity per engine, in 16-token blocks
-	MaxNumSeqs   int
-	// PerfModel names enginesim's performance profile; "" keeps
-	// enginesim's default. The simple model reads the three fields below.
-	PerfModel         string
-	PrefillUsPerToken float64
-	TTFTFloor         time.Duration
-	DecodeTokensPerS  float64
+	Name      string
+	PerfModel string // enginesim's --perf-model
+	Engines   int
+	// NumGPUBlocks is each engine's KV capacity in 16-token blocks, scaled
+	// down from the GPU's so the capacity working set exceeds one engine.
+	NumGPUBlocks int
+	// TimeScale runs the engines slower than the model (wall = model ×
+	// TimeScale), so a shared 2-core machine can drive the fleet past its
+	// knee; every reported duration and rate is converted back to model
+	// time.
+	TimeScale float64
 }
 
 // Profiles: "tune" is where the SGLang router's scaled thresholds were
 // chosen (seeds 1–3); "headline" is what the doc reports (seeds 4–6).
 var Profiles = map[string]Profile{
-	"tune": {Name: "tune", Engines: 4, NumGPUBlocks: 450, MaxNumSeqs: 4,
-		PrefillUsPerToken: 150, TTFTFloor: 10 * time.Millisecond, DecodeTokensPerS: 50},
-	"headline": {Name: "headline", Engines: 6, NumGPUBlocks: 400, MaxNumSeqs: 4,
-		PrefillUsPerToken: 200, TTFTFloor: 12 * time.Millisecond, DecodeTokensPerS: 40},
+	"tune":     {Name: "tune", PerfModel: "qwen2.5-32b-h100-tp2", Engines: 4, NumGPUBlocks: 4000, TimeScale: 3},
+	"headline": {Name: "headline", PerfModel: "llama3-8b-h100", Engines: 6, NumGPUBlocks: 4000, TimeScale: 3},
 }
 
 // Env is what every point shares: the tokenizer, its staging directory for
@@ -113,7 +113,7 @@ func (f *Fleet) Close() {
 
 // StartFleet starts p.Engines engines on a random loopback /24 (.11, .12, …),
 // all publishing KV events on one port, as a kvgate rule expects.
-func StartFleet(env *Env, p Profile, debugState bool) (*Fleet, error) {
+func StartFleet(env *Env, p Profile) (*Fleet, error) {
 	var lastErr error
 	for range 10 {
 		block := fmt.Sprintf("127.%d.%d.", 100+rand.IntN(150), rand.IntN(250))
@@ -126,11 +126,12 @@ func StartFleet(env *Env, p Profile, debugState bool) (*Fleet, error) {
 					PythonHashSeed: "0", HashSeedSet: true,
 					KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port),
 					ReplayEndpoint:   fmt.Sprintf("tcp://%s:%d", host, port+1000),
-					NumGPUBlocks:     p.NumGPUBlocks, MaxNumSeqs: p.MaxNumSeqs,
-					PrefillUsPerToken: p.PrefillUsPerToken, TTFTFloor: p.TTFTFloor, DecodeTokensPerS: p.DecodeTokensPerS,
-					Logger: env.Log,
+					PerfModel:        p.PerfModel, NumGPUBlocks: p.NumGPUBlocks, TimeScale: p.TimeScale,
+					// Every fleet serves the oracle's hooks, so engines are
+					// identical whichever policy runs; only the oracle reads them.
+					DebugState: true,
+					Logger:     env.Log,
 				}
-				applyEngineOptions(&cfg, p, debugState)
 				return cfg
 			})
 		if err == nil {
@@ -286,7 +287,7 @@ func StartFront(ctx context.Context, env *Env, f *Fleet, p Profile, name string)
 	case "sglang":
 		pol = newSGLang(name, len(urls), SGLangDefaults())
 	case "sglang-scaled":
-		pol = newSGLang(name, len(urls), SGLangScaled(p.MaxNumSeqs, p.NumGPUBlocks*16*charsPerToken))
+		pol = newSGLang(name, len(urls), SGLangScaled(p.NumGPUBlocks*16*charsPerToken))
 	case "oracle":
 		c := &http.Client{Timeout: 2 * time.Second}
 		for _, u := range urls {
@@ -300,7 +301,7 @@ func StartFront(ctx context.Context, env *Env, f *Fleet, p Profile, name string)
 		if !ok {
 			return nil, fmt.Errorf("policy %q: want one of %s, or sglang@absN-relF-thrF", name, strings.Join(Policies, ", "))
 		}
-		cfg, err := parseSGLangSpec(spec, SGLangScaled(p.MaxNumSeqs, p.NumGPUBlocks*16*charsPerToken))
+		cfg, err := parseSGLangSpec(spec, SGLangScaled(p.NumGPUBlocks*16*charsPerToken))
 		if err != nil {
 			return nil, fmt.Errorf("policy %q: %w", name, err)
 		}

@@ -1,21 +1,21 @@
 package harness
 
-import "time"
-
-// DefaultShape sizes every workload for the profiles above: the capacity
-// working set (Groups × SystemWords ≈ 12k tokens ≈ 760 blocks) is about
-// two engines' KV caches (400–450 blocks, room for the running requests
-// and a few prefixes) and well within the fleet's (1,800–2,400); each group
-// recurs about five times in 60 requests (llm-d's prompts per group); a
-// point takes seconds.
+// DefaultShape sizes every workload (a word of the prose is about one Qwen3
+// token). capacity keeps llm-d's shared_prefix proportions (6,000-token
+// system prompts, 1,200-token questions) with 16 groups: a working set of
+// about 6,000 blocks, 1.5× one engine's 4,000 and a quarter of a 6-engine
+// fleet's; each group recurs about five times in 80 requests (llm-d's
+// prompts per group). Outputs are 64 tokens instead of llm-d's 1,000 so the
+// client and proxies of a 2-core machine keep up; TTFT does not depend on
+// them.
 func DefaultShape(requests int) Shape {
 	return Shape{
 		Requests: requests,
-		Groups:   12, SystemWords: 1000, QuestionWords: 200,
-		Turns: 6, UserWords: 80, AssistantWords: 60, ActiveConvs: 12,
-		HotShare: 0.6, HotWords: 800,
-		UniqueWords: 900,
-		MaxTokens:   48,
+		Groups:   16, SystemWords: 6000, QuestionWords: 1200,
+		Turns: 6, UserWords: 150, AssistantWords: 150, ActiveConvs: 16,
+		HotShare: 0.6, HotWords: 3000,
+		UniqueWords: 3000,
+		MaxTokens:   64,
 	}
 }
 
@@ -24,24 +24,32 @@ type Plan struct {
 	Points []Point
 }
 
-// Capacity estimates the fleet's request rate at saturation: every slot
-// busy for a cold prefill of the longest prompt plus the decode.
-func Capacity(p Profile, s Shape) float64 {
-	prompt := float64(s.SystemWords + s.QuestionWords)
-	slot := float64(p.TTFTFloor)/float64(time.Second) + prompt*p.PrefillUsPerToken/1e6 + float64(s.MaxTokens)/p.DecodeTokensPerS
-	return float64(p.Engines*p.MaxNumSeqs) / slot
+// sweep is the open-loop QPS sweep per workload (model time) for the
+// headline profile: from light load to past round-robin's knee on capacity.
+var sweep = map[string][]float64{
+	"capacity":  {10, 20, 30, 45, 60},
+	"chat":      {20, 40, 60, 90, 120},
+	"herding":   {10, 20, 30, 45, 60},
+	"nosharing": {10, 20, 30, 45, 60},
+	"mixed":     {10, 20, 30, 45, 60},
 }
 
-// QuickPlan is `make bench-routing`: every policy on every workload at one
-// open-loop load near the knee, one seed of the headline profile.
+// quickLoad is the one load per workload of the quick mode: near
+// round-robin's knee, where the policies differ.
+var quickLoad = map[string]float64{"capacity": 30, "chat": 60, "herding": 30, "nosharing": 30, "mixed": 30}
+
+// QuickPolicies are the policies of the quick mode.
+var QuickPolicies = []string{"kvgate", "kvgate-off", "round-robin", "least-load", "sglang", "sglang-scaled", "oracle"}
+
+// QuickPlan is `make bench-routing`: the main policies on every workload at
+// one open-loop load near the knee, one seed of the headline profile.
 func QuickPlan(policies, workloads []string) Plan {
 	prof := Profiles["headline"]
-	s := DefaultShape(60)
-	q := round1(0.8 * Capacity(prof, s))
+	s := DefaultShape(80)
 	var pl Plan
 	for _, w := range workloads {
 		for _, pol := range policies {
-			pl.Points = append(pl.Points, Point{Profile: prof, Seed: 4, Workload: w, Load: Load{QPS: q}, Policy: pol, Shape: s})
+			pl.Points = append(pl.Points, Point{Profile: prof, Seed: 4, Workload: w, Load: Load{QPS: quickLoad[w]}, Policy: pol, Shape: s})
 		}
 	}
 	return pl
@@ -49,19 +57,18 @@ func QuickPlan(policies, workloads []string) Plan {
 
 // FullPlan sweeps open-loop QPS from light load to past the knee plus one
 // closed-loop concurrency, for every policy and workload, on the headline
-// profile with seeds 4–6.
+// profile with the given seeds (4–6 for the doc).
 func FullPlan(policies, workloads []string, seeds []uint64) Plan {
 	prof := Profiles["headline"]
-	s := DefaultShape(90)
-	c := Capacity(prof, s)
+	s := DefaultShape(80)
 	var pl Plan
 	for _, seed := range seeds {
 		for _, w := range workloads {
 			var loads []Load
-			for _, f := range []float64{0.4, 0.8, 1.1, 1.5} {
-				loads = append(loads, Load{QPS: round1(f * c)})
+			for _, q := range sweep[w] {
+				loads = append(loads, Load{QPS: q})
 			}
-			loads = append(loads, Load{Concurrency: prof.Engines * prof.MaxNumSeqs})
+			loads = append(loads, Load{Concurrency: 8 * prof.Engines})
 			for _, l := range loads {
 				for _, pol := range policies {
 					pl.Points = append(pl.Points, Point{Profile: prof, Seed: seed, Workload: w, Load: l, Policy: pol, Shape: s})
@@ -72,27 +79,24 @@ func FullPlan(policies, workloads []string, seeds []uint64) Plan {
 	return pl
 }
 
-func round1(v float64) float64 { return float64(int(v*10+0.5)) / 10 }
-
 // SGLangGrid is the tuning grid for the SGLang router's thresholds
 // (TunePlan): balance_abs_threshold, balance_rel_threshold, cache_threshold.
 var SGLangGrid = []string{
-	"sglang@abs2-rel1.25-thr0.3", "sglang@abs5-rel1.25-thr0.3", "sglang@abs10-rel1.5-thr0.3",
-	"sglang@abs2-rel1.25-thr0.5", "sglang@abs5-rel1.25-thr0.5", "sglang@abs10-rel1.5-thr0.5",
+	"sglang@abs4-rel1.25-thr0.3", "sglang@abs8-rel1.25-thr0.3", "sglang@abs16-rel1.5-thr0.3",
+	"sglang@abs4-rel1.25-thr0.5", "sglang@abs8-rel1.25-thr0.5", "sglang@abs16-rel1.5-thr0.5",
 }
 
 // TunePlan runs the SGLang grid (and the router's defaults) on the tune
-// profile with seeds 1–3, capacity and herding at one load near the knee;
-// the winner becomes sglang-scaled. kvgate is not tuned here.
+// profile with seeds 1–3, capacity and herding near the knee; the winner
+// becomes sglang-scaled. kvgate is not tuned here.
 func TunePlan() Plan {
 	prof := Profiles["tune"]
-	s := DefaultShape(40)
-	q := round1(0.8 * Capacity(prof, s))
+	s := DefaultShape(80)
 	var pl Plan
 	for _, seed := range []uint64{1, 2, 3} {
 		for _, w := range []string{"capacity", "herding"} {
 			for _, pol := range append([]string{"sglang"}, SGLangGrid...) {
-				pl.Points = append(pl.Points, Point{Profile: prof, Seed: seed, Workload: w, Load: Load{QPS: q}, Policy: pol, Shape: s})
+				pl.Points = append(pl.Points, Point{Profile: prof, Seed: seed, Workload: w, Load: Load{QPS: quickLoad[w] * 2 / 3}, Policy: pol, Shape: s})
 			}
 		}
 	}

@@ -41,28 +41,19 @@ type MatchResult struct {
 
 // PredictTTFT is the oracle's estimate of a new request's TTFT on an engine
 // in state s when uncached of its tokens must be prefilled. vLLM V1's
-// scheduler spends each step's token budget (max_num_batched_tokens) on
-// decodes first (one token per running sequence) and then on prefill chunks
-// in arrival order, so the request's last prompt token is computed once
-// everything pending ahead of it and its own uncached tokens have gone
-// through the leftover budget; each of those steps costs the engine's step
-// time. A request that finds every sequence slot taken also waits for one
-// to free up, which the waiting count stands for.
+// scheduler spends each step's token budget on decodes first and then on
+// prefill chunks in arrival order, so the request's last prompt token is
+// computed once everything pending ahead of it and its own uncached tokens
+// have gone through; the engine reports the marginal cost of that work per
+// 1,000 tokens at its current batch (predicted_ttft_s_for_new_tokens_per_1k:
+// prefill cost plus the step overheads the leftover budget implies). At
+// least one step is paid. A request that finds every sequence slot taken
+// also waits about one step per request ahead of it.
 func PredictTTFT(s EngineState, uncached int) float64 {
-	p := s.Perf
 	work := float64(s.PendingPrefillTokens + max(uncached, 1))
-	if p.MaxNumBatchedTokens <= 0 {
-		// No performance block: prefill cost only, scaled by the queue.
-		return work * math.Max(p.PrefillSPerToken, 60e-6) * float64(1+s.Waiting)
-	}
-	decoding := s.Running
-	budget := float64(max(p.MaxNumBatchedTokens-decoding, 1))
-	steps := math.Ceil(work / budget)
-	step := p.StepFloorS + p.DecodeSPerSeq*float64(decoding)
-	t := steps*step + p.PrefillSPerToken*work
-	if p.MaxNumSeqs > 0 && s.Running+s.Waiting >= p.MaxNumSeqs {
-		// Slots are full: wait roughly one step per request ahead of it.
-		t += float64(s.Running+s.Waiting-p.MaxNumSeqs+1) * step
+	t := s.Perf.StepFloorS + work/1000*s.PredictedTTFTPer1k
+	if s.Perf.MaxNumSeqs > 0 && s.Running+s.Waiting >= s.Perf.MaxNumSeqs {
+		t += float64(s.Running+s.Waiting-s.Perf.MaxNumSeqs+1) * (s.Perf.StepFloorS + s.Perf.DecodeSPerSeq*float64(s.Running))
 	}
 	return t
 }

@@ -106,9 +106,11 @@ func RunPoint(ctx context.Context, env *Env, pt Point) (Result, error) {
 		if pt.Load.QPS <= 0 {
 			return Result{}, fmt.Errorf("load: QPS or concurrency must be positive")
 		}
-		trace = Poisson(trace, pt.Load.QPS, pt.Seed)
+		// The offered rate is in model time; the engines run TimeScale
+		// times slower, so the wall-clock rate is divided by it.
+		trace = Poisson(trace, pt.Load.QPS/scale(pt.Profile), pt.Seed)
 	}
-	fleet, err := StartFleet(env, pt.Profile, pt.Policy == "oracle")
+	fleet, err := StartFleet(env, pt.Profile)
 	if err != nil {
 		return Result{}, err
 	}
@@ -123,7 +125,7 @@ func RunPoint(ctx context.Context, env *Env, pt Point) (Result, error) {
 	if err := WarmUp(ctx, front.URL, fleet); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", pt.Policy, err)
 	}
-	recs := Replay(ctx, front.URL, trace, pt.Load.Concurrency, pt.RequestTimeout)
+	recs := Replay(ctx, front.URL, trace, pt.Load.Concurrency, time.Duration(float64(pt.RequestTimeout)*scale(pt.Profile)))
 	if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		env.Log.Warn("point hit its timeout", "point", pt.Key())
 	}
@@ -346,6 +348,8 @@ func parseChunk(data []byte, rec *Record) bool {
 // and stay out of the latency percentiles.
 func Summarize(pt Point, recs []Record, engines int) Result {
 	res := Result{Point: pt, Requests: len(recs)}
+	// Wall-clock durations are model time × TimeScale.
+	k := 1 / scale(pt.Profile)
 	var ttft, e2e, gaps []float64
 	busy := map[string]float64{}
 	count := map[string]int{}
@@ -365,15 +369,15 @@ func Summarize(pt Point, recs []Record, engines int) Result {
 			}
 			continue
 		}
-		ttft = append(ttft, r.TTFT.Seconds())
-		e2e = append(e2e, r.E2E.Seconds())
+		ttft = append(ttft, k*r.TTFT.Seconds())
+		e2e = append(e2e, k*r.E2E.Seconds())
 		for _, g := range r.Gaps {
-			gaps = append(gaps, g.Seconds())
+			gaps = append(gaps, k*g.Seconds())
 		}
 		res.PromptTokens += r.PromptTokens
 		res.CachedTok += r.CachedTokens
 		outTok += r.OutTokens
-		busy[r.Engine] += r.E2E.Seconds()
+		busy[r.Engine] += k * r.E2E.Seconds()
 		count[r.Engine]++
 	}
 	res.TTFTp50, res.TTFTp90, res.TTFTp99 = pct(ttft, 50), pct(ttft, 90), pct(ttft, 99)
@@ -381,7 +385,7 @@ func Summarize(pt Point, recs []Record, engines int) Result {
 	if res.PromptTokens > 0 {
 		res.CachedRatio = float64(res.CachedTok) / float64(res.PromptTokens)
 	}
-	res.Duration = last.Sub(first).Seconds()
+	res.Duration = k * last.Sub(first).Seconds()
 	if res.Duration > 0 {
 		res.OutTokPerS = float64(outTok) / res.Duration
 	}
@@ -513,4 +517,11 @@ func WarmUp(ctx context.Context, base string, f *Fleet) error {
 	// Let the AllBlocksCleared events reach kvgate before the trace starts.
 	time.Sleep(100 * time.Millisecond)
 	return nil
+}
+
+func scale(p Profile) float64 {
+	if p.TimeScale > 0 {
+		return p.TimeScale
+	}
+	return 1
 }

@@ -25,14 +25,13 @@ func SGLangDefaults() SGLangConfig {
 }
 
 // SGLangScaled is the router as an operator would tune it for this fleet:
-// the balance thresholds scaled to what one engine can run at once (64
-// in-flight requests is far beyond a fleet of engines with a few slots
-// each), and the tree bounded to about what one engine's KV cache holds, so
-// the approximate tree forgets roughly when the engine does. cacheChars is
-// one engine's KV capacity in characters (tokens × ~chars per token).
-func SGLangScaled(maxNumSeqs, cacheChars int) SGLangConfig {
+// balance thresholds from the tuning grid (TunePlan, on the tune profile),
+// and the tree bounded to about what one engine's KV cache holds, so the
+// approximate tree forgets roughly when the engine does. cacheChars is one
+// engine's KV capacity in characters (tokens × ~chars per token).
+func SGLangScaled(cacheChars int) SGLangConfig {
 	c := SGLangDefaults()
-	c.BalanceAbsThreshold = max(2, maxNumSeqs/2)
+	c.BalanceAbsThreshold = 8
 	c.BalanceRelThreshold = 1.25
 	c.EvictionInterval = 2 * time.Second
 	c.MaxTreeSize = max(1024, cacheChars)
