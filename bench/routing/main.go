@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,6 +45,7 @@ func run() error {
 	requests := flag.Int("requests", 0, "requests per point (0: the mode's default)")
 	profile := flag.String("profile", "headline", "-mode point: profile (tune or headline)")
 	seed := flag.Uint64("seed", 4, "-mode point: seed")
+	dry := flag.Bool("dry-run", false, "print how many points the mode has and the time estimate, run nothing")
 	report := flag.Bool("report", false, "only write the tables and plots from the CSV")
 	traceReqs := flag.Bool("trace", false, "also write every request of every point to <out>/trace/")
 	verbose := flag.Bool("v", false, "log engines and gateways to stderr")
@@ -65,6 +67,16 @@ func run() error {
 		pols = harness.Policies
 		if *mode == "quick" {
 			pols = harness.QuickPolicies
+		}
+	}
+	for _, w := range wls {
+		if !slices.Contains(harness.Workloads, w) {
+			return fmt.Errorf("-workloads: %q is not one of %s", w, strings.Join(harness.Workloads, ", "))
+		}
+	}
+	for _, p := range pols {
+		if !slices.Contains(harness.Policies, p) && !strings.HasPrefix(p, "sglang@") {
+			return fmt.Errorf("-policies: %q is not one of %s (or sglang@absN-relF-thrF)", p, strings.Join(harness.Policies, ", "))
 		}
 	}
 	var plan harness.Plan
@@ -144,6 +156,9 @@ func run() error {
 	}
 	fmt.Fprintf(os.Stderr, "%d points, %d finished earlier, %d to run (about %s); results in %s\n",
 		len(plan.Points), len(plan.Points)-todo, todo, left.Round(time.Minute), csvPath)
+	if *dry {
+		return nil
+	}
 	started := time.Now()
 	done := 0
 	for _, pt := range plan.Points {

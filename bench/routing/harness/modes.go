@@ -24,14 +24,15 @@ type Plan struct {
 	Points []Point
 }
 
-// sweep is the open-loop QPS sweep per workload (model time) for the
-// headline profile: from light load to past round-robin's knee on capacity.
-var sweep = map[string][]float64{
-	"capacity":  {10, 20, 30, 45, 60},
-	"chat":      {20, 40, 60, 90, 120},
-	"herding":   {10, 20, 30, 45, 60},
-	"nosharing": {10, 20, 30, 45, 60},
-	"mixed":     {10, 20, 30, 45, 60},
+// Sweep is the open-loop QPS sweep per workload (model time) for the
+// headline profile: moderate load, round-robin's knee on capacity, and past
+// it. Three levels keep the full mode within 90 minutes on two cores.
+var Sweep = map[string][]float64{
+	"capacity":  {30, 60, 90},
+	"chat":      {60, 120, 180},
+	"herding":   {30, 60, 90},
+	"nosharing": {30, 60, 90},
+	"mixed":     {30, 60, 90},
 }
 
 // quickLoad is the one load per workload of the quick mode: near
@@ -60,12 +61,12 @@ func QuickPlan(policies, workloads []string) Plan {
 // profile with the given seeds (4–6 for the doc).
 func FullPlan(policies, workloads []string, seeds []uint64) Plan {
 	prof := Profiles["headline"]
-	s := DefaultShape(80)
+	s := DefaultShape(60)
 	var pl Plan
 	for _, seed := range seeds {
 		for _, w := range workloads {
 			var loads []Load
-			for _, q := range sweep[w] {
+			for _, q := range Sweep[w] {
 				loads = append(loads, Load{QPS: q})
 			}
 			loads = append(loads, Load{Concurrency: 8 * prof.Engines})
