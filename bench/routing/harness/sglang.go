@@ -31,8 +31,12 @@ func SGLangDefaults() SGLangConfig {
 // engine's KV capacity in characters (tokens × ~chars per token).
 func SGLangScaled(cacheChars int) SGLangConfig {
 	c := SGLangDefaults()
-	c.BalanceAbsThreshold = 8
+	// The winner of TunePlan (docs/routing-benchmark.md, "Tuning the SGLang
+	// router"): the lowest sum of TTFT p90 over the best, capacity plus
+	// herding.
+	c.BalanceAbsThreshold = 4
 	c.BalanceRelThreshold = 1.25
+	c.CacheThreshold = 0.3
 	c.EvictionInterval = 2 * time.Second
 	c.MaxTreeSize = max(1024, cacheChars)
 	return c
