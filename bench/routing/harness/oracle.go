@@ -60,17 +60,28 @@ func PredictTTFT(s EngineState, uncached int) float64 {
 
 // oracle sees every engine's true cache (POST /debug/match) and queue (GET
 // /debug/state) and sends each request where the predicted TTFT is lowest.
-// Picks are serialized so two requests cannot both claim the same idle
-// engine from one snapshot.
+// Picks run concurrently (serializing them made the oracle's own probing a
+// queue on a loaded machine); a request it has just assigned counts as
+// pending prefill on its engine for assignTTL, until the engine's own state
+// shows it, so two concurrent picks do not both claim one idle engine.
 type oracle struct {
 	urls   []string
 	client *http.Client
 	mu     sync.Mutex
+	recent [][]assigned // per engine
 }
 
+type assigned struct {
+	tokens int
+	until  time.Time
+}
+
+// assignTTL covers the proxy's forward to the engine (wall time).
+const assignTTL = 50 * time.Millisecond
+
 func newOracle(urls []string) *oracle {
-	return &oracle{urls: urls, client: &http.Client{Timeout: 5 * time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: 8}}}
+	return &oracle{urls: urls, recent: make([][]assigned, len(urls)), client: &http.Client{Timeout: 5 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 }
 
 func (o *oracle) Name() string { return "oracle" }
@@ -78,8 +89,6 @@ func (o *oracle) Done(int)     {}
 func (o *oracle) Close()       {}
 
 func (o *oracle) Pick(r *PickRequest) int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
 	n := len(o.urls)
 	states := make([]EngineState, n)
 	matches := make([]MatchResult, n)
@@ -97,8 +106,19 @@ func (o *oracle) Pick(r *PickRequest) int {
 		}()
 	}
 	wg.Wait()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
 	best, bestT := -1, math.Inf(1)
 	for i := range o.urls {
+		live := o.recent[i][:0]
+		for _, a := range o.recent[i] {
+			if a.until.After(now) {
+				live = append(live, a)
+				states[i].PendingPrefillTokens += a.tokens
+			}
+		}
+		o.recent[i] = live
 		if errs[i] != nil {
 			continue
 		}
@@ -110,6 +130,7 @@ func (o *oracle) Pick(r *PickRequest) int {
 	if best < 0 {
 		return 0 // every probe failed: the request still goes somewhere and the error shows in its engine's answer
 	}
+	o.recent[best] = append(o.recent[best], assigned{tokens: max(matches[best].PromptTokens-matches[best].CachedTokens, 1), until: now.Add(assignTTL)})
 	return best
 }
 
