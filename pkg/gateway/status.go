@@ -19,6 +19,7 @@ func (g *Gateway) newStatus() *status.Collector {
 		Subscribers: g.subs.Status,
 		Gatherer:    g.Metrics.Registry,
 		Datapath:    g.leg.Path,
+		Health:      g.EndpointActive,
 		SeedSet: func(r *config.Rule) bool {
 			_, ok := r.HashSeed(g.opts.Settings)
 			return ok

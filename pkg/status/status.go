@@ -39,6 +39,9 @@ type Options struct {
 	Datapath func() string
 	// SeedSet says whether a rule's NONE_HASH seed is set (config.Rule.HashSeed).
 	SeedSet func(*config.Rule) bool
+	// Health reports an endpoint's probe state; known false means no verdict
+	// yet (then kvgate_endpoint_probe_up decides, if set). May be nil.
+	Health func(service, ep int) (up, known bool)
 	// Interval between samples; 0 means 5 s.
 	Interval time.Duration
 	// Window is how many samples the rates and histories span; 0 means 60.
@@ -124,36 +127,13 @@ const (
 	mRequests  = "kvgate_requests_total"
 )
 
-var gaugeNames = []string{mProbeUp, mBreaker, mAdminDown, mInflight, mBlocks, mParity}
+func gaugeNames() []string { return []string{mProbeUp, mBreaker, mAdminDown, mInflight, mBlocks, mParity} }
 
-// Sample reads the registry once and the subscribers' sequence numbers.
+// Sample records one reading of the counters and the subscribers' sequence
+// numbers; the rates and histories come from these readings.
 func (c *Collector) Sample() {
 	now := c.opts.Now()
-	s := sample{at: now, hits: map[epKey]float64{}, misses: map[missKey]float64{}, reqs: map[epKey]float64{},
-		gauges: map[string]map[epKey]float64{}}
-	for _, n := range gaugeNames {
-		s.gauges[n] = map[epKey]float64{}
-	}
-	if mfs, err := c.opts.Gatherer.Gather(); err == nil {
-		for _, mf := range mfs {
-			name := mf.GetName()
-			for _, m := range mf.GetMetric() {
-				l := labels(m)
-				svc, _ := strconv.Atoi(l["service"])
-				ep, epErr := strconv.Atoi(l["ep_idx"])
-				switch {
-				case name == mHits && epErr == nil:
-					s.hits[epKey{svc, ep}] += m.GetCounter().GetValue()
-				case name == mMisses:
-					s.misses[missKey{svc, l["reason"]}] += m.GetCounter().GetValue()
-				case name == mRequests && epErr == nil:
-					s.reqs[epKey{svc, ep}] += m.GetCounter().GetValue()
-				case s.gauges[name] != nil && epErr == nil:
-					s.gauges[name][epKey{svc, ep}] = m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
+	s := c.read(now)
 	subs := c.opts.Subscribers()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -179,6 +159,38 @@ func (c *Collector) Sample() {
 	if len(c.samples) > c.opts.Window+1 {
 		c.samples = append(c.samples[:0], c.samples[len(c.samples)-c.opts.Window-1:]...)
 	}
+}
+
+// read gathers the registry once.
+func (c *Collector) read(now time.Time) sample {
+	s := sample{at: now, hits: map[epKey]float64{}, misses: map[missKey]float64{}, reqs: map[epKey]float64{},
+		gauges: map[string]map[epKey]float64{}}
+	for _, n := range gaugeNames() {
+		s.gauges[n] = map[epKey]float64{}
+	}
+	mfs, err := c.opts.Gatherer.Gather()
+	if err != nil {
+		return s
+	}
+	for _, mf := range mfs {
+		name := mf.GetName()
+		for _, m := range mf.GetMetric() {
+			l := labels(m)
+			svc, _ := strconv.Atoi(l["service"])
+			ep, epErr := strconv.Atoi(l["ep_idx"])
+			switch {
+			case name == mHits && epErr == nil:
+				s.hits[epKey{svc, ep}] += m.GetCounter().GetValue()
+			case name == mMisses:
+				s.misses[missKey{svc, l["reason"]}] += m.GetCounter().GetValue()
+			case name == mRequests && epErr == nil:
+				s.reqs[epKey{svc, ep}] += m.GetCounter().GetValue()
+			case s.gauges[name] != nil && epErr == nil:
+				s.gauges[name][epKey{svc, ep}] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return s
 }
 
 func labels(m *dto.Metric) map[string]string {
@@ -263,18 +275,20 @@ type Problem struct {
 	Detail    string `json:"detail"`
 }
 
-// Snapshot builds the view from the newest samples and the current rules.
+// Snapshot builds the view: gauges and totals as they are now, counts over
+// the window since the oldest sample, and histories from the samples.
 func (c *Collector) Snapshot() Status {
 	now := c.opts.Now()
 	rules := c.opts.Rules()
 	subs := c.opts.Subscribers()
+	cur := c.read(now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{GeneratedAt: now.UTC(), Datapath: c.opts.Datapath(), Rules: []Rule{}, Problems: []Problem{}}
-	var first, last *sample
-	if n := len(c.samples); n > 0 {
-		first, last = &c.samples[0], &c.samples[n-1]
-		st.WindowSeconds = last.at.Sub(first.at).Seconds()
+	first, last := &cur, &cur
+	if len(c.samples) > 0 {
+		first = &c.samples[0]
+		st.WindowSeconds = now.Sub(first.at).Seconds()
 	}
 	subByEP := map[epKey]ingest.EndpointStatus{}
 	for _, s := range subs {
@@ -317,6 +331,11 @@ func (c *Collector) rule(r *config.Rule, first, last *sample, subByEP map[epKey]
 		if last != nil {
 			if v, ok := last.gauges[mProbeUp][k]; ok {
 				ep.Health = map[bool]string{true: "up", false: "down"}[v == 1]
+			}
+			if c.opts.Health != nil {
+				if up, known := c.opts.Health(id, e.Idx); known {
+					ep.Health = map[bool]string{true: "up", false: "down"}[up]
+				}
 			}
 			switch last.gauges[mBreaker][k] {
 			case 1:

@@ -107,7 +107,7 @@ func TestSnapshot(t *testing.T) {
 		got, want any
 	}{
 		{"datapath", st.Datapath, "sockmap"},
-		{"window", st.WindowSeconds, 5.0},
+		{"window: from the oldest sample to now", st.WindowSeconds, 7.0},
 		{"mode", r.Mode, "kv-pool"},
 		{"contract", r.Contract, Contract{Engine: "vllm", HashAlgo: "sha256_cbor", BlockSize: 16, SeedSet: true}},
 		{"parity with no verdict", r.Parity, "unknown"},
