@@ -109,6 +109,9 @@ type Options struct {
 	// Status builds the fleet view of GET /netlox/v1/status and the page at
 	// GET / (package status); nil answers 503.
 	Status StatusSource
+	// Middleware wraps the whole API handler when serving: authentication
+	// and audit (package apiauth). nil serves it bare.
+	Middleware func(http.Handler) http.Handler
 	Log    *slog.Logger
 }
 
@@ -410,8 +413,12 @@ func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
 // Serve serves the API on ln until ctx ends, then shuts down gracefully
 // (bounded by 5 s).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	var h http.Handler = s.Handler()
+	if s.opts.Middleware != nil {
+		h = s.opts.Middleware(h)
+	}
 	srv := &http.Server{
-		Handler:           s.Handler(),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      5 * time.Minute, // a large inventory takes a while to stream
@@ -473,6 +480,7 @@ func (s *Server) routeTable() []route {
 		f("GET", BasePath+"/openapi.json", s.handleOpenAPI),
 		f("GET", BasePath+"/status", s.handleStatus),
 		f("GET", "/{$}", s.handleStatusPage),
+		f("GET", "/healthz", s.handleHealthz),
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -63,6 +64,9 @@ type Options struct {
 	Logger            *slog.Logger
 	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
 	SubscriberOptions ingest.Options
+	// APIMiddleware wraps the management API (authentication and audit,
+	// package apiauth); nil serves it bare.
+	APIMiddleware func(http.Handler) http.Handler
 	// VIPs, when set, puts each rule's VIP on a device while the rule exists
 	// (--vip-dev, package vip); nil leaves addresses to the operator.
 	VIPs VIPPlumber
@@ -154,7 +158,7 @@ func New(opts Options) (*Gateway, error) {
 	g.subs = ingest.NewManager(so)
 
 	g.status = g.newStatus()
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Log: g.log}
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Middleware: opts.APIMiddleware, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {

@@ -122,6 +122,10 @@ type Metrics struct {
 	// VIPAddresses counts rule VIPs on the --vip-dev device by owner
 	// (kvgate: added by kvgate; host: already there when claimed).
 	VIPAddresses *prometheus.GaugeVec // kvgate_vip_addresses{owner}
+	// The management API's guard (package apiauth).
+	APIInsecure     prometheus.Gauge       // kvgate_api_insecure
+	APIAuthFailures *prometheus.CounterVec // kvgate_api_auth_failures_total{reason}
+	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
 
 	models    modelLabels
 	rulesMu   sync.Mutex
@@ -216,6 +220,11 @@ func New(opts Options) *Metrics {
 	reg.MustRegister(m.Rules)
 	m.BuildInfo = f.gauge("kvgate_build_info", "Always 1: the running kvgate build.", "version", "revision", "goversion")
 	m.BuildInfo.WithLabelValues(orUnknown(opts.Version), orUnknown(opts.Revision), runtime.Version()).Set(1)
+	m.APIInsecure = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_api_insecure",
+		Help: "1 when the management API listens beyond loopback without TLS or tokens (--api-insecure)."})
+	reg.MustRegister(m.APIInsecure)
+	m.APIAuthFailures = f.counter("kvgate_api_auth_failures_total", "Management API requests refused: missing, invalid or forbidden (a read token on a mutating call).", "reason")
+	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
 
 	if !opts.NoProcessCollectors {
