@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
@@ -100,7 +101,18 @@ type Options struct {
 	Metrics   RuleMetrics
 	// Gatherer is served on /netlox/v1/metrics and /metrics.
 	Gatherer prometheus.Gatherer
-	Log      *slog.Logger
+	// Readiness answers GET /readyz; nil means always ready.
+	Readiness Readiness
+	// HostAddrs reports the host's local and broadcast addresses for the
+	// address checks (config.CheckAddresses); nil means config.HostAddrs.
+	HostAddrs func() (local, broadcast func(netip.Addr) bool)
+	Log       *slog.Logger
+}
+
+// Readiness reports whether the daemon is ready for traffic and, if not,
+// what it still waits for (the staged tokenizers still loading).
+type Readiness interface {
+	Ready() (ready bool, pending []string)
 }
 
 // Server is the management API and the owner of the rule table.
@@ -110,6 +122,8 @@ type Server struct {
 
 	mu    sync.Mutex
 	rules map[config.RuleKey]*config.Rule
+	// apiAddr is where Serve listens, so a rule cannot point back at the API.
+	apiAddr netip.AddrPort
 }
 
 // New returns a server with an empty rule table.
@@ -249,6 +263,9 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := r.Key()
+	if err := config.CheckAddresses(r, s.listenersLocked(key)); err != nil {
+		return 0, err
+	}
 	old := s.rules[key]
 	if old != nil {
 		if err := config.CheckUpdate(old, r); err != nil {
@@ -274,6 +291,26 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 		return 0, err
 	}
 	return r.ServiceID, nil
+}
+
+// listenersLocked describes kvgate's own listeners for the address checks of
+// the rule under key: the API and every other rule's VIP.
+func (s *Server) listenersLocked(key config.RuleKey) config.Listeners {
+	hostAddrs := s.opts.HostAddrs
+	if hostAddrs == nil {
+		hostAddrs = config.HostAddrs
+	}
+	l := config.Listeners{API: s.apiAddr}
+	l.Local, l.Broadcast = hostAddrs()
+	for k, r := range s.rules {
+		if k == key {
+			continue
+		}
+		if a, err := netip.ParseAddr(k.ExternalIP); err == nil {
+			l.VIPs = append(l.VIPs, netip.AddrPortFrom(a.Unmap(), uint16(r.Args.Port)))
+		}
+	}
+	return l
 }
 
 // commitLocked tells the sink, persists, and installs updated (nil deletes).
@@ -397,6 +434,11 @@ func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
 // Serve serves the API on ln until ctx ends, then shuts down gracefully
 // (bounded by 5 s).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+		s.mu.Lock()
+		s.apiAddr = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		s.mu.Unlock()
+	}
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -434,6 +476,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET "+lb+"/id/{id}", s.handleGetByID)
 	mux.HandleFunc("DELETE "+lb+"/name/{name}", s.handleDeleteByName)
 	mux.HandleFunc(BasePath+"/config/ai/kv/inventory", s.handleInventory)
+	mux.HandleFunc("GET /readyz", s.handleReadyz)
 	var metrics http.Handler = http.NotFoundHandler()
 	if s.opts.Gatherer != nil {
 		metrics = promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{ErrorLog: slogPromLogger{s.log}})
