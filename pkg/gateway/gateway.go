@@ -71,6 +71,7 @@ type Gateway struct {
 	Metrics *metrics.Metrics
 	API     *api.Server
 	pool    *tokenizer.Pool
+	ready   *preloader
 	subs    *ingest.Manager
 	leg     *datapath.Selected
 	// slots keeps the BPF load map's endpoint registrations; nil when the
@@ -142,13 +143,20 @@ func New(opts Options) (*Gateway, error) {
 		g.access = slog.New(slog.NewJSONHandler(opts.AccessLog, nil))
 	}
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(g.log), tokenizer.WithObserver(poolObserver{g.log}))
+	g.ready = newPreloader(g.pool, opts.TokenizerDir, g.log, g.Metrics.SetReady)
+	defer func() {
+		if !built {
+			g.ready.close()
+		}
+	}()
+	g.ready.scan()
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)
 
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Log: g.log}
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Readiness: g.ready, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -211,6 +219,7 @@ func (g *Gateway) Shutdown() {
 		}()
 	}
 	wg.Wait()
+	g.ready.close()
 	g.subs.Close()
 	if err := g.leg.Close(); err != nil {
 		g.log.Warn("closing the data path", "err", err)
@@ -332,6 +341,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	}
 	g.registerEndpoints(rule)
 	g.reconcile()
+	g.ready.ruleCreated(rule)
 	g.log.Info("rule started", "service", id, "listen", srv.Addr().String(), "kvExactMode", rule.Args.KVExactMode,
 		"endpoints", len(rule.Endpoints), "kv_endpoints", len(rule.KVEndpoints()))
 	return nil
