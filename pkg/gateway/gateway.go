@@ -142,7 +142,10 @@ func New(opts Options) (*Gateway, error) {
 	if opts.AccessLog != nil {
 		g.access = slog.New(slog.NewJSONHandler(opts.AccessLog, nil))
 	}
-	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(g.log), tokenizer.WithObserver(poolObserver{g.log}))
+	// Tokenizer warnings are rate-limited: each unknown model in a request
+	// would otherwise log two WARN lines.
+	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
+	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
 	g.ready = newPreloader(g.pool, opts.TokenizerDir, g.log, g.Metrics.SetReady)
 	defer func() {
 		if !built {
