@@ -401,6 +401,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	rt.rule = updated
 	g.mu.Unlock()
 	g.reconcile()
+	g.ready.ruleCreated(updated) // new LoRA base models, newly staged tokenizers
 	return nil
 }
 
