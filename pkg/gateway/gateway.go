@@ -149,7 +149,7 @@ func New(opts Options) (*Gateway, error) {
 	// would otherwise log two WARN lines.
 	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
-	g.ready = newPreloader(g.pool, opts.TokenizerDir, g.log, g.Metrics.SetReady)
+	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady)
 	defer func() {
 		if !built {
 			g.ready.close()
