@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -199,6 +201,12 @@ func TestSIGKILLDuringRuleChurnLosesNothingAcknowledged(t *testing.T) {
 			t.Errorf("restored rule is torn: %+v", r)
 		}
 		restored[r.ServiceArguments.Port] = gen
+		// A restored rule serves again: its VIP accepts connections.
+		if c, err := net.DialTimeout("tcp", net.JoinHostPort(vip, strconv.Itoa(r.ServiceArguments.Port)), 5*time.Second); err != nil {
+			t.Errorf("restored rule on port %d does not listen: %v", r.ServiceArguments.Port, err)
+		} else {
+			c.Close()
+		}
 	}
 	for k, s := range states {
 		got, ok := restored[ports[k]]
