@@ -265,3 +265,26 @@ func newTestServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(ts.Close)
 	return ts.URL
 }
+
+// TestRestoreSkipsRulesThatLoop: a saved rule that predates the address
+// checks and points at its own VIP is kept (state is never lost) but not
+// started; a legacy wildcard VIP without wildcardVip still starts.
+func TestRestoreSkipsRulesThatLoop(t *testing.T) {
+	sink := &recordingSink{}
+	srv := New(Options{Settings: config.DefaultSettings(), Sink: sink, Log: quiet()})
+	loop := config.Rule{ServiceID: 1, Args: config.ServiceArguments{ExternalIP: "127.0.0.1", Port: 9001, Mode: 4},
+		Endpoints: []config.Endpoint{{IP: "127.0.0.1", TargetPort: 9001}}}
+	legacy := config.Rule{ServiceID: 2, Args: config.ServiceArguments{ExternalIP: "0.0.0.0", Port: 9002, Mode: 4},
+		Endpoints: []config.Endpoint{{IP: "10.0.0.5", TargetPort: 8000}}}
+	if err := srv.Restore([]config.Rule{loop, legacy}); err != nil {
+		t.Fatal(err)
+	}
+	if len(srv.Rules()) != 2 {
+		t.Fatalf("restored %d rules, want both kept", len(srv.Rules()))
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.changes) != 1 || sink.changes[0][1].ServiceID != 2 {
+		t.Fatalf("started %v, want only the legacy wildcard rule", sink.changes)
+	}
+}

@@ -170,6 +170,11 @@ func (s *Server) Restore(rules []config.Rule) error {
 	}
 	for _, r := range s.sortedLocked() {
 		s.metricsChanged(nil, r)
+		if err := s.restoreCheckLocked(r); err != nil {
+			s.log.Error("restored rule fails the address checks; it is kept but not started: fix it with PATCH or delete it",
+				"rule", r.Key().String(), "service_id", r.ServiceID, "err", err)
+			continue
+		}
 		if s.opts.Sink != nil {
 			if err := s.opts.Sink.RuleChanged(nil, r.Clone()); err != nil {
 				s.log.Error("restored rule could not be started; it is kept", "rule", r.Key().String(), "service_id", r.ServiceID, "err", err)
@@ -177,6 +182,18 @@ func (s *Server) Restore(rules []config.Rule) error {
 		}
 	}
 	return nil
+}
+
+// restoreCheckLocked applies the address checks to a restored rule, which
+// may predate them: a rule that would loop into kvgate or reach no engine is
+// not started. A wildcard VIP saved before wildcardVip existed was the
+// operator's choice then and still starts.
+func (s *Server) restoreCheckLocked(r *config.Rule) error {
+	c := r.Clone()
+	if config.WildcardVIP(c.Args.ExternalIP) {
+		c.Args.WildcardVIP = true
+	}
+	return config.CheckAddresses(c, s.listenersLocked(c.Key()))
 }
 
 // Rules returns copies of the rules, ordered by service_id.
