@@ -304,6 +304,7 @@ func newCreateLBCmd() *cobra.Command {
 		chwblLevel, chwblFlags, chwblFactor, chwblRepl                 int
 		probePort, probeTimeout, probeRetries, probeInterval           int
 		pdDisagg, pdCacheAware, cbEnable, chwblSalt, pdReceipt, asJSON bool
+		wildcardVIP                                                    bool
 	)
 	c := &cobra.Command{
 		Use:     "lb EXTERNAL-IP --tcp=PORT:TARGETPORT --endpoints=IP:WEIGHT,...",
@@ -336,7 +337,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 				return err
 			}
 			rule := lbRule{Endpoints: eps, ServiceArguments: lbArgs{ServiceArguments: config.ServiceArguments{
-				ExternalIP: ip, Port: port, Protocol: "tcp", Sel: s, Mode: m, Name: name,
+				ExternalIP: ip, Port: port, Protocol: "tcp", Sel: s, Mode: m, Name: name, WildcardVIP: wildcardVIP,
 				KVExactMode: kvExact, KVZmqPort: kvZmq, KVHashAlgo: kvHashAlgo, KVBlockSize: kvBlock, KVWarmupSec: kvWarmup,
 				KVEngineType: kvEngine, KVDpRankCount: kvRanks, KVReplayPort: kvReplay,
 				PDBootstrapPort: pdBootstrap, PDDisaggMode: pdDisagg, PDCacheAwareMode: pdCacheAware, PDSessionTTLSec: pdTTL,
@@ -375,7 +376,8 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 	f.StringVar(&endpoints, "endpoints", "", "endpoints as IP:WEIGHT,... (IPv6 as [IP]:WEIGHT)")
 	f.StringVar(&mode, "mode", "default", "LB mode: default|onearm|fullnat|dsr|fullproxy|hostonearm; KV and P/D rules need fullproxy")
 	f.StringVar(&sel, "select", "rr", "endpoint selector (mode-3 fallback): rr|hash|priority|persist|lc|n2|n3|chwbl|gpuaware|wrr-hash")
-	f.StringVar(&name, "name", "", "rule name")
+	f.StringVar(&name, "name", "", "rule name (1-256 printable ASCII characters)")
+	f.BoolVar(&wildcardVIP, "wildcard-vip", false, "allow EXTERNAL-IP 0.0.0.0 or ::, which listens on every interface of the host")
 	f.IntVar(&kvExact, "kv-exact-mode", 0, "KV-exact mode: 0 off, 1 P/D pool (prefill endpoints scored), 3 single pool")
 	f.IntVar(&kvZmq, "kv-zmq-port", 0, "workers' KV-event PUB port (0 = 5557); rank r uses port+r")
 	f.StringVar(&kvHashAlgo, "kv-hash-algo", "", "block-hash algorithm: sha256_cbor|xxhash_cbor|sha256|xxhash (default from the engine: sha256_cbor)")

@@ -167,7 +167,9 @@ func misses(m map[string]float64) string {
 	for r := range m {
 		reasons = append(reasons, r)
 	}
-	sort.Slice(reasons, func(i, j int) bool { return m[reasons[i]] > m[reasons[j]] || (m[reasons[i]] == m[reasons[j]] && reasons[i] < reasons[j]) })
+	sort.Slice(reasons, func(i, j int) bool {
+		return m[reasons[i]] > m[reasons[j]] || (m[reasons[i]] == m[reasons[j]] && reasons[i] < reasons[j])
+	})
 	parts := make([]string, len(reasons))
 	for i, r := range reasons {
 		parts[i] = r + " " + num(m[r])

@@ -102,7 +102,9 @@ func (s *apiSecurity) bind(m *metrics.Metrics) {
 	}
 }
 
-type authMetrics struct{ m atomic.Pointer[metrics.Metrics] }
+type authMetrics struct {
+	m atomic.Pointer[metrics.Metrics]
+}
 
 func (a *authMetrics) AuthFailure(reason string) {
 	if m := a.m.Load(); m != nil {

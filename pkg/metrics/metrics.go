@@ -118,6 +118,7 @@ type Metrics struct {
 
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
+	Ready     prometheus.Gauge // kvgate_ready (docs/api.md "Readiness")
 	BuildInfo *prometheus.GaugeVec
 	// VIPAddresses counts rule VIPs on the --vip-dev device by owner
 	// (kvgate: added by kvgate; host: already there when claimed).
@@ -218,6 +219,8 @@ func New(opts Options) *Metrics {
 
 	m.Rules = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_rules", Help: "Load-balancer rules configured."})
 	reg.MustRegister(m.Rules)
+	m.Ready = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_ready", Help: "1 when GET /readyz answers 200: every staged tokenizer has finished its first load."})
+	reg.MustRegister(m.Ready)
 	m.BuildInfo = f.gauge("kvgate_build_info", "Always 1: the running kvgate build.", "version", "revision", "goversion")
 	m.BuildInfo.WithLabelValues(orUnknown(opts.Version), orUnknown(opts.Revision), runtime.Version()).Set(1)
 	m.APIInsecure = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_api_insecure",
