@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/spf13/cobra"
@@ -39,7 +38,7 @@ func newAPICommands() []*cobra.Command {
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return badInput("%s: name what to %s; see kvctl %s --help", use, use, use)
 			}}
-		c.PersistentFlags().String("api-server", envOr("KVCTL_API_SERVER", defaultAPIServer), "kvgate management API base URL (env KVCTL_API_SERVER)")
+		addAPIFlags(c.PersistentFlags())
 		c.AddCommand(subs...)
 		return c
 	}
@@ -60,20 +59,9 @@ func envOr(name, def string) string {
 
 // apiClient talks to kvgate's management API.
 type apiClient struct {
-	base string
-	http *http.Client
-}
-
-func newAPIClient(cmd *cobra.Command) (*apiClient, error) {
-	base := defaultAPIServer
-	if f := cmd.Flag("api-server"); f != nil {
-		base = f.Value.String()
-	}
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, badInput("--api-server %q: want a URL such as %s", base, defaultAPIServer)
-	}
-	return &apiClient{base: strings.TrimRight(base, "/"), http: &http.Client{Timeout: 60 * time.Second}}, nil
+	base  string
+	http  *http.Client
+	token string // sent as Authorization: Bearer when set
 }
 
 // callAPI sends one request to the API server the command names and
@@ -93,7 +81,7 @@ type apiError struct {
 }
 
 func (e *apiError) Error() string {
-	return fmt.Sprintf("API error %d %s: %s", e.status, http.StatusText(e.status), e.msg)
+	return fmt.Sprintf("API error %d %s: %s%s", e.status, http.StatusText(e.status), e.msg, authHint(e.status))
 }
 
 // do sends a request and returns the body of a 2xx answer.
@@ -113,9 +101,12 @@ func (c *apiClient) do(method, path string, body any) ([]byte, error) {
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach the kvgate API at %s (is kvgate running? see --api-server): %w", c.base, err)
+		return nil, explainTransport(c.base, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))

@@ -81,7 +81,7 @@ inventory blocks, subscriber state, last-event age, hits and a hit-rate spark li
 			}
 		},
 	}
-	c.Flags().String("api-server", envOr("KVCTL_API_SERVER", defaultAPIServer), "kvgate management API base URL (env KVCTL_API_SERVER)")
+	addAPIFlags(c.Flags())
 	c.Flags().BoolVar(&asJSON, "json", false, "print the API's JSON")
 	c.Flags().BoolVarP(&watch, "watch", "w", false, "redraw every --interval until interrupted")
 	c.Flags().DurationVar(&interval, "interval", 2*time.Second, "with --watch, time between redraws")
