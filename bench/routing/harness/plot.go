@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"os"
+	"strconv"
 	"slices"
 
 	"gonum.org/v1/plot"
@@ -28,18 +29,20 @@ func Plots(as []agg, dir string) error {
 	for _, spec := range []struct {
 		file, ylabel string
 		y            func(Result) float64
+		log          bool
 	}{
-		{"ttft-p90.png", "TTFT p90 (s)", func(r Result) float64 { return r.TTFTp90 }},
-		{"throughput.png", "output tokens/s", func(r Result) float64 { return r.OutTokPerS }},
+		// TTFT spans milliseconds to seconds across the knee: log scale.
+		{"ttft-p90.png", "TTFT p90 (s, log)", func(r Result) float64 { return r.TTFTp90 }, true},
+		{"throughput.png", "output tokens/s", func(r Result) float64 { return r.OutTokPerS }, false},
 	} {
-		if err := plotGrid(as, spec.ylabel, spec.y, plotPath(dir, spec.file)); err != nil {
+		if err := plotGrid(as, spec.ylabel, spec.y, spec.log, plotPath(dir, spec.file)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func plotGrid(as []agg, ylabel string, y func(Result) float64, path string) error {
+func plotGrid(as []agg, ylabel string, y func(Result) float64, logY bool, path string) error {
 	var wls []string
 	for _, w := range Workloads {
 		n := 0
@@ -68,12 +71,16 @@ func plotGrid(as []agg, ylabel string, y func(Result) float64, path string) erro
 		p.Title.Text = w
 		p.X.Label.Text = "offered QPS"
 		p.Y.Label.Text = ylabel
-		p.Legend.Top = true
+		p.Legend.Top, p.Legend.Left = true, true
+		if logY {
+			p.Y.Scale = plot.LogScale{}
+			p.Y.Tick.Marker = ticks125{}
+		}
 		p.Legend.TextStyle.Font.Size = vg.Points(7)
 		for k, pol := range Policies {
 			var pts plotter.XYs
 			for _, a := range as {
-				if a.workload == w && a.policy == pol && a.load.Kind() == "qps" {
+				if a.workload == w && a.policy == pol && a.load.Kind() == "qps" && (!logY || y(a.m) > 0) {
 					pts = append(pts, plotter.XY{X: a.load.QPS, Y: y(a.m)})
 				}
 			}
@@ -131,4 +138,20 @@ func plotGrid(as []agg, ylabel string, y func(Result) float64, path string) erro
 		return fmt.Errorf("plot %s: %w", path, err)
 	}
 	return nil
+}
+
+// ticks125 labels 1-2-5 steps per decade, so a log axis spanning less than
+// a decade still has labels.
+type ticks125 struct{}
+
+func (ticks125) Ticks(lo, hi float64) []plot.Tick {
+	var out []plot.Tick
+	for d := 1e-3; d <= 1e3; d *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			if v := d * m; v >= lo && v <= hi {
+				out = append(out, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', -1, 64)})
+			}
+		}
+	}
+	return out
 }
