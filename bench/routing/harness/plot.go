@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"image/color"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
