@@ -122,15 +122,15 @@ func Report(w io.Writer, path, dir string) error {
 		if a.workload != cur {
 			cur = a.workload
 			fmt.Fprintf(w, "\n#### %s\n\n", cur)
-			fmt.Fprintln(w, "| load | policy | TTFT p50 | p90 | p99 | ITL p50 | E2E p90 | out tok/s | cached | of oracle | load max/mean | errors |")
-			fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+			fmt.Fprintln(w, "| load | policy | seeds | TTFT p50 | p90 | p99 | ITL p50 | E2E p90 | out tok/s | cached | of oracle | load max/mean | errors |")
+			fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		}
 		ofOracle := "–"
 		if o := oc[a.workload+"|"+a.load.Kind()+fmt.Sprint(a.load.Value())]; o > 0 {
 			ofOracle = fmt.Sprintf("%.0f%%", 100*float64(a.m.CachedTok)/o)
 		}
-		fmt.Fprintf(w, "| %s %g | %s | %s | %s | %s | %s | %s | %.0f | %.1f%% | %s | %.2f | %d/%d |\n",
-			a.load.Kind(), a.load.Value(), a.policy, secs(a.m.TTFTp50), secs(a.m.TTFTp90), secs(a.m.TTFTp99),
+		fmt.Fprintf(w, "| %s %g | %s | %d | %s | %s | %s | %s | %s | %.0f | %.1f%% | %s | %.2f | %d/%d |\n",
+			a.load.Kind(), a.load.Value(), a.policy, a.seeds, secs(a.m.TTFTp50), secs(a.m.TTFTp90), secs(a.m.TTFTp99),
 			secs(a.m.ITLp50), secs(a.m.E2Ep90), a.m.OutTokPerS, 100*a.m.CachedRatio, ofOracle, a.m.LoadMaxMean, a.m.Errors, a.m.Requests)
 	}
 	fmt.Fprintln(w)
