@@ -14,5 +14,5 @@
 // Config.Instance (pin subdirectory), Config.Threshold (64 KiB),
 // Config.CgroupPath. Metrics (through datapath.Stats, wired by the daemon to
 // pkg/metrics): kvgate_datapath_info{path}, kvgate_spliced_bytes_total{path}.
-// See docs/datapath.md for the design and its failure cases.
+// See docs/body-leg.md for the design and its failure cases.
 package splice
