@@ -313,7 +313,7 @@ func newCreateLBCmd() *cobra.Command {
 EXTERNAL-IP/PORT/tcp again updates the rule: endpoints that stay keep their
 ep_idx, inventory and subscriber.
 
-Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
+Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selection):
   kvctl create lb 10.10.10.254 --tcp=8080:8000 --endpoints=192.0.2.1:1,192.0.2.2:1 \
     --mode=fullproxy --select=persist --kv-exact-mode=1 --kv-zmq-port=5557 \
     --kv-hash-algo=sha256_cbor --kv-block-size=16 --kv-warmup=30 --ep-role=prefill,decode`,

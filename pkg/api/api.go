@@ -1,5 +1,5 @@
 // Package api is kvgate's management HTTP API: LoxiLB's load-balancer REST
-// paths (spec §8.1; LOXILB_REFERENCE.md §1), the KV inventory endpoint and
+// paths (docs/api.md), the KV inventory endpoint and
 // the Prometheus exposition.
 //
 // The API owns the rule table: it validates posted rules, allocates

@@ -1,13 +1,13 @@
 // Package config is kvgate's rule model and its process settings.
 //
 // A Rule is one load-balancer rule as the management API receives it
-// (spec §8.1; LoxiLB's serviceArguments and endpoints, with their exact JSON
+// (docs/api.md; LoxiLB's serviceArguments and endpoints, with their exact JSON
 // names). Fields keep the value the operator posted: an omitted field is zero,
 // and the Effective*/accessor methods apply the defaults, as the reference
 // does, so a GET shows what was configured rather than the defaults.
 //
-// Settings is the process-wide environment (spec §6.5, §8.2 and the reference
-// gateway's variables), parsed and validated once at start-up. Other packages
+// Settings is the process-wide environment (LoxiLB's variables, listed in
+// docs/configuration.md), parsed and validated once at start-up. Other packages
 // take their own option structs; the daemon maps Settings into them.
 package config
 
@@ -369,7 +369,7 @@ func (r *Rule) KVEnabled() bool {
 }
 
 // PDDisagg reports whether the rule is a P/D rule: pd_disagg_mode, or implied
-// by kvExactMode 1 (spec §8.1's example omits pd_disagg_mode).
+// by kvExactMode 1 (the example rule of docs/api.md omits pd_disagg_mode).
 func (r *Rule) PDDisagg() bool {
 	return r.Args.PDDisaggMode || r.Args.KVExactMode == KVModePD
 }

@@ -135,7 +135,7 @@ type Decision struct {
 	EndpointID string
 	// Decode is the decode endpoint a P/D (mode 1) decision pairs with the
 	// prefill Endpoint, -1 otherwise; DecodeAddr is its dial address. The
-	// two-leg P/D exchange (issue 9) reads them; the single-leg forward
+	// two-leg P/D exchange (docs/pd.md) reads them; the single-leg forward
 	// ignores them.
 	Decode     int
 	DecodeAddr string

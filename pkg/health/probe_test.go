@@ -221,7 +221,7 @@ func (v invScorer) Score(hashes []uint64, eligible epset.Set, leading bool, coun
 }
 func (v invScorer) Blocks(ep int) int { return len(v[ep]) }
 
-// TestRetryThenProbe: spec §4/§7 with real sockets. EP0 holds the warm
+// TestRetryThenProbe: docs/pd.md's worked example with real sockets. EP0 holds the warm
 // prefix and dies. The next request fails to connect to EP0, is retried with
 // EP0 excluded and lands on EP2 (second-best overlap); the breaker counts
 // the failure. Then the probe marks EP0 down, the transition drops its

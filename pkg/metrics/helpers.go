@@ -41,7 +41,7 @@ func (m *Metrics) scopes() *scoped {
 
 // InitRule pre-creates a rule's series at 0: the nine miss reasons, the
 // fallthrough counter and the tier-1 hit counters, so that rate() and the
-// spec's §9 assertions work before the first request. Calling it again for
+// go/no-go assertions of docs/deploy.md work before the first request. Calling it again for
 // the same rule is harmless.
 func (m *Metrics) InitRule(service int) {
 	s := itoa(service)

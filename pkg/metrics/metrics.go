@@ -2,10 +2,10 @@
 // kvgate, registered against one *prometheus.Registry that the management API
 // serves on GET /netlox/v1/metrics and /metrics.
 //
-// Names and labels follow the spec (§10.2) and the reference gateway
-// (LOXILB_REFERENCE.md §3), so dashboards and the spec's §9 go/no-go checks
-// work unchanged. Where kvgate adds a label to a reference series it says so;
-// series of kvgate's own use the kvgate_ prefix.
+// Names and labels are LoxiLB's (the table in docs/api.md), so dashboards
+// and the go/no-go checks of docs/deploy.md work unchanged. Where kvgate
+// adds a label to a LoxiLB series it says so; series of kvgate's own use the
+// kvgate_ prefix.
 //
 // Other packages do not import this one: each defines a small observer
 // interface, and the daemon adapts *Metrics to it with the helper methods
@@ -42,7 +42,7 @@ type Options struct {
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	// KV tier (spec §10.2; reference §3.1). kvgate adds the service label to
+	// KV tier (docs/selection.md). kvgate adds the service label to
 	// the hit, miss, fallthrough, spill and cold-seed counters so that several
 	// rules do not collide; queries by ep_idx or reason keep working.
 	Tier15Hits        *prometheus.CounterVec // loxilb_pd_kv_tier15_hits_total{service,ep_idx}
@@ -54,7 +54,7 @@ type Metrics struct {
 	Tier1SessionHits  *prometheus.CounterVec // kvgate_tier1_session_hits_total{service}
 	Tier1TrieHits     *prometheus.CounterVec // kvgate_tier1_trie_hits_total{service}
 
-	// Inventory and subscribers (reference §3.1, plus kvgate's own).
+	// Inventory and subscribers (LoxiLB's, plus kvgate's own; docs/ingest.md).
 	KVBlocks             *prometheus.GaugeVec   // loxilb_pd_kv_blocks{service,ep_idx}
 	KVBlocksOtherMedium  *prometheus.GaugeVec   // kvgate_kv_blocks_other_medium{service,ep_idx}
 	EPInfo               *prometheus.GaugeVec   // loxilb_pd_ep_info{service,ep_idx,ep,addr}
@@ -69,7 +69,7 @@ type Metrics struct {
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
 
-	// Proxy (issue 8).
+	// Proxy (docs/dataplane.md).
 	TTFB             *prometheus.HistogramVec // loxilb_proxy_http_ttfb_seconds{service}
 	Requests         *prometheus.CounterVec   // kvgate_requests_total{service,ep_idx,outcome}
 	RequestDuration  *prometheus.HistogramVec // kvgate_request_duration_seconds{service,ep_idx,outcome}
@@ -82,7 +82,7 @@ type Metrics struct {
 	AIRequestSeconds *prometheus.HistogramVec // loxilb_ai_request_duration_seconds{model,tenant}
 	AIActiveStreams  *prometheus.GaugeVec     // loxilb_ai_active_streams{model}
 
-	// P/D (issue 9; reference §3.2 and §3.3).
+	// P/D, circuit breaker and admission (LoxiLB's names; docs/pd.md).
 	PDSessionsActive   *prometheus.GaugeVec     // loxilb_pd_sessions_active{service}
 	PDTrieNodes        *prometheus.GaugeVec     // loxilb_pd_trie_nodes{service}
 	PDCBFlips          *prometheus.CounterVec   // loxilb_pd_cb_flips_total{service,ep_idx}
@@ -105,14 +105,14 @@ type Metrics struct {
 	AIPDKVParamsMiss   *prometheus.CounterVec   // loxilb_ai_pd_kv_params_missing_total{model}
 	AIPDSessionHits    *prometheus.CounterVec   // loxilb_ai_pd_session_hits_total{model}
 
-	// Health (issue 9).
+	// Health (docs/health.md).
 	ProbeUp          *prometheus.GaugeVec   // kvgate_endpoint_probe_up{service,ep_idx}
 	ProbeTransitions *prometheus.CounterVec // kvgate_endpoint_probe_transitions_total{service,ep_idx,to}
 	AdminDown        *prometheus.GaugeVec   // kvgate_endpoint_admin_down{service,ep_idx}
 	EngineQueued     *prometheus.GaugeVec   // kvgate_endpoint_engine_waiting{service,ep_idx}
 	EngineCapacity   *prometheus.GaugeVec   // kvgate_endpoint_capacity_blocks{service,ep_idx}
 
-	// Data path (issue 10).
+	// Data path (docs/body-leg.md).
 	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
 	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
 

@@ -164,7 +164,7 @@ func (r fixedRouter) Route(context.Context, *fullproxy.Request, epset.Set) (full
 }
 func (fixedRouter) Finish(*fullproxy.Request, fullproxy.Decision, bool) {}
 
-// rig is a P/D rule on loopback: EP0 and EP2 prefill, EP1 decode (spec §4).
+// rig is a P/D rule on loopback: EP0 and EP2 prefill, EP1 decode (docs/pd.md's worked example).
 type rig struct {
 	t       testing.TB
 	eps     []*engine

@@ -118,7 +118,7 @@ type Rule struct {
 	// BlockSize is kvBlockSize; 0 means 16.
 	BlockSize int
 	// KVWarmupSec is stored and inert: bootstrap replay fills inventories,
-	// so the warmup guard never fires (spec §7, §12).
+	// so the warmup guard never fires (docs/selection.md, guard ladder).
 	KVWarmupSec int
 	// SessionTTL is pd_session_ttl_sec; 0 means 300 s. It is sliding. It is
 	// also the idle timeout of the sel=3 (persist) table.
