@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
-	"unicode/utf8"
 )
 
 type filterFunc func(r *renderer, v any, args []any, kw *Dict) (any, error)
@@ -1267,5 +1266,3 @@ func pyFormat(format string, args []any, kw *Dict) (any, error) {
 	}
 	return b.String(), nil
 }
-
-var _ = utf8.RuneLen
