@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/spf13/cobra"
 )
 
@@ -181,8 +182,7 @@ type lbRule struct {
 
 var lbModes = map[string]int{"default": 0, "onearm": 1, "fullnat": 2, "dsr": 3, "fullproxy": 4, "hostonearm": 5}
 
-var lbSelectors = map[string]int{"rr": 0, "hash": 1, "priority": 2, "persist": 3, "lc": 4, "n2": 5, "n3": 6,
-	"chwbl": 8, "gpuaware": 9, "wrr-hash": 10, "chwbl-wrr": 10}
+
 
 var epRoles = map[string]int{"normal": 0, "none": 0, "prefill": 1, "decode": 2}
 
@@ -327,9 +327,9 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 			if err != nil {
 				return err
 			}
-			s, err := lookupName("select", sel, lbSelectors, "rr, hash, priority, persist, lc, n2, n3, chwbl, gpuaware, wrr-hash")
+			s, err := selector.ParseSel(sel)
 			if err != nil {
-				return err
+				return badInput("--select %q: allowed values: %s", sel, selector.SelAllowed)
 			}
 			eps, err := parseEndpoints(endpoints, target, epRole, nixlPorts)
 			if err != nil {
@@ -495,7 +495,7 @@ func printRules(out io.Writer, rules []lbRule) error {
 	for _, r := range rules {
 		a := r.ServiceArguments
 		head := fmt.Sprintf("%d\t%s\t%d\t%s\t%s\t%s\t%d", a.ServiceID, a.ExternalIP, a.Port, a.Protocol,
-			nameOf(lbSelectors, a.Sel), nameOf(lbModes, a.Mode), a.KVExactMode)
+			a.Sel, nameOf(lbModes, a.Mode), a.KVExactMode)
 		if len(r.Endpoints) == 0 {
 			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\n", head)
 		}

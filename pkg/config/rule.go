@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/selector"
 )
 
 // Role is an endpoint's P/D role (the reference's ep_role).
@@ -102,12 +104,12 @@ const MaxEndpoints = 256
 // ServiceArguments is the rule's serviceArguments object. JSON names are the
 // reference's, snake_case and camelCase mixed exactly as LoxiLB spells them.
 type ServiceArguments struct {
-	ExternalIP string `json:"externalIP"`
-	Port       int    `json:"port"`
-	Protocol   string `json:"protocol"`
-	Sel        int    `json:"sel"`
-	Mode       int    `json:"mode"`
-	Name       string `json:"name,omitempty"`
+	ExternalIP string       `json:"externalIP"`
+	Port       int          `json:"port"`
+	Protocol   string       `json:"protocol"`
+	Sel        selector.Sel `json:"sel"`
+	Mode       int          `json:"mode"`
+	Name       string       `json:"name,omitempty"`
 
 	KVExactMode   int    `json:"kvExactMode,omitempty"`
 	KVZmqPort     int    `json:"kvZmqPort,omitempty"`

@@ -348,32 +348,19 @@ func selectorRule(r *config.Rule) selector.Rule {
 	return out
 }
 
-// selectorOptions maps the process settings (parsed once by pkg/config) to
-// the selector's options.
+// selectorOptions hands the process settings (parsed once by pkg/config,
+// already in the selector's types) to the selector.
 func selectorOptions(s config.Settings) (selector.Options, error) {
 	o := selector.DefaultOptions()
 	o.MinMatchTokens = s.MinMatchTokens
-	mode, err := selector.ParseLBMode(string(s.LBMode))
-	if err != nil {
-		return o, err
-	}
-	o.LBMode = mode
+	o.LBMode = s.LBMode
 	o.MeanLoadFactor = s.MeanLoadFactor
 	o.LoadPenalty = s.LoadPenalty
-	switch s.SpillRelief {
-	case config.SpillReliefOn:
-		o.SpillRelief = selector.ReliefOn
-	case config.SpillReliefOff:
-		o.SpillRelief = selector.ReliefOff
-	default:
-		o.SpillRelief = selector.ReliefAuto
-	}
+	o.SpillRelief = s.SpillRelief
 	o.ColdStartSeedN = s.ColdStartSeedN
 	o.ColdStartMinBlocks = s.ColdStartMinBlocks
 	o.ZeroHitN = s.ZeroHitN
-	if s.Score == config.ScoreOverlap {
-		o.Score = selector.ScoreOverlap
-	}
+	o.Score = s.Score
 	o.LoadGuard = s.LoadGuard
 	return o, o.Validate()
 }

@@ -59,8 +59,8 @@ func compile(r Rule, o Options) (*compiled, error) {
 	if r.KVExactMode == 3 && r.PD {
 		return nil, fmt.Errorf("selector: service %d: kvExactMode 3 is incompatible with pd_disagg_mode", r.ServiceID)
 	}
-	if r.Sel < 0 || r.Sel > 10 {
-		return nil, fmt.Errorf("selector: service %d: sel %d: want 0..10", r.ServiceID, r.Sel)
+	if r.Sel < SelRR || r.Sel > SelMax {
+		return nil, fmt.Errorf("selector: service %d: sel %d: want %d..%d", r.ServiceID, int(r.Sel), int(SelRR), int(SelMax))
 	}
 	if r.BlockSize < 0 || r.CacheThreshold < 0 || r.CacheThreshold > 100 || r.BalanceThreshold < 0 || r.SessionTTL < 0 || r.KVWarmupSec < 0 {
 		return nil, fmt.Errorf("selector: service %d: negative or out-of-range rule field", r.ServiceID)
@@ -373,7 +373,7 @@ func (a *Attempt) Commit() Outcome {
 	if c.rule.PD && c.rule.CacheAware && (d.Tier == TierLoad || d.Tier == TierTrie) && a.req.TrieText != "" {
 		s.trie.insert(a.req.TrieText, d.Endpoint)
 	}
-	if !c.rule.PD && c.rule.Sel == 3 && d.Tier == TierSelector && a.req.Client.IsValid() {
+	if !c.rule.PD && c.rule.Sel == SelPersist && d.Tier == TierSelector && a.req.Client.IsValid() {
 		s.persist.put(a.req.Client, d.Endpoint, 0, now)
 	}
 	s.mu.Unlock()

@@ -113,8 +113,8 @@ type Rule struct {
 	// mode-1 flow (tiers 1, 1.5, 2) applies. Otherwise the single-pool flow
 	// (tier 1.5, then sel) applies.
 	PD bool
-	// Sel is the rule's selector, the single-pool fallback (0..10).
-	Sel int
+	// Sel is the rule's selector, the single-pool fallback.
+	Sel Sel
 	// BlockSize is kvBlockSize; 0 means 16.
 	BlockSize int
 	// KVWarmupSec is stored and inert: bootstrap replay fills inventories,
