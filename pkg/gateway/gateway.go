@@ -22,10 +22,10 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
-	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/metrics"
+	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
@@ -83,7 +83,7 @@ type Gateway struct {
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
 	// pdTotal is LLB_PD_MAX_TOTAL_INFLIGHT, shared by every P/D rule (health.go).
-	pdTotal *health.TotalGate
+	pdTotal *admission.TotalGate
 }
 
 type ruleRuntime struct {

@@ -20,6 +20,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/pd"
+	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -34,8 +35,8 @@ type ruleHealth struct {
 	log      *slog.Logger
 
 	tracker   atomic.Pointer[health.Tracker]
-	admission *health.Admission // P/D rules only
-	flow      *pd.Flow          // P/D rules only
+	admission *admission.Controller // P/D rules only
+	flow      *pd.Flow              // P/D rules only
 	sel       *selector.Selector
 
 	mu       sync.Mutex
@@ -46,10 +47,10 @@ type ruleHealth struct {
 
 // newRuleHealth builds the tracker (and, for a P/D rule, the admission
 // controller); start begins probing once the selector exists.
-func newRuleHealth(rule *config.Rule, s config.Settings, total *health.TotalGate, m *metrics.Metrics, log *slog.Logger) (*ruleHealth, error) {
+func newRuleHealth(rule *config.Rule, s config.Settings, total *admission.TotalGate, m *metrics.Metrics, log *slog.Logger) (*ruleHealth, error) {
 	h := &ruleHealth{service: rule.ServiceID, pdRule: rule.PDDisagg(), settings: s, m: m, log: log}
 	if h.pdRule {
-		a, err := health.NewAdmission(health.AdmissionConfig{
+		a, err := admission.New(admission.Config{
 			ServiceID: uint32(rule.ServiceID), MaxInflightPerEP: s.MaxInflightPerEP, QueueDepthPerEP: s.QueueDepthPerEP,
 			MaxPark: s.MaxPark, PrefillTimeout: s.PrefillTimeout, Total: total, Observer: healthObserver{m},
 		})
@@ -371,7 +372,7 @@ func (o *pdObserver) Request(model, phase, status string) { o.m.AIPDRequest(mode
 func (g *Gateway) ruleHealth(rule *config.Rule) (*ruleHealth, error) {
 	g.mu.Lock()
 	if g.pdTotal == nil {
-		t, err := health.NewTotalGate(g.opts.Settings.MaxTotalInflight)
+		t, err := admission.NewTotalGate(g.opts.Settings.MaxTotalInflight)
 		if err != nil {
 			g.mu.Unlock()
 			return nil, fmt.Errorf("gateway: %w", err)

@@ -252,17 +252,12 @@ func TestRetryThenProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adm, err := NewAdmission(AdmissionConfig{ServiceID: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.AttachAdmission(adm)
 	prompt := []uint64{11, 12, 13}
 	opts := selector.DefaultOptions()
 	opts.ColdStartSeedN = 0
 	sel, err := selector.New(selector.Rule{ServiceID: 1, KVExactMode: 1, PD: true, BlockSize: 16, Endpoints: []selector.Endpoint{
 		{Idx: 0, Role: selector.RolePrefill}, {Idx: 1, Role: selector.RoleDecode}, {Idx: 2, Role: selector.RolePrefill},
-	}}, opts, selector.Deps{Scorer: invScorer{0: prompt, 2: prompt[:1]}, Loads: adm, Engine: tr, States: tr})
+	}}, opts, selector.Deps{Scorer: invScorer{0: prompt, 2: prompt[:1]}, Engine: tr, States: tr})
 	if err != nil {
 		t.Fatal(err)
 	}
