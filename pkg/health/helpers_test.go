@@ -42,17 +42,7 @@ func (f *fakeClock) NewTimer(d time.Duration) Timer {
 	return t
 }
 
-func (f *fakeClock) pending() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n := 0
-	for _, t := range f.timers {
-		if !t.fired && !t.stopped {
-			n++
-		}
-	}
-	return n
-}
+
 
 func (f *fakeClock) Advance(d time.Duration) {
 	f.mu.Lock()

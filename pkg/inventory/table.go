@@ -274,17 +274,7 @@ func (t *table) countMember(m member, delta int64) {
 	t.memberCount[m] += delta
 }
 
-func (t *table) membersOf(ep int) int64 {
-	var n int64
-	for r := 0; r < MaxRanks; r++ {
-		m := int(makeMember(ep, r))
-		if m >= len(t.memberCount) {
-			break
-		}
-		n += t.memberCount[m]
-	}
-	return n
-}
+
 
 // retarget moves one slot of generation g from set from to set to, keeping
 // every count in step. Call with the write lock held.
