@@ -182,8 +182,6 @@ type lbRule struct {
 
 var lbModes = map[string]int{"default": 0, "onearm": 1, "fullnat": 2, "dsr": 3, "fullproxy": 4, "hostonearm": 5}
 
-
-
 var epRoles = map[string]int{"normal": 0, "none": 0, "prefill": 1, "decode": 2}
 
 func nameOf(table map[string]int, v int) string {

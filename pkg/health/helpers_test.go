@@ -42,8 +42,6 @@ func (f *fakeClock) NewTimer(d time.Duration) Timer {
 	return t
 }
 
-
-
 func (f *fakeClock) Advance(d time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -322,7 +322,7 @@ func (a *Controller) Park(ctx context.Context, candidates epset.Set) (int, error
 		a.queues[target].Remove(w.elem)
 		w.done, w.err = true, waitErr
 		a.mu.Unlock()
-		if waitErr == ErrParkTimeout {
+		if errors.Is(waitErr, ErrParkTimeout) {
 			a.obs.AdmissionParkTimeout(a.cfg.ServiceID)
 		}
 		return -1, waitErr
@@ -332,7 +332,7 @@ func (a *Controller) Park(ctx context.Context, candidates epset.Set) (int, error
 	if err != nil {
 		return -1, err
 	}
-	if waitErr != nil && waitErr != ErrParkTimeout {
+	if waitErr != nil && !errors.Is(waitErr, ErrParkTimeout) {
 		// Granted as the context ended: hand the slot back.
 		a.ReleasePrefill(target)
 		return -1, waitErr
