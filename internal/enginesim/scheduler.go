@@ -24,6 +24,11 @@ import (
 // The step then takes its modelled time; when it ends, every request whose
 // known tokens are all computed samples one token.
 
+// maxStepLateness bounds how far back a step may start: a wake-up later than
+// this after the previous step's end means the engine sat idle, and the next
+// step starts now.
+const maxStepLateness = 2 * time.Millisecond
+
 // scheduled is one request's share of a step.
 type scheduled struct {
 	r         *request
@@ -52,7 +57,6 @@ func (e *Engine) runStepped() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var inFlight *stepPlan
-	var lastEnd time.Time
 	for {
 		select {
 		case <-e.closing:
@@ -77,6 +81,7 @@ func (e *Engine) runStepped() {
 		case <-timer.C:
 		}
 		now := time.Now()
+		var lastEnd time.Time
 		if inFlight != nil && !inFlight.end.After(now) {
 			e.completeStep(st, inFlight)
 			lastEnd = inFlight.end
@@ -86,9 +91,9 @@ func (e *Engine) runStepped() {
 		if inFlight == nil {
 			// A busy engine starts its next step when the last one ends;
 			// timer lateness on a loaded machine must not add up across
-			// steps, so a late wake-up starts from the previous end.
+			// steps, so a slightly late wake-up starts from the previous end.
 			start := now
-			if !lastEnd.IsZero() && now.Sub(lastEnd) < 2*time.Millisecond {
+			if !lastEnd.IsZero() && now.Sub(lastEnd) < maxStepLateness {
 				start = lastEnd
 			}
 			inFlight = e.scheduleStep(st, start)

@@ -295,3 +295,36 @@ func TestStepTimeGrowsWithBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrentPrefillsQueue: prompts that arrive together share the step
+// budget, so the later ones wait for the earlier ones' chunks (under the
+// simple model each had its own full-speed prefill).
+func TestConcurrentPrefillsQueue(t *testing.T) {
+	h := newSchedHarness(t, Config{})
+	start := h.now
+	var reqs []*request
+	for i := range 4 {
+		reqs = append(reqs, h.submit(seqIDs(100000*(i+1), 8000), 2))
+	}
+	var ttft []time.Duration
+	for range 20 {
+		h.step()
+		for len(ttft) < len(reqs) && reqs[len(ttft)].emitted > 0 {
+			ttft = append(ttft, h.now.Sub(start))
+		}
+		if len(ttft) == len(reqs) {
+			break
+		}
+	}
+	if len(ttft) != 4 {
+		t.Fatalf("only %d of 4 got a first token", len(ttft))
+	}
+	alone := h.e.cfg.Step.ColdTTFT(8000, h.e.cfg.MaxNumBatchedTokens)
+	for i, d := range ttft {
+		// The i-th prompt's first token comes after about i+1 prompts' worth of prefill.
+		lo, hi := time.Duration(float64(alone)*(float64(i)+0.8)), time.Duration(float64(alone)*(float64(i)+1.3))
+		if d < lo || d > hi {
+			t.Errorf("prompt %d: TTFT %v, want %v..%v (alone %v)", i, d, lo, hi, alone)
+		}
+	}
+}
