@@ -64,10 +64,10 @@ func (e *Engine) runStepped() {
 			return
 		case r := <-e.submit:
 			if len(st.waiting) >= e.cfg.MaxWaiting {
-				r.out <- stepOutput{finished: true, err: errQueueFull}
+				r.out.send(stepOutput{finished: true, err: errQueueFull})
 				break
 			}
-			r.out <- stepOutput{accepted: true}
+			r.out.send(stepOutput{accepted: true})
 			st.waiting = append(st.waiting, r)
 		case r := <-e.abort:
 			e.abortStepped(st, r)
@@ -314,15 +314,15 @@ func (e *Engine) completeStep(st *loopState, plan *stepPlan) {
 			e.metrics.ttft.Observe(ttft.Seconds())
 			r.emitted = 1
 			e.metrics.generationTokens.Inc()
-			r.out <- stepOutput{
+			r.out.send(stepOutput{
 				tokens:       r.output[:1],
 				first:        true,
 				cachedTokens: r.hitBlocks * e.cfg.BlockSize,
 				queueTime:    e.model(r.scheduledAt.Sub(r.arrival)),
 				ttft:         ttft,
-			}
+			})
 		} else {
-			r.out <- stepOutput{tokens: r.output[r.emitted : r.emitted+1]}
+			r.out.send(stepOutput{tokens: r.output[r.emitted : r.emitted+1]})
 			r.emitted++
 			e.metrics.generationTokens.Inc()
 		}

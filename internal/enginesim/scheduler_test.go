@@ -14,14 +14,14 @@ import (
 // with no goroutine and no wall clock: scheduleStep plans a step and
 // completeStep ends it at its modelled end.
 type schedHarness struct {
-	t   *testing.T
+	t   testing.TB
 	e   *Engine
 	st  *loopState
 	now time.Time
 	n   int
 }
 
-func newSchedHarness(t *testing.T, cfg Config) *schedHarness {
+func newSchedHarness(t testing.TB, cfg Config) *schedHarness {
 	t.Helper()
 	if cfg.PerfModel == "" {
 		cfg.PerfModel = DefaultPerfModel
@@ -98,16 +98,12 @@ func (p *stepPlan) total() int {
 
 // drain returns the tokens a request has sent so far.
 func drain(r *request) (tokens []uint32, first bool, finished bool) {
-	for {
-		select {
-		case out := <-r.out:
-			tokens = append(tokens, out.tokens...)
-			first = first || out.first
-			finished = finished || out.finished
-		default:
-			return
-		}
+	for _, out := range r.out.take() {
+		tokens = append(tokens, out.tokens...)
+		first = first || out.first
+		finished = finished || out.finished
 	}
+	return
 }
 
 func TestSchedulerChunkedPrefillBudget(t *testing.T) {

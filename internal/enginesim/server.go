@@ -491,33 +491,29 @@ func (e *Engine) generate(w http.ResponseWriter, hr *http.Request, p genParams) 
 		return
 	}
 	resp := responder{e: e, w: w, p: p, id: publicID, created: time.Now().Unix()}
-	// The loop answers a submit at once: queued, or refused (queue full,
-	// shutting down) while the status can still say so.
-	select {
-	case out := <-req.out:
-		if !out.accepted {
-			resp.handle(req, out)
-			return
-		}
-	case <-ctx.Done():
-		e.cancel(req)
-		return
-	}
-	if p.stream {
-		// vLLM's server returns a StreamingResponse as soon as the request
-		// is queued, so the status and headers reach the client now and the
-		// first token later: TTFT is the first body byte after the head.
-		resp.startStream()
-	}
 	for {
 		select {
-		case out := <-req.out:
-			if done := resp.handle(req, out); done {
-				return
-			}
+		case <-req.out.signal:
 		case <-ctx.Done():
 			e.cancel(req)
 			return
+		}
+		for _, out := range req.out.take() {
+			if out.accepted {
+				// The loop answers a submit at once, so a refusal (queue
+				// full, shutting down) still gets its status. vLLM's server
+				// returns a StreamingResponse as soon as the request is
+				// queued: the status and headers reach the client now and
+				// the first token later, so TTFT is the first body byte
+				// after the head.
+				if p.stream {
+					resp.startStream()
+				}
+				continue
+			}
+			if done := resp.handle(req, out); done {
+				return
+			}
 		}
 	}
 }
