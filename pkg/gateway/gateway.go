@@ -29,6 +29,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
+	"github.com/kvgate/kvgate/pkg/status"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
@@ -62,6 +63,9 @@ type Options struct {
 	Logger            *slog.Logger
 	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
 	SubscriberOptions ingest.Options
+	// VIPs, when set, puts each rule's VIP on a device while the rule exists
+	// (--vip-dev, package vip); nil leaves addresses to the operator.
+	VIPs VIPPlumber
 }
 
 // Gateway is the running daemon minus its flags.
@@ -79,6 +83,7 @@ type Gateway struct {
 	selOpts selector.Options
 	access  *slog.Logger
 	store   *state.Store
+	status  *status.Collector
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -148,7 +153,8 @@ func New(opts Options) (*Gateway, error) {
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)
 
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Log: g.log}
+	g.status = g.newStatus()
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -177,6 +183,7 @@ func New(opts Options) (*Gateway, error) {
 func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- g.API.Serve(ctx, apiLn) }()
+	go g.status.Run(ctx)
 	var err error
 	select {
 	case <-ctx.Done():
@@ -316,6 +323,11 @@ func (g *Gateway) create(rule *config.Rule) error {
 		_ = srv.Close()
 		return err
 	}
+	if err := g.claimVIP(rule); err != nil {
+		rh.close()
+		_ = srv.Close()
+		return err
+	}
 	go func() {
 		defer close(rt.served)
 		if err := srv.Serve(); err != nil {
@@ -393,6 +405,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 	}
 	g.unregisterEndpoints(rule)
 	g.reconcile()
+	g.releaseVIP(rule)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)
 		defer cancel()
