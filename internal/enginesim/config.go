@@ -147,6 +147,7 @@ func (c Config) withDefaults() Config {
 		c.PerfModel = PerfModelSimple
 	}
 	if prof, ok := LookupProfile(c.PerfModel); ok {
+		c.PerfModel = prof.Name
 		if c.Step == (StepPerf{}) {
 			c.Step = prof.Perf
 		}

@@ -82,11 +82,22 @@ var profiles = []Profile{
 	},
 }
 
+// profileAliases are earlier names of profiles, kept so configurations
+// written against them keep working: the first ~32B profile was named after
+// Qwen2.5-32B before its calibration settled on CodeLlama-34B, the ~32B
+// model Vidur measured on H100.
+var profileAliases = map[string]string{
+	"qwen2.5-32b-h100-tp2": "codellama-34b-h100-tp2",
+}
+
 // Profiles lists the named performance profiles (not "simple").
 func Profiles() []Profile { return slices.Clone(profiles) }
 
-// LookupProfile returns the profile called name.
+// LookupProfile returns the profile called name (or an alias of it).
 func LookupProfile(name string) (Profile, bool) {
+	if canonical, ok := profileAliases[name]; ok {
+		name = canonical
+	}
 	for _, p := range profiles {
 		if p.Name == name {
 			return p, true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -322,5 +323,51 @@ func TestConcurrentPrefillsQueue(t *testing.T) {
 		if d < lo || d > hi {
 			t.Errorf("prompt %d: TTFT %v, want %v..%v (alone %v)", i, d, lo, hi, alone)
 		}
+	}
+}
+
+func TestPerfModelConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string
+		check   func(Config) bool
+	}{
+		{"zero is simple", Config{}, "", func(c Config) bool {
+			return c.PerfModel == PerfModelSimple && c.MaxNumSeqs == DefaultMaxNumSeqs && c.NumGPUBlocks == DefaultNumGPUBlocks
+		}},
+		{"profile defaults", Config{PerfModel: "codellama-34b-h100-tp2"}, "", func(c Config) bool {
+			p, _ := LookupProfile("codellama-34b-h100-tp2")
+			return c.Step == p.Perf && c.NumGPUBlocks == p.NumGPUBlocks && c.MaxNumSeqs == 1024 && c.MaxNumBatchedTokens == 8192 && c.TimeScale == 1
+		}},
+		{"alias", Config{PerfModel: "qwen2.5-32b-h100-tp2"}, "", func(c Config) bool { return c.PerfModel == "codellama-34b-h100-tp2" }},
+		{"overrides kept", Config{PerfModel: DefaultPerfModel, NumGPUBlocks: 500, MaxNumSeqs: 8, Step: StepPerf{StepFloorS: 0.001}}, "", func(c Config) bool {
+			return c.NumGPUBlocks == 500 && c.MaxNumSeqs == 8 && c.Step == StepPerf{StepFloorS: 0.001}
+		}},
+		{"half speed", Config{PerfModel: DefaultPerfModel}.WithSpeed(0.5), "", func(c Config) bool {
+			p, _ := LookupProfile(DefaultPerfModel)
+			return c.Step.StepFloorS == 2*p.Perf.StepFloorS && c.Step.PrefillSPerToken == 2*p.Perf.PrefillSPerToken
+		}},
+		{"unknown model", Config{PerfModel: "gpt-9"}, `perf-model "gpt-9": want one of simple, llama3-8b-h100, codellama-34b-h100-tp2`, nil},
+		{"negative cost", Config{PerfModel: DefaultPerfModel, Step: StepPerf{DecodeSPerSeq: -1}}, "step costs must be finite", nil},
+		{"zero speed", Config{PerfModel: DefaultPerfModel}.WithSpeed(0), "step costs must be finite", nil},
+		{"budget", Config{PerfModel: DefaultPerfModel, MaxNumBatchedTokens: -5}, "max-num-batched-tokens -5", nil},
+		{"no chunking needs a budget of max-model-len", Config{PerfModel: DefaultPerfModel, DisableChunkedPrefill: true}, "smaller than max-model-len", nil},
+		{"time scale", Config{TimeScale: -1}, "time-scale -1", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.cfg.withDefaults()
+			err := c.validate()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !tc.check(c) {
+				t.Fatalf("err %v, config %+v", err, c)
+			}
+		})
 	}
 }
