@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -91,6 +92,9 @@ Example (three engines on separate loopback addresses, same ports):
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
+			if err := checkExplicitZeros(cmd, cfg); err != nil {
+				return err
+			}
 			if err := applyPerfFlags(cmd, &cfg, step, stepFloor); err != nil {
 				return err
 			}
@@ -139,8 +143,12 @@ Example (three engines on separate loopback addresses, same ports):
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			got := <-sig
-			cfg.Logger.Info("shutting down", "signal", got.String())
+			select {
+			case got := <-sig:
+				cfg.Logger.Info("shutting down", "signal", got.String())
+			case <-cmd.Context().Done():
+				cfg.Logger.Info("shutting down", "reason", context.Cause(cmd.Context()))
+			}
 			for _, e := range engines {
 				if err := e.Close(); err != nil {
 					cfg.Logger.Warn("close", "id", e.ID(), "err", err)
@@ -193,6 +201,26 @@ Example (three engines on separate loopback addresses, same ports):
 	f.Float64SliceVar(&replicaSpeed, "replica-gpu-speed", nil, "with --replicas: each engine's speed relative to its profile (2 = every step cost halved), one value per replica")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
+}
+
+// checkExplicitZeros rejects a zero given on the command line for a flag
+// whose zero means "the default" inside Config, so it is never taken silently.
+func checkExplicitZeros(cmd *cobra.Command, cfg enginesim.Config) error {
+	for _, f := range []struct {
+		name string
+		bad  bool
+	}{
+		{"num-gpu-blocks", cfg.NumGPUBlocks < 2},
+		{"max-num-seqs", cfg.MaxNumSeqs < 1},
+		{"max-num-batched-tokens", cfg.MaxNumBatchedTokens < 1},
+		{"time-scale", !(cfg.TimeScale > 0)},
+	} {
+		if f.bad && cmd.Flags().Changed(f.name) {
+			v := cmd.Flags().Lookup(f.name).Value.String()
+			return fmt.Errorf("--%s %s: must be positive (num-gpu-blocks at least 2)", f.name, v)
+		}
+	}
+	return nil
 }
 
 // applyPerfFlags resolves --perf-model and overrides the profile's step

@@ -371,3 +371,50 @@ func TestPerfModelConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestSchedulerRemotePrefill: a decode engine given a prefill engine's KV
+// computes only the last prompt token, as vLLM with NixlConnector does, and
+// still caches the prompt's blocks.
+func TestSchedulerRemotePrefill(t *testing.T) {
+	h := newSchedHarness(t, Config{Role: RoleDecode})
+	r := h.submit(seqIDs(500, 100), 3)
+	r.remote = &remoteKV{engineID: "p", requestID: "x"}
+	plan := h.step()
+	if n, _ := plan.tokensOf(r); n != 1 || plan.load.prefillTokens != 1 {
+		t.Fatalf("scheduled %d tokens, want only the last prompt token", n)
+	}
+	if r.emitted != 1 || h.st.pool.cachedBlocks() != 6 {
+		t.Fatalf("emitted %d, cached blocks %d; want the first token and floor(100/16) = 6 blocks", r.emitted, h.st.pool.cachedBlocks())
+	}
+}
+
+// TestSteppedPrefillDecodeRoles runs the NixlConnector hand-off between two
+// engines on the step model.
+func TestSteppedPrefillDecodeRoles(t *testing.T) {
+	p := startEngine(t, Config{Role: RolePrefill, PerfModel: DefaultPerfModel, TimeScale: 0.01, Model: "m"})
+	d := startEngine(t, Config{Role: RoleDecode, PerfModel: DefaultPerfModel, TimeScale: 0.01, Model: "m"})
+	prompt := seqIDs(900, 100)
+	stub := map[string]any{"do_remote_decode": true}
+	pr := decodeCompletion(t, post(t, p.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1, "kv_transfer_params": stub}))
+	if ids, _ := pr.KVTransferParams["remote_block_ids"].([]any); len(ids) != 7 {
+		t.Fatalf("kv_transfer_params %v, want 7 remote blocks", pr.KVTransferParams)
+	}
+	dr := post(t, d.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 4, "kv_transfer_params": pr.KVTransferParams})
+	if c := decodeCompletion(t, dr); c.Usage.CompletionTokens != 4 {
+		t.Fatalf("decode usage %+v", c.Usage)
+	}
+	if m := scrape(t, d); !strings.Contains(m, `vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 99`) {
+		t.Errorf("decoder did not count 99 external hit tokens:\n%s", m)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, _ := p.Stats(context.Background())
+		if s.UsedBlocks == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prefill engine still pins %d blocks after the decoder read them", s.UsedBlocks)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
