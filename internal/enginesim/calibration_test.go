@@ -27,6 +27,9 @@ var calibrationPoints = []calibrationPoint{
 	{profile: "llama3-8b-h100", source: "Dynamo mocker prefill, 1,000 tokens", promptTokens: 1000, published: 0.032105},
 	{profile: "llama3-8b-h100", source: "Dynamo mocker prefill, 4,000 tokens", promptTokens: 4000, published: 0.083970},
 	{profile: "llama3-8b-h100", source: "Dynamo mocker decode at zero KV usage, one sequence", batch: 1, context: 128, published: 1 / 0.00574},
+	// vLLM's V1 announcement: "Llama-8B running on NVIDIA H100 GPUs, where
+	// execution time on the GPU is as low as ~5ms" per step.
+	{profile: "llama3-8b-h100", source: "vLLM V1 blog, ~5 ms GPU step, one sequence", batch: 1, context: 128, published: 1 / 0.005},
 	// Vidur's H100 operator profile of Llama-2-7B (TP1): the sum of the
 	// measured per-layer operator medians for a forward pass of N tokens.
 	{profile: "llama3-8b-h100", source: "Vidur H100 Llama-2-7B, 4,096-token pass", promptTokens: 4096, published: 0.08306},

@@ -60,7 +60,7 @@ var profiles = []Profile{
 		Name:        "llama3-8b-h100",
 		Description: "Llama-3.1-8B-Instruct, BF16, one H100-80GB SXM",
 		Perf: StepPerf{
-			StepFloorS:           0.0065,
+			StepFloorS:           0.0060,
 			PrefillSPerToken:     0.000020,
 			DecodeSPerSeq:        0.000015,
 			AttnSPerContextToken: 0.000000045, // 128 KiB of KV per token read at ~2.9 TB/s

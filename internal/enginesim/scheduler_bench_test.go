@@ -7,7 +7,7 @@ import (
 
 // BenchmarkStep measures the simulator's own CPU time for one engine step
 // with n requests decoding (schedule, block growth and caching, completion).
-// A step models 6.5 ms or more of GPU time, so the loop keeps real time while
+// A step models 6 ms or more of GPU time, so the loop keeps real time while
 // this stays well under that. Results: docs/enginesim.md, "Simulator cost".
 func BenchmarkStep(b *testing.B) {
 	for _, n := range []int{64, 256, 1024} {
