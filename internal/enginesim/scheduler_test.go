@@ -15,11 +15,12 @@ import (
 // with no goroutine and no wall clock: scheduleStep plans a step and
 // completeStep ends it at its modelled end.
 type schedHarness struct {
-	t   testing.TB
-	e   *Engine
-	st  *loopState
-	now time.Time
-	n   int
+	t      testing.TB
+	e      *Engine
+	st     *loopState
+	now    time.Time
+	n      int
+	events [][]poolEvent // each step's batch, as it would be published
 }
 
 func newSchedHarness(t testing.TB, cfg Config) *schedHarness {
@@ -66,7 +67,9 @@ func (h *schedHarness) step() *stepPlan {
 	}
 	h.now = plan.end
 	h.e.completeStep(h.st, plan)
-	h.st.pool.takeEvents()
+	if ev := h.st.pool.takeEvents(); len(ev) > 0 && len(h.events) < 10000 {
+		h.events = append(h.events, ev)
+	}
 	return plan
 }
 
@@ -416,5 +419,48 @@ func TestSteppedPrefillDecodeRoles(t *testing.T) {
 			t.Fatalf("prefill engine still pins %d blocks after the decoder read them", s.UsedBlocks)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSchedulerChunkedEvents: with chunks that end inside a block, every
+// prompt block is stored exactly once, in order, each BlockStored naming the
+// block before it as parent, in the step that computes it.
+func TestSchedulerChunkedEvents(t *testing.T) {
+	h := newSchedHarness(t, Config{MaxNumBatchedTokens: 100})
+	h.submit(seqIDs(100000, 10), 40) // two decoders take 2 tokens of every step's budget
+	h.submit(seqIDs(200000, 10), 40)
+	h.step()
+	long := h.submit(seqIDs(7, 250), 2)
+	h.events = nil
+	for long.emitted == 0 {
+		h.step()
+	}
+	mine := map[uint64]bool{}
+	for _, b := range long.chain {
+		mine[b.Wire] = true
+	}
+	var stored []uint64
+	var parents []uint64
+	for _, batch := range h.events {
+		for _, ev := range batch {
+			if ev.kind != eventStored || !mine[ev.hashes[0]] {
+				continue // the decoders' blocks
+			}
+			if len(stored) > 0 && (!ev.hasParent || ev.parent != stored[len(stored)-1]) {
+				t.Fatalf("BlockStored after %d blocks has parent %v/%x, want %x", len(stored), ev.hasParent, ev.parent, stored[len(stored)-1])
+			}
+			parents = append(parents, ev.parent)
+			stored = append(stored, ev.hashes...)
+		}
+	}
+	want := make([]uint64, 0, len(long.chain))
+	for _, b := range long.chain[:250/16] {
+		want = append(want, b.Wire)
+	}
+	if !slices.Equal(stored, want) {
+		t.Fatalf("stored %d blocks %x, want the prompt's %d full blocks %x", len(stored), stored, len(want), want)
+	}
+	if len(parents) < 3 {
+		t.Fatalf("%d BlockStored events for three chunks", len(parents))
 	}
 }
