@@ -464,3 +464,35 @@ func TestSchedulerChunkedEvents(t *testing.T) {
 		t.Fatalf("%d BlockStored events for three chunks", len(parents))
 	}
 }
+
+// TestDebugSnapshot: pending_prefill_tokens counts the uncached tokens of
+// waiting requests (as a hit would be counted now) and the rest of running
+// prefills; the 1k-token TTFT prediction grows with the decoders beside it.
+func TestDebugSnapshot(t *testing.T) {
+	h := newSchedHarness(t, Config{MaxNumBatchedTokens: 100})
+	warm := seqIDs(1, 64)
+	h.submit(warm, 1)
+	h.runUntilIdle(10) // 64 tokens cached: 3 blocks count as a hit for a 64-token prompt
+	idle := h.e.debugSnapshot(h.st, h.now).PredictedTTFTPer1k
+
+	dec := h.submit(seqIDs(5000, 10), 50)
+	h.step() // dec prefills and decodes from now on
+	long := h.submit(seqIDs(9000, 250), 2)
+	h.step()                       // long gets 99 of its 250 tokens
+	h.submit(warm, 1)              // waiting: 64 - 48 cached = 16 tokens to prefill
+	h.submit(seqIDs(20000, 30), 1) // waiting: 30
+	ds := h.e.debugSnapshot(h.st, h.now)
+	if got, want := ds.PendingPrefillTokens, (250-long.numComputed)+16+30; got != want {
+		t.Fatalf("pending_prefill_tokens %d, want %d", got, want)
+	}
+	if ds.Running != 2 || ds.Waiting != 2 || dec.prefilling {
+		t.Fatalf("running %d waiting %d", ds.Running, ds.Waiting)
+	}
+	if !(ds.PredictedTTFTPer1k > idle) {
+		t.Fatalf("prediction %v with a decoder beside it, %v idle", ds.PredictedTTFTPer1k, idle)
+	}
+	p := h.e.cfg.Step
+	if a, b, c := p.secondsPer1kNewTokens(8192, 0, 0), p.secondsPer1kNewTokens(8192, 64, 64000), p.secondsPer1kNewTokens(8192, 512, 512000); !(a < b && b < c) {
+		t.Fatalf("prediction does not grow with decoders: %v %v %v", a, b, c)
+	}
+}
