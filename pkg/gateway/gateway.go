@@ -144,6 +144,7 @@ func New(opts Options) (*Gateway, error) {
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(g.log), tokenizer.WithObserver(poolObserver{g.log}))
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
+	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvgate/kvgate/pkg/kvevents"
 	"io"
 	"log"
 	"log/slog"
@@ -18,6 +17,8 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/inventory"
+	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/kvevents/zmtpguard"
 )
 
 // Target is one KV endpoint to follow: the daemon maps each subscribed
@@ -114,6 +115,11 @@ type Options struct {
 	// applying them (default 8192), so bursts and replays do not back up the
 	// socket.
 	QueueLen int
+	// MaxFrameBytes is LLB_KV_MAX_FRAME_BYTES: the largest ZMTP frame, and
+	// multipart message, accepted from a publisher or replay socket (default
+	// zmtpguard.DefaultMaxFrameBytes). A peer declaring more loses its
+	// connection before anything is allocated; see docs/ingest.md.
+	MaxFrameBytes int
 	// Logger receives the subscribers' logs (default slog.Default()).
 	Logger *slog.Logger
 	// Observer receives metrics (default: none).
@@ -138,6 +144,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.QueueLen <= 0 {
 		o.QueueLen = 8192
+	}
+	if o.MaxFrameBytes <= 0 {
+		o.MaxFrameBytes = zmtpguard.DefaultMaxFrameBytes
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -450,7 +459,9 @@ func (r *rankSub) dial(ctx context.Context) (zmq4.Socket, error) {
 		_ = sock.Close()
 		return nil, fmt.Errorf("subscribe: %w", err)
 	}
-	if err := dialBounded(ctx, sock, r.pub, 2*r.opts.DialTimeout); err != nil {
+	// Every socket dials through zmtpguard: zmq4 would otherwise allocate
+	// whatever frame size the peer declares (docs/ingest.md, "Bounded frames").
+	if err := dialBounded(ctx, sock, zmtpguard.Wrap(r.pub, uint64(r.opts.MaxFrameBytes)), 2*r.opts.DialTimeout); err != nil {
 		_ = sock.Close()
 		return nil, err
 	}
@@ -659,7 +670,7 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	n := 0
-	st, err := fetchReplay(rctx, r.replay, start, r.opts.MaxReplayBatches, r.opts.DialTimeout, func(seq uint64, payload []byte) error {
+	st, err := fetchReplay(rctx, zmtpguard.Wrap(r.replay, uint64(r.opts.MaxFrameBytes)), start, r.opts.MaxReplayBatches, r.opts.DialTimeout, func(seq uint64, payload []byte) error {
 		if accept != nil && !accept(n == 0, seq) {
 			return errReplayStop
 		}
