@@ -73,6 +73,7 @@ var hostileInputs = []struct {
 	{"65 frames in one message", true, zmtptest.Message(make([][]byte, 65)...)},
 	{"READY with a truncated property", false, append(zmtptest.Greeting(), zmtptest.Command([]byte("\x05READY\x05abcde"))...)},
 	{"READY with a property name past the end", false, append(zmtptest.Greeting(), zmtptest.Command([]byte("\x05READY\x09abc"))...)},
+	{"READY with an unknown Socket-Type", false, append(zmtptest.Greeting(), zmtptest.Ready("BOGUS")...)},
 	{"command of 1 MiB", false, append(zmtptest.Greeting(), zmtptest.LongHeader(0x04, 1<<20)...)},
 }
 

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 )
 
 // DefaultMaxFrameBytes is LLB_KV_MAX_FRAME_BYTES's default (64 MiB): far
@@ -192,14 +193,27 @@ func CheckCommand(body []byte) error {
 	return checkMetadata(body[1+n:])
 }
 
-// checkMetadata walks ZMTP properties: name-size(1) name value-size(4) value.
+// knownSocketTypes are the peer types zmq4 understands; for any other value
+// zmq4's compatibility check panics.
+var knownSocketTypes = map[string]bool{
+	"PAIR": true, "PUB": true, "SUB": true, "REQ": true, "REP": true, "DEALER": true,
+	"ROUTER": true, "PULL": true, "PUSH": true, "XPUB": true, "XSUB": true,
+}
+
+// checkMetadata walks ZMTP properties (name-size(1) name value-size(4)
+// value) and requires what zmq4 assumes without checking: names within the
+// ZMTP grammar, and a Socket-Type it knows. zmq4 title-cases each name into a
+// map, so only the spellings that title to "Socket-Type" set it, and the last
+// one wins.
 func checkMetadata(p []byte) error {
+	sockType, seen := "", false
 	for i := 0; i < len(p); {
 		k := int(p[i])
 		i++
 		if k == 0 || k > len(p)-i {
 			return fmt.Errorf("%w: READY property name of %d bytes with %d left", ErrBadCommand, k, len(p)-i)
 		}
+		name := string(p[i : i+k])
 		i += k
 		if len(p)-i < 4 {
 			return fmt.Errorf("%w: READY property value size truncated", ErrBadCommand)
@@ -209,7 +223,24 @@ func checkMetadata(p []byte) error {
 		if v > uint64(len(p)-i) {
 			return fmt.Errorf("%w: READY property value of %d bytes with %d left", ErrBadCommand, v, len(p)-i)
 		}
+		value := string(p[i : i+int(v)])
 		i += int(v)
+		for j := 0; j < len(name); j++ {
+			if c := name[j]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == '+') {
+				return fmt.Errorf("%w: READY property name %q outside the ZMTP grammar", ErrBadCommand, name)
+			}
+		}
+		if strings.EqualFold(name, "socket-type") {
+			switch name {
+			case "Socket-Type", "socket-type", "Socket-type", "socket-Type":
+			default:
+				return fmt.Errorf("%w: READY property %q is a Socket-Type zmq4 would not read", ErrBadCommand, name)
+			}
+			sockType, seen = value, true
+		}
+	}
+	if !seen || !knownSocketTypes[sockType] {
+		return fmt.Errorf("%w: READY without a known Socket-Type (got %q)", ErrBadCommand, sockType)
 	}
 	return nil
 }
