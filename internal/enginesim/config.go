@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvevents"
 )
 
 // Role is the engine's part in prefill/decode disaggregation.
@@ -81,6 +83,10 @@ type Config struct {
 	EventLayout      string // "map" (vLLM >= 0.26), "array" (the last array layout) or "array-v0.15|v0.11|v0.9"
 	EventTopic       string // ZMQ topic frame; vLLM's default is ""
 	ReplayBuffer     int    // batches kept for replay (vLLM buffer_steps)
+	// ReplayLayout is the replay ROUTER's reply shape: "current" (every
+	// reply carries the topic frame, as vLLM does today; the default) or
+	// "legacy" (["", seq, payload], older vLLM). See docs/parity.md.
+	ReplayLayout string
 	DataParallelRank int
 	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
 	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
@@ -210,6 +216,9 @@ func (c Config) validate() error {
 	}
 	if c.DataParallelRank < 0 {
 		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
+	}
+	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
+		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
 	}
 	if c.KVEventsEndpoint != "none" {
 		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {

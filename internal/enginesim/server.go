@@ -106,7 +106,7 @@ func New(cfg Config) (*Engine, error) {
 		e.cfg.ID = net.JoinHostPort(cfg.Host, strconv.Itoa(port))
 	}
 	if cfg.KVEventsEndpoint != "none" {
-		e.pub, err = newPublisher(cfg.Logger, cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.EventTopic, cfg.ReplayBuffer)
+		e.pub, err = newPublisher(cfg.Logger, cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.EventTopic, cfg.ReplayBuffer, cfg.ReplayLayout)
 		if err != nil {
 			e.ln.Close()
 			return nil, fmt.Errorf("enginesim: %w", err)
