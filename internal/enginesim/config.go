@@ -86,7 +86,7 @@ type Config struct {
 	// ReplayLayout is the replay ROUTER's reply shape: "current" (every
 	// reply carries the topic frame, as vLLM does today; the default) or
 	// "legacy" (["", seq, payload], older vLLM). See docs/parity.md.
-	ReplayLayout string
+	ReplayLayout     string
 	DataParallelRank int
 	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
 	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.

@@ -23,11 +23,11 @@ type bufferedBatch struct {
 // optional ROUTER answering replay requests from a ring of the last
 // bufferSteps batches.
 type publisher struct {
-	log   *slog.Logger
+	log    *slog.Logger
 	topic  []byte
 	layout kvevents.ReplayLayout
 	pub    zmq4.Socket
-	rtr   zmq4.Socket
+	rtr    zmq4.Socket
 
 	mu   sync.Mutex
 	seq  uint64
@@ -52,8 +52,8 @@ func newPublisher(log *slog.Logger, pubEP, replayEP, topic string, bufferSteps i
 		log:    log,
 		topic:  []byte(topic),
 		layout: rl,
-		ring:  make([]bufferedBatch, 0, bufferSteps),
-		done:  make(chan struct{}),
+		ring:   make([]bufferedBatch, 0, bufferSteps),
+		done:   make(chan struct{}),
 	}
 	p.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(zlog))
 	if err := p.pub.SetOption(zmq4.OptionHWM, DefaultKVEventsHWM); err != nil {
