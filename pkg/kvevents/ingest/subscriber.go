@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log"
 	"log/slog"
@@ -236,6 +237,27 @@ func (m *Manager) Close() {
 	}
 }
 
+// Verify asks every rank of the endpoint (service, epIdx) to check that the
+// engine behind it is the one whose blocks it holds; the daemon calls it when
+// the endpoint's health probe sees it come back. It does not wait: each rank
+// checks before it applies its next batch (see rankSub.verify). Unknown
+// endpoints are ignored.
+func (m *Manager) Verify(service uint32, epIdx int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range m.subs {
+		if s.target.Service != service || s.target.EPIdx != epIdx {
+			continue
+		}
+		for _, r := range s.ranks {
+			select {
+			case r.verifyReq <- struct{}{}:
+			default: // one check is already pending
+			}
+		}
+	}
+}
+
 // RankStatus is one rank's subscriber state.
 type RankStatus struct {
 	Rank      int
@@ -299,7 +321,9 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 			opts:   opts,
 			log: opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx, "rank", r,
 				"endpoint", t.pubEndpoint(r)),
-			ingest: Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r},
+			ingest:     Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r},
+			digestSeed: maphash.MakeSeed(),
+			verifyReq:  make(chan struct{}, 1),
 		}
 		e.ranks = append(e.ranks, rs)
 		e.obs.RankConnected(e.ref, r, false)
@@ -359,6 +383,13 @@ type rankSub struct {
 	bootstrapped    bool
 	replayDownUntil time.Time
 	replayLogged    bool
+	// lastDigest fingerprints the payload applied at seq.Last, so a replay
+	// can tell the same engine (same batch at L) from a restarted one.
+	digestSeed maphash.Seed
+	lastDigest uint64
+
+	// verifyReq asks the rank's goroutine to check the engine (Manager.Verify).
+	verifyReq chan struct{}
 
 	statusMu  sync.Mutex
 	connected bool
@@ -426,6 +457,7 @@ func (r *rankSub) run(ctx context.Context) {
 			continue
 		}
 		dialFailLogged = false
+		everConnectedBefore := everConnected
 		if everConnected {
 			r.ep.obs.Reconnected(r.ep.ref)
 			r.log.Info("kv subscriber: socket rebuilt; inventory and sequence kept", "last_seq", r.seq.Last, "has_seq", r.seq.Known)
@@ -434,7 +466,7 @@ func (r *rankSub) run(ctx context.Context) {
 		}
 		everConnected = true
 		r.setConnected(true)
-		got, err := r.receive(ctx, sock)
+		got, err := r.receive(ctx, sock, everConnectedBefore)
 		_ = sock.Close()
 		r.setConnected(false)
 		if ctx.Err() != nil {
@@ -496,7 +528,7 @@ type liveMsg struct {
 // burst or a replay in progress never backs up the socket, and applies the
 // queue in order. It returns when the socket fails or ctx ends; got reports
 // whether any message arrived.
-func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err error) {
+func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool) (got bool, err error) {
 	queue := make(chan liveMsg, r.opts.QueueLen)
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
@@ -519,11 +551,22 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err 
 	if !r.bootstrapped {
 		r.bootstrapped = true
 		r.bootstrap(ctx)
+	} else if reconnect {
+		// The engine may have restarted while the socket was down: check
+		// before the next live batch, so a restarted engine's old blocks are
+		// gone before anything is scored against the new one.
+		select {
+		case <-r.verifyReq: // this check answers a pending probe-up too
+		default:
+		}
+		r.verify(ctx, false)
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return got, ctx.Err()
+		case <-r.verifyReq:
+			r.verify(ctx, true)
 		case m, ok := <-queue:
 			if !ok {
 				return got, <-recvErr
@@ -599,6 +642,7 @@ func (r *rankSub) apply(seq uint64, payload []byte) {
 	// A malformed payload still consumes its sequence number: asking for it
 	// again would only fetch the same bytes.
 	r.seq.Applied(seq)
+	r.lastDigest = maphash.Bytes(r.digestSeed, payload)
 	r.noteSeq()
 	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
 }
@@ -649,13 +693,65 @@ func (r *rankSub) repair(ctx context.Context, start uint64, purpose ReplayPurpos
 // cannot repair the gap.
 func (r *rankSub) repairIfCovered(ctx context.Context, start uint64) (ReplayStats, bool) {
 	covered := false
-	st, ok := r.replayWith(ctx, start, ReplayGap, r.opts.RepairTimeout, func(first bool, seq uint64) bool {
+	st, ok := r.replayWith(ctx, start, ReplayGap, r.opts.RepairTimeout, func(first bool, seq uint64, _ []byte) bool {
 		if first {
 			covered = seq == start
 		}
 		return covered
 	})
 	return st, ok && covered
+}
+
+// verify checks that the engine behind the rank is still the one whose blocks
+// the rank holds, after a socket rebuild or when the health probe saw the
+// engine come back (probeUp). With a replay endpoint it asks for the buffer
+// from L: the same engine still has batch L, byte for byte, and the batches
+// after it are applied as a gap repair; a restarted engine has no batch L
+// (its sequence restarted below L) or a different one, and the rank is
+// cleared and rebuilt from the new engine's buffer. Without replay, a
+// reconnect keeps the inventory (the spec's near reconnect; a restart still
+// shows as the sequence going back), but a probe-up clears it: the engine
+// was unreachable, and stale blocks score hits that are not there.
+// See docs/ingest.md, "Engine restarts".
+func (r *rankSub) verify(ctx context.Context, probeUp bool) {
+	if !r.seq.Known {
+		return // nothing applied, so nothing stale
+	}
+	last, digest := r.seq.Last, r.lastDigest
+	if !r.replayUsable() {
+		if probeUp {
+			r.log.Info("kv subscriber: engine came back and there is no replay to check it; clearing rank", "last", last)
+			r.clear(ClearUnverified)
+		}
+		return
+	}
+	same, decided := false, false
+	st, ok := r.replayWith(ctx, last, ReplayVerify, r.opts.RepairTimeout, func(first bool, seq uint64, payload []byte) bool {
+		if first {
+			// Batch L decides, before anything is applied.
+			decided = true
+			same = seq == last && maphash.Bytes(r.digestSeed, payload) == digest
+		}
+		return same
+	})
+	if !ok {
+		// Unknown: the live table still catches a sequence that goes back.
+		return
+	}
+	if !decided {
+		same = false // the buffer ends below L: the sequence restarted
+	}
+	if same {
+		r.log.Debug("kv subscriber: same engine after reconnect", "last", last, "replay_last", st.Last)
+		return
+	}
+	r.log.Info("kv subscriber: engine restarted while disconnected; clearing rank and replaying its new history",
+		"last", last, "replay_first", st.First, "replay_batches", st.Batches)
+	r.ep.obs.Sequence(r.ep.ref, r.rank, SeqRestart, 0)
+	r.clear(ClearRestart)
+	r.seq = SeqState{}
+	r.noteSeq()
+	r.replayFrom(ctx, 0, ReplayRestart, r.opts.RepairTimeout)
 }
 
 func (r *rankSub) replayFrom(ctx context.Context, start uint64, purpose ReplayPurpose, timeout time.Duration) (ReplayStats, bool) {
@@ -666,12 +762,12 @@ func (r *rankSub) replayFrom(ctx context.Context, start uint64, purpose ReplayPu
 // batch is applied and can stop the exchange. Afterwards every live message
 // already queued is marked as overlapping the replay.
 func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPurpose, timeout time.Duration,
-	accept func(first bool, seq uint64) bool) (ReplayStats, bool) {
+	accept func(first bool, seq uint64, payload []byte) bool) (ReplayStats, bool) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	n := 0
 	st, err := fetchReplay(rctx, zmtpguard.Wrap(r.replay, uint64(r.opts.MaxFrameBytes)), start, r.opts.MaxReplayBatches, r.opts.DialTimeout, func(seq uint64, payload []byte) error {
-		if accept != nil && !accept(n == 0, seq) {
+		if accept != nil && !accept(n == 0, seq, payload) {
 			return errReplayStop
 		}
 		n++

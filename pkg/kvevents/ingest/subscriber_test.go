@@ -446,8 +446,78 @@ func TestNearReconnect(t *testing.T) {
 	if n := h.rec.get(func(r *recorder) int { return len(r.clears) }); n != 0 {
 		t.Errorf("a near reconnect cleared the inventory: %v", h.rec.clears)
 	}
-	if h.rec.get(func(r *recorder) int { return r.seq[SeqSmallGap] }) == 0 {
-		t.Errorf("no small gap seen after the rebuild: %v", h.rec.seq)
+	// The reconnect check found batch L unchanged and repaired the rest
+	// before the first live batch.
+	if h.rec.get(func(r *recorder) int { return r.replays["verify/true"] }) == 0 {
+		t.Errorf("no verify replay after the rebuild: %v", h.rec.replays)
+	}
+}
+
+// TestRestartWhileDisconnected: the engine restarts (sequence from 0, empty
+// cache) while the subscriber is disconnected. Its old blocks must be gone
+// as soon as the subscriber is back, before the new engine publishes a
+// live batch. Before the reconnect check they stayed scored until then.
+func TestRestartWhileDisconnected(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name     string
+		replay   bool
+		history  int  // batches the new engine published while kvgate was away
+		probeUp  bool // the health probe reports the engine back (Manager.Verify)
+		wantKeep bool // the old blocks survive (no way to tell)
+	}{
+		{name: "replay, nothing published yet", replay: true},
+		{name: "replay, shorter new history", replay: true, history: 3},
+		{name: "replay, longer new history (batch L differs)", replay: true, history: 15},
+		{name: "no replay, reconnect only", wantKeep: true},
+		{name: "no replay, probe up", probeUp: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, harnessConfig{replay: tc.replay})
+			p := h.pubs[0]
+			h.sync(0)
+			old := hashRange(7000, 8)
+			for range 10 {
+				p.publish(false, stored(old...))
+			}
+			h.waitSeq(0, p.publish(false, stored(old...)))
+			p.stop()
+			waitFor(t, "disconnect", func() bool { return !h.rank(0).Connected })
+			p.mu.Lock()
+			p.seq, p.buf, p.cache = 0, nil, map[uint64]bool{}
+			p.mu.Unlock()
+			fresh := hashRange(9000, 2)
+			for range tc.history {
+				p.publish(true, stored(fresh...))
+			}
+			p.reopen()
+			waitFor(t, "reconnect", func() bool { return h.rank(0).Connected })
+			if tc.probeUp {
+				h.mgr.Verify(h.target.Service, h.target.EPIdx)
+			}
+			if tc.wantKeep {
+				time.Sleep(200 * time.Millisecond)
+				if got := h.inventory(); !slices.Contains(got, old[0]) {
+					t.Fatalf("inventory %v lost the old blocks without a way to tell", trunc(got))
+				}
+				return
+			}
+			waitFor(t, "old blocks cleared", func() bool { return !slices.Contains(h.inventory(), old[0]) })
+			want := p.cached()
+			waitFor(t, "the new engine's history", func() bool { return slices.Equal(h.inventory(), want) })
+			// Live batches of the new engine then apply in order.
+			next := hashRange(9500, 2)
+			waitFor(t, "a live batch of the new engine", func() bool {
+				p.publish(false, stored(next...))
+				time.Sleep(20 * time.Millisecond)
+				return slices.Contains(h.inventory(), next[0])
+			})
+			if tc.replay {
+				h.wantInventory(p.cached())
+			}
+		})
 	}
 }
 
