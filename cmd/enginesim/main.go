@@ -127,6 +127,7 @@ Example (three engines on separate loopback addresses, same ports):
 	f.StringSliceVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapter names served on the model, name[,name] (vLLM's name=path is accepted; the path is ignored): requests naming one hash with its lora_name")
 	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")
 	f.IntVar(&cfg.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")
+	f.IntVar(&cfg.HashBlockSize, "hash-block-size", 0, "hash block size when --block-size is a multiple of it (hybrid models, prefix_match_unit): events carry every k-th hash of the finer chain (0 = --block-size)")
 	f.StringVar(&cfg.HashAlgo, "prefix-caching-hash-algo", def.HashAlgo, "block hash: sha256_cbor, xxhash_cbor, sha256 (pickle) or xxhash (pickle)")
 	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", def.NumGPUBlocks, "KV cache capacity in blocks (block 0 is reserved, as in vLLM)")
 	f.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", `ZMQ PUB endpoint to bind (default "tcp://<host>:5557"; "none" disables events)`)

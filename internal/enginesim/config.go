@@ -70,7 +70,12 @@ type Config struct {
 	Tokenizer Tokenizer
 
 	BlockSize int
-	HashAlgo  string // sha256_cbor | xxhash_cbor | sha256 | xxhash
+	// HashBlockSize is the hash block size when the KV block is a multiple
+	// of it (vLLM's hybrid models and prefix_match_unit): events then carry
+	// block_size BlockSize and, per block, the hash-chain value at its last
+	// hash boundary. 0 means BlockSize.
+	HashBlockSize int
+	HashAlgo      string // sha256_cbor | xxhash_cbor | sha256 | xxhash
 	// PythonHashSeed is the PYTHONHASHSEED value; HashSeedSet false means
 	// unset (vLLM's fixed "vllm-none-hash" for sha256*, random for xxhash*).
 	PythonHashSeed string
@@ -184,6 +189,9 @@ func (c Config) validate() error {
 	}
 	if c.BlockSize < 1 || c.BlockSize > 4096 {
 		errs = append(errs, fmt.Errorf("block-size %d: want 1..4096", c.BlockSize))
+	}
+	if c.HashBlockSize < 0 || (c.HashBlockSize > 0 && c.BlockSize%c.HashBlockSize != 0) {
+		errs = append(errs, fmt.Errorf("hash-block-size %d: block-size %d must be a multiple of it", c.HashBlockSize, c.BlockSize))
 	}
 	if c.NumGPUBlocks < 2 || c.NumGPUBlocks > 1<<24 {
 		errs = append(errs, fmt.Errorf("num-gpu-blocks %d: want 2..16777216", c.NumGPUBlocks))
