@@ -243,3 +243,76 @@ func TestEngineRestartSequenceReset(t *testing.T) {
 	})
 	d.alive(t)
 }
+
+// TestHashGranularity: engines whose KV block is a multiple of the rule's
+// kvBlockSize (hybrid models, prefix_match_unit) publish every k-th hash of
+// the chain kvgate computes; kvgate scores with that stride and the warm
+// request is a real tier-1.5 hit. Before, the first block never matched and
+// every request scored 0. A block size that is not a multiple is named:
+// requests skip the tier with reason hashes and kvgate_kv_skip_total{cause=
+// "block_size"} counts them.
+func TestHashGranularity(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name                 string
+		blockSize, hashBlock int
+		wantHit              bool
+	}{
+		{"group block of two hash blocks", 32, 16, true},
+		{"group block of four hash blocks", 64, 16, true},
+		{"block size not a multiple", 24, 8, false},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			block := testnet.Block(t)
+			hosts := []string{block + "11", block + "12"}
+			zmq := testnet.PortPair(t, hosts[0], 1000)
+			var eps []endpoint
+			for j, h := range hosts {
+				c := engineConfig("engine-"+strconv.Itoa(j), h, 0, zmq)
+				c.BlockSize, c.HashBlockSize, c.NumGPUBlocks = tc.blockSize, tc.hashBlock, 512
+				eps = append(eps, urlEndpoint(t, startEngine(t, c).URL()))
+			}
+			d := startDaemon(t, block)
+			service, base := d.createRule(t, block, zmq, eps) // kvBlockSize 16
+			waitFor(t, "both subscribers", 15*time.Second, func() bool {
+				return d.metric(t, "loxilb_kv_subscriber_connected", map[string]string{"service": strconv.Itoa(service)}) == 2
+			})
+			time.Sleep(200 * time.Millisecond)
+			prefix := tokens(30000+i*1000, 128)
+			cold := complete(t, base, append(slices.Clone(prefix), 1))
+			if cold.status != 200 {
+				t.Fatalf("cold: %d %s", cold.status, cold.body)
+			}
+			if tc.wantHit {
+				x, _ := strconv.Atoi(cold.field("ep"))
+				waitFor(t, "the cold prompt's blocks", 10*time.Second, func() bool { return len(d.inventory(t, service, x)) >= 2 })
+				warm := complete(t, base, append(slices.Clone(prefix), 2))
+				if warm.field("tier") != "1.5" || warm.field("ep") != strconv.Itoa(x) || warm.cached == 0 {
+					t.Fatalf("warm: decision %q cached %d, want a tier-1.5 hit on ep %d", warm.decision, warm.cached, x)
+				}
+				return
+			}
+			skips := func() float64 {
+				return d.metric(t, "kvgate_kv_skip_total", map[string]string{"service": strconv.Itoa(service), "cause": "block_size"})
+			}
+			waitFor(t, "a request skipped for block_size", 10*time.Second, func() bool {
+				r := complete(t, base, append(slices.Clone(prefix), 3))
+				if r.status != 200 {
+					t.Fatalf("request: %d %s", r.status, r.body)
+				}
+				if r.field("tier") == "1.5" {
+					t.Fatalf("tier-1.5 decision %q on blocks that cannot match", r.decision)
+				}
+				return skips() > 0
+			})
+			if n := d.metric(t, "loxilb_pd_kv_tier15_miss_reason_total", map[string]string{"service": strconv.Itoa(service), "reason": "hashes"}); n == 0 {
+				t.Errorf("no tier-1.5 miss counted under reason hashes")
+			}
+			if !strings.Contains(d.logs.String(), "not a multiple of kvBlockSize") {
+				t.Error("the block size mismatch was not logged")
+			}
+		})
+	}
+}

@@ -35,6 +35,9 @@ type Target struct {
 	ReplayPort int
 	// Inventory is the rule's index; the endpoint's ranks write into it.
 	Inventory Sink
+	// Granularity, when set, is the rule's: the endpoint's ranks report the
+	// block size their engine publishes (see Granularity).
+	Granularity *Granularity
 }
 
 // Key is the target's stable identity: service and ip:port, never its position.
@@ -321,7 +324,7 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 			opts:   opts,
 			log: opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx, "rank", r,
 				"endpoint", t.pubEndpoint(r)),
-			ingest:     Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r},
+			ingest:     Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r, Granularity: t.Granularity},
 			digestSeed: maphash.MakeSeed(),
 			verifyReq:  make(chan struct{}, 1),
 		}
@@ -352,6 +355,9 @@ func (e *endpointSub) stop(forget bool) {
 			e.ranks[0].log.Warn("kv subscriber: clearing inventory of removed endpoint failed", "err", err)
 		}
 		e.obs.Blocks(e.ref, e.target.Inventory.Blocks(e.target.EPIdx))
+		if e.target.Granularity != nil {
+			e.target.Granularity.forget(e.target.EPIdx)
+		}
 		e.obs.EndpointGone(e.ref)
 	}
 }
@@ -638,6 +644,16 @@ func (r *rankSub) apply(seq uint64, payload []byte) {
 		r.log.Debug("kv subscriber: batch not applied", "seq", seq, "err", err)
 	} else if res.Skipped > 0 {
 		r.log.Debug("kv subscriber: events skipped", "seq", seq, "skipped", res.Skipped)
+	}
+	if res.BlockSize != 0 {
+		g := r.ingest.Granularity
+		if res.BadBlockSize {
+			r.log.Warn("kv subscriber: the engine publishes block_size that is not a multiple of kvBlockSize; its blocks can never match a request and are not stored (requests skip the KV tier with reason hashes, kvgate_kv_skip_total{cause=\"block_size\"})",
+				"block_size", res.BlockSize, "kvBlockSize", g.HashBlockSize())
+		} else {
+			r.log.Info("kv subscriber: engine block size", "block_size", res.BlockSize, "kvBlockSize", g.HashBlockSize(),
+				"hashes_per_block", res.BlockSize/g.HashBlockSize(), "rule_step", g.Step())
+		}
 	}
 	// A malformed payload still consumes its sequence number: asking for it
 	// again would only fetch the same bytes.
