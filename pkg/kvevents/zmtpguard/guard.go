@@ -60,8 +60,11 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
-	if e.What == "frames per message" {
+	switch e.What {
+	case "frames per message":
 		return fmt.Sprintf("zmtpguard: message has more than %d frames", e.Limit)
+	case "command":
+		return fmt.Sprintf("zmtpguard: peer declared a command of %d bytes, over the %d-byte command bound", e.Size, e.Limit)
 	}
 	return fmt.Sprintf("zmtpguard: peer declared a %s of %d bytes, over the %d-byte bound (LLB_KV_MAX_FRAME_BYTES)", e.What, e.Size, e.Limit)
 }
