@@ -168,3 +168,36 @@ func FuzzZMTPPeer(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkRecvMsg measures what the guard adds to zmq4's receive path: b.N
+// KV-event messages ([topic, seq, 4 KiB payload]) read through zmq4.Conn
+// from memory, plain and guarded.
+//
+//	go test -run '^$' -bench RecvMsg -count 6 ./pkg/kvevents/zmtpguard/
+func BenchmarkRecvMsg(b *testing.B) {
+	msg := zmtptest.Message([]byte("kv-events"), make([]byte, 8), make([]byte, 4096))
+	for _, guarded := range []bool{false, true} {
+		name := "plain"
+		if guarded {
+			name = "guarded"
+		}
+		b.Run(name, func(b *testing.B) {
+			stream := pub(bytes.Repeat(msg, b.N))
+			var c net.Conn = byteConn{bytes.NewReader(stream)}
+			if guarded {
+				c = NewConn(c, DefaultMaxFrameBytes)
+			}
+			zc, err := zmq4.Open(c, null.Security(), zmq4.Sub, nil, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(msg)))
+			b.ResetTimer()
+			for range b.N {
+				if _, err := zc.RecvMsg(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
