@@ -134,7 +134,7 @@ type endpoint struct {
 
 // createRule creates a kvExactMode-3 rule on <block>.1 over eps, all
 // publishing KV events on zmqPort, and returns its service id and base URL.
-func (d *daemon) createRule(t *testing.T, block string, zmqPort int, eps []endpoint) (int, string) {
+func (d *daemon) createRule(t *testing.T, block string, zmqPort int, eps []endpoint, extra ...map[string]any) (int, string) {
 	t.Helper()
 	vip := block + "1"
 	port := testnet.Port(t, vip)
@@ -142,11 +142,14 @@ func (d *daemon) createRule(t *testing.T, block string, zmqPort int, eps []endpo
 	for _, e := range eps {
 		list = append(list, map[string]any{"endpointIP": e.host, "targetPort": e.port, "weight": 1})
 	}
-	body, _ := json.Marshal(map[string]any{
-		"serviceArguments": map[string]any{"externalIP": vip, "port": port, "protocol": "tcp", "sel": 0, "mode": 4,
-			"kvExactMode": 3, "kvZmqPort": zmqPort, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16},
-		"endpoints": list,
-	})
+	args := map[string]any{"externalIP": vip, "port": port, "protocol": "tcp", "sel": 0, "mode": 4,
+		"kvExactMode": 3, "kvZmqPort": zmqPort, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16}
+	for _, m := range extra {
+		for k, v := range m {
+			args[k] = v
+		}
+	}
+	body, _ := json.Marshal(map[string]any{"serviceArguments": args, "endpoints": list})
 	resp, err := http.Post(d.api+"/netlox/v1/config/loadbalancer", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

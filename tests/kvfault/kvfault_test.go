@@ -178,70 +178,100 @@ func TestSilentPublisher(t *testing.T) {
 }
 
 // TestEngineRestartSequenceReset: the engine holding a prompt's blocks
-// restarts (new process state: sequence from 0, empty cache) and publishes
-// nothing yet. kvgate must drop its old blocks as soon as it reconnects,
-// before any new batch; before the reconnect check they stayed, and the
-// next request sharing the prefix got a tier-1.5 "hit" with 0 cached
-// tokens.
+// restarts (sequence from 0, empty cache) and publishes nothing yet. kvgate
+// must drop its old blocks before any new batch arrives: with a replay
+// socket when the subscriber reconnects (the replay shows a new history),
+// without one when the health probe sees the engine come back. Before, they
+// stayed until the new engine published, and the next request sharing the
+// prefix got a tier-1.5 "hit" with 0 cached tokens.
 func TestEngineRestartSequenceReset(t *testing.T) {
 	t.Parallel()
-	block := testnet.Block(t)
-	hosts := []string{block + "11", block + "12"}
-	zmq := testnet.PortPair(t, hosts[0], 1000)
-	for {
-		if l, err := net.Listen("tcp", net.JoinHostPort(hosts[1], strconv.Itoa(zmq+1000))); err == nil {
-			l.Close()
-			break
-		}
-		zmq = testnet.PortPair(t, hosts[0], 1000)
+	cases := []struct {
+		name   string
+		replay bool
+		reason string // the clear's reason label
+	}{
+		{"replay: reconnect check", true, "restart"},
+		{"no replay: probe up", false, "unverified"},
 	}
-	cfgs := make([]enginesim.Config, 2)
-	engines := make([]struct{ e *enginesim.Engine }, 2)
-	for i, h := range hosts {
-		cfgs[i] = engineConfig("engine-"+strconv.Itoa(i), h, testnet.Port(t, h), zmq)
-		engines[i].e = startEngine(t, cfgs[i])
-	}
-	d := startDaemon(t, block)
-	service, base := d.createRule(t, block, zmq, []endpoint{urlEndpoint(t, engines[0].e.URL()), urlEndpoint(t, engines[1].e.URL())})
-	waitFor(t, "both subscribers", 15*time.Second, func() bool {
-		return d.metric(t, "loxilb_kv_subscriber_connected", map[string]string{"service": strconv.Itoa(service)}) == 2
-	})
-	time.Sleep(200 * time.Millisecond) // ZeroMQ subscriptions settle after the connect
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			block := testnet.Block(t)
+			hosts := []string{block + "11", block + "12"}
+			zmq := testnet.PortPair(t, hosts[0], 1000)
+			for {
+				if l, err := net.Listen("tcp", net.JoinHostPort(hosts[1], strconv.Itoa(zmq+1000))); err == nil {
+					l.Close()
+					break
+				}
+				zmq = testnet.PortPair(t, hosts[0], 1000)
+			}
+			cfgs := make([]enginesim.Config, 2)
+			engines := make([]*enginesim.Engine, 2)
+			for i, h := range hosts {
+				cfgs[i] = engineConfig("engine-"+strconv.Itoa(i), h, testnet.Port(t, h), zmq)
+				engines[i] = startEngine(t, cfgs[i])
+			}
+			var env []string
+			if !tc.replay {
+				env = append(env, "LLB_KV_REPLAY_PORT_OFFSET=0")
+			}
+			d := startDaemon(t, block, env...)
+			service, base := d.createRule(t, block, zmq, []endpoint{urlEndpoint(t, engines[0].URL()), urlEndpoint(t, engines[1].URL())},
+				map[string]any{"probeInterval": 1, "probeRetries": 1, "probeTimeout": 1})
+			svc := strconv.Itoa(service)
+			waitFor(t, "both subscribers", 15*time.Second, func() bool {
+				return d.metric(t, "loxilb_kv_subscriber_connected", map[string]string{"service": svc}) == 2
+			})
+			time.Sleep(200 * time.Millisecond) // ZeroMQ subscriptions settle after the connect
 
-	prefix := tokens(20000, 64)
-	cold := complete(t, base, append(slices.Clone(prefix), 1, 2, 3))
-	if cold.status != 200 {
-		t.Fatalf("cold: %d %s", cold.status, cold.body)
-	}
-	x, _ := strconv.Atoi(cold.field("ep"))
-	waitFor(t, "the cold prompt's blocks", 10*time.Second, func() bool { return len(d.inventory(t, service, x)) >= 4 })
-	warm := complete(t, base, append(slices.Clone(prefix), 4, 5, 6))
-	if warm.field("tier") != "1.5" || warm.field("ep") != strconv.Itoa(x) || warm.cached == 0 {
-		t.Fatalf("warm before the restart: decision %q cached %d, want a tier-1.5 hit on ep %d", warm.decision, warm.cached, x)
-	}
+			prefix := tokens(20000, 64)
+			cold := complete(t, base, append(slices.Clone(prefix), 1, 2, 3))
+			if cold.status != 200 {
+				t.Fatalf("cold: %d %s", cold.status, cold.body)
+			}
+			x, _ := strconv.Atoi(cold.field("ep"))
+			ep := strconv.Itoa(x)
+			waitFor(t, "the cold prompt's blocks", 10*time.Second, func() bool { return len(d.inventory(t, service, x)) >= 4 })
+			warm := complete(t, base, append(slices.Clone(prefix), 4, 5, 6))
+			if warm.field("tier") != "1.5" || warm.field("ep") != ep || warm.cached == 0 {
+				t.Fatalf("warm before the restart: decision %q cached %d, want a tier-1.5 hit on ep %d", warm.decision, warm.cached, x)
+			}
 
-	reconnects := func() float64 {
-		return d.metric(t, "loxilb_kv_subscriber_reconnect_total", map[string]string{"ep": strconv.Itoa(x)})
+			engines[x].Close()
+			if !tc.replay {
+				// Down long enough for the probe to see it.
+				waitFor(t, "the probe to mark the engine down", 10*time.Second, func() bool {
+					return d.metric(t, "kvgate_endpoint_probe_transitions_total", map[string]string{"service": svc, "ep_idx": ep, "to": "down"}) > 0
+				})
+			}
+			engines[x] = startEngine(t, cfgs[x]) // same ports, sequence from 0, empty cache
+			waitFor(t, "the restarted engine's old blocks to go", 15*time.Second, func() bool {
+				return len(d.inventory(t, service, x)) == 0
+			})
+			if n := d.metric(t, "kvgate_kv_subscriber_clears_total", map[string]string{"service": svc, "ep": ep, "reason": tc.reason}); n < 1 {
+				t.Errorf("clears{reason=%q} = %v, want ≥ 1", tc.reason, n)
+			}
+			if !tc.replay {
+				waitFor(t, "the engine back in rotation", 10*time.Second, func() bool {
+					return d.metric(t, "kvgate_endpoint_probe_up", map[string]string{"service": svc, "ep_idx": ep}) == 1
+				})
+			}
+			again := complete(t, base, append(slices.Clone(prefix), 7, 8, 9))
+			if again.status != 200 {
+				t.Fatalf("after the restart: %d %s", again.status, again.body)
+			}
+			if again.field("tier") == "1.5" && again.cached == 0 {
+				t.Fatalf("after the restart: tier-1.5 hit with 0 cached tokens (decision %q)", again.decision)
+			}
+			// The engines' own batches then fill the inventory again.
+			waitFor(t, "new blocks", 10*time.Second, func() bool {
+				return len(d.inventory(t, service, 0))+len(d.inventory(t, service, 1)) >= 4
+			})
+			d.alive(t)
+		})
 	}
-	before := reconnects()
-	engines[x].e.Close()
-	engines[x].e = startEngine(t, cfgs[x]) // same ports, sequence from 0, empty cache
-	waitFor(t, "the subscriber to reconnect", 20*time.Second, func() bool { return reconnects() > before })
-	waitFor(t, "the restarted engine's old blocks to go", 5*time.Second, func() bool {
-		return len(d.inventory(t, service, x)) == 0
-	})
-	again := complete(t, base, append(slices.Clone(prefix), 7, 8, 9))
-	if again.status != 200 {
-		t.Fatalf("after the restart: %d %s", again.status, again.body)
-	}
-	if again.field("tier") == "1.5" && again.cached == 0 {
-		t.Fatalf("after the restart: tier-1.5 hit with 0 cached tokens (decision %q)", again.decision)
-	}
-	// The new engine's own batches then fill the inventory again.
-	waitFor(t, "the new engine's blocks", 10*time.Second, func() bool {
-		return len(d.inventory(t, service, 0))+len(d.inventory(t, service, 1)) >= 4
-	})
-	d.alive(t)
 }
 
 // TestHashGranularity: engines whose KV block is a multiple of the rule's
