@@ -11,7 +11,7 @@ import (
 //
 //	PUB message:            [topic, seq (8 bytes big-endian), payload]
 //	replay request:         ["", seq8]                 (a REQ socket adds the "" itself)
-//	replay reply (current): ["", topic, seq8, payload] (vLLM PR #45177, mid-2026)
+//	replay reply (current): ["", topic, seq8, payload] (vLLM since mid-2026; docs/parity.md)
 //	replay end (current):   ["", "", 0xFF x 8, ""]
 //	replay reply (legacy):  ["", seq8, payload]        (vLLM before that change)
 //	replay end (legacy):    ["", 0xFF x 8, ""]

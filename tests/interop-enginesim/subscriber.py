@@ -8,7 +8,7 @@ fetches a replay over a DEALER socket and compares it with what was received.
 
 Usage: subscriber.py PUB_ENDPOINT REPLAY_ENDPOINT LAYOUT SEED BLOCK_SIZE MAX_BATCHES [REPLAY_LAYOUT TOPIC]
 
-REPLAY_LAYOUT is "current" (vLLM PR #45177: every reply is
+REPLAY_LAYOUT is "current" (vLLM since mid-2026, docs/parity.md: every reply is
 [b"", topic, seq8, payload], the end marker [b"", b"", 0xFF*8, b""]) or
 "legacy" ([b"", seq8, payload], end [b"", 0xFF*8, b""]).
 Reads until a batch holds AllBlocksCleared (the test ends with a reset).

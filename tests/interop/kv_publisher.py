@@ -14,8 +14,8 @@ ZmqEventPublisher does, and takes commands as JSON lines on stdin:
 
 It prints "ready" once bound and "ok" after each command.
 Replay protocol (vLLM): the ROUTER receives [identity, b"", seq8]; for each
-buffered batch with seq >= start it sends, in the current layout (vLLM PR
-#45177), [identity, b"", topic, seq8, payload], then
+buffered batch with seq >= start it sends, in the current layout (vLLM
+since mid-2026, docs/parity.md), [identity, b"", topic, seq8, payload], then
 [identity, b"", b"", 0xFF*8, b""]; in the legacy layout
 [identity, b"", seq8, payload], then [identity, b"", 0xFF*8, b""].
 
