@@ -561,11 +561,15 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 		// The engine may have restarted while the socket was down: check
 		// before the next live batch, so a restarted engine's old blocks are
 		// gone before anything is scored against the new one.
+		// A probe-up that came while the socket was down is answered by
+		// this check, with its meaning (no replay: clear).
+		probeUp := false
 		select {
-		case <-r.verifyReq: // this check answers a pending probe-up too
+		case <-r.verifyReq:
+			probeUp = true
 		default:
 		}
-		r.verify(ctx, false)
+		r.verify(ctx, probeUp)
 	}
 	for {
 		select {

@@ -464,6 +464,7 @@ func TestRestartWhileDisconnected(t *testing.T) {
 		replay   bool
 		history  int  // batches the new engine published while kvgate was away
 		probeUp  bool // the health probe reports the engine back (Manager.Verify)
+		early    bool // … while the subscriber is still disconnected
 		wantKeep bool // the old blocks survive (no way to tell)
 	}{
 		{name: "replay, nothing published yet", replay: true},
@@ -471,6 +472,7 @@ func TestRestartWhileDisconnected(t *testing.T) {
 		{name: "replay, longer new history (batch L differs)", replay: true, history: 15},
 		{name: "no replay, reconnect only", wantKeep: true},
 		{name: "no replay, probe up", probeUp: true},
+		{name: "no replay, probe up before the reconnect", probeUp: true, early: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -492,9 +494,12 @@ func TestRestartWhileDisconnected(t *testing.T) {
 			for range tc.history {
 				p.publish(true, stored(fresh...))
 			}
+			if tc.early {
+				h.mgr.Verify(h.target.Service, h.target.EPIdx)
+			}
 			p.reopen()
 			waitFor(t, "reconnect", func() bool { return h.rank(0).Connected })
-			if tc.probeUp {
+			if tc.probeUp && !tc.early {
 				h.mgr.Verify(h.target.Service, h.target.EPIdx)
 			}
 			if tc.wantKeep {
