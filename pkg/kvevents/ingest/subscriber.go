@@ -119,6 +119,11 @@ type Options struct {
 	// applying them (default 8192), so bursts and replays do not back up the
 	// socket.
 	QueueLen int
+	// QueueBytes bounds the bytes of those messages (default 256 MiB): the
+	// reader stops taking from the socket above it, so a publisher of large
+	// batches cannot grow the queue without bound. One message always fits,
+	// whatever its size (it is itself bounded by MaxFrameBytes).
+	QueueBytes int64
 	// MaxFrameBytes is LLB_KV_MAX_FRAME_BYTES: the largest ZMTP frame, and
 	// multipart message, accepted from a publisher or replay socket (default
 	// zmtpguard.DefaultMaxFrameBytes). A peer declaring more loses its
@@ -148,6 +153,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.QueueLen <= 0 {
 		o.QueueLen = 8192
+	}
+	if o.QueueBytes <= 0 {
+		o.QueueBytes = 256 << 20
 	}
 	if o.MaxFrameBytes <= 0 {
 		o.MaxFrameBytes = zmtpguard.DefaultMaxFrameBytes
@@ -528,6 +536,48 @@ func dialBounded(ctx context.Context, sock zmq4.Socket, endpoint string, timeout
 
 type liveMsg struct {
 	frames [][]byte
+	size   int64
+}
+
+// byteBudget bounds the bytes of received messages waiting to be applied.
+type byteBudget struct {
+	limit int64
+	mu    sync.Mutex
+	used  int64
+	freed chan struct{} // signalled on release
+}
+
+func newByteBudget(limit int64) *byteBudget {
+	return &byteBudget{limit: limit, freed: make(chan struct{}, 1)}
+}
+
+// acquire waits until n more bytes fit, or the budget is empty (so a single
+// message larger than the limit still passes), or done closes (false).
+func (b *byteBudget) acquire(n int64, done <-chan struct{}) bool {
+	for {
+		b.mu.Lock()
+		if b.used == 0 || b.used+n <= b.limit {
+			b.used += n
+			b.mu.Unlock()
+			return true
+		}
+		b.mu.Unlock()
+		select {
+		case <-b.freed:
+		case <-done:
+			return false
+		}
+	}
+}
+
+func (b *byteBudget) release(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+	select {
+	case b.freed <- struct{}{}:
+	default:
+	}
 }
 
 // receive drains the socket into a bounded queue on its own goroutine, so a
@@ -536,6 +586,7 @@ type liveMsg struct {
 // whether any message arrived.
 func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool) (got bool, err error) {
 	queue := make(chan liveMsg, r.opts.QueueLen)
+	budget := newByteBudget(r.opts.QueueBytes)
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
 	defer close(done)
@@ -547,8 +598,15 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 				close(queue)
 				return
 			}
+			var size int64
+			for _, f := range msg.Frames {
+				size += int64(len(f))
+			}
+			if !budget.acquire(size, done) {
+				return
+			}
 			select {
-			case queue <- liveMsg{frames: msg.Frames}:
+			case queue <- liveMsg{frames: msg.Frames, size: size}:
 			case <-done:
 				return
 			}
@@ -583,6 +641,7 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 			}
 			got = true
 			r.handle(ctx, m)
+			budget.release(m.size)
 		}
 	}
 }

@@ -746,3 +746,46 @@ func TestBurstWithoutGaps(t *testing.T) {
 		t.Errorf("a burst of %d batches produced gaps: %v", n, h.rec.seq)
 	}
 }
+
+// TestByteBudget: the live queue's byte bound admits while there is room,
+// always admits into an empty queue (one message of any size), and makes the
+// reader wait otherwise, until a release or the end of the receive loop.
+func TestByteBudget(t *testing.T) {
+	b := newByteBudget(100)
+	never := make(chan struct{})
+	closed := make(chan struct{})
+	close(closed)
+	steps := []struct {
+		acquire int64
+		release int64
+		done    chan struct{}
+		want    bool
+	}{
+		{acquire: 60, done: never, want: true},
+		{acquire: 40, done: never, want: true},  // exactly full
+		{acquire: 1, done: closed, want: false}, // over: waits, and the loop ended
+		{release: 100},
+		{acquire: 500, done: never, want: true}, // empty: one oversized message passes
+		{acquire: 1, done: closed, want: false},
+		{release: 500},
+		{acquire: 1, done: never, want: true},
+	}
+	for i, s := range steps {
+		if s.release > 0 {
+			b.release(s.release)
+			continue
+		}
+		if got := b.acquire(s.acquire, s.done); got != s.want {
+			t.Fatalf("step %d: acquire(%d) = %v, want %v", i, s.acquire, got, s.want)
+		}
+	}
+	// A waiting reader proceeds once the consumer releases.
+	b2 := newByteBudget(10)
+	b2.acquire(10, never)
+	got := make(chan bool)
+	go func() { got <- b2.acquire(5, never) }()
+	b2.release(10)
+	if !<-got {
+		t.Fatal("the waiting acquire did not proceed after the release")
+	}
+}
