@@ -14,6 +14,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -63,6 +65,12 @@ type Options struct {
 	Logger            *slog.Logger
 	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
 	SubscriberOptions ingest.Options
+	// EndpointCIDRs restricts rule endpoints to these ranges (--endpoint-cidrs;
+	// empty: any address).
+	EndpointCIDRs []netip.Prefix
+	// APIMiddleware wraps the management API (authentication and audit,
+	// package apiauth); nil serves it bare.
+	APIMiddleware func(http.Handler) http.Handler
 	// VIPs, when set, puts each rule's VIP on a device while the rule exists
 	// (--vip-dev, package vip); nil leaves addresses to the operator.
 	VIPs VIPPlumber
@@ -75,6 +83,7 @@ type Gateway struct {
 	Metrics *metrics.Metrics
 	API     *api.Server
 	pool    *tokenizer.Pool
+	ready   *preloader
 	subs    *ingest.Manager
 	leg     *datapath.Selected
 	// slots keeps the BPF load map's endpoint registrations; nil when the
@@ -146,15 +155,26 @@ func New(opts Options) (*Gateway, error) {
 	if opts.AccessLog != nil {
 		g.access = slog.New(slog.NewJSONHandler(opts.AccessLog, nil))
 	}
-	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(g.log), tokenizer.WithObserver(poolObserver{g.log}))
+	// Tokenizer warnings are rate-limited: each unknown model in a request
+	// would otherwise log two WARN lines.
+	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
+	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
+	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady)
+	defer func() {
+		if !built {
+			g.ready.close()
+		}
+	}()
+	g.ready.scan()
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
+	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)
 
 	g.status = g.newStatus()
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Log: g.log}
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -218,6 +238,7 @@ func (g *Gateway) Shutdown() {
 		}()
 	}
 	wg.Wait()
+	g.ready.close()
 	g.subs.Close()
 	if err := g.leg.Close(); err != nil {
 		g.log.Warn("closing the data path", "err", err)
@@ -344,6 +365,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	}
 	g.registerEndpoints(rule)
 	g.reconcile()
+	g.ready.ruleCreated(rule)
 	g.log.Info("rule started", "service", id, "listen", srv.Addr().String(), "kvExactMode", rule.Args.KVExactMode,
 		"endpoints", len(rule.Endpoints), "kv_endpoints", len(rule.KVEndpoints()))
 	return nil
@@ -367,6 +389,9 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 		return fmt.Errorf("service %d: health: %w", updated.ServiceID, err)
 	}
 	oldState := rt.router.state.Load()
+	if oldState.gran != nil && st.gran != nil && oldState.gran.HashBlockSize() == st.gran.HashBlockSize() {
+		st.gran = oldState.gran // what the engines publish is unchanged, and the subscribers keep running
+	}
 	rt.router.state.Store(st)
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
@@ -392,6 +417,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	rt.rule = updated
 	g.mu.Unlock()
 	g.reconcile()
+	g.ready.ruleCreated(updated) // new LoRA base models, newly staged tokenizers
 	return nil
 }
 
@@ -425,7 +451,7 @@ func (g *Gateway) reconcile() {
 		for _, e := range r.KVEndpoints() {
 			targets = append(targets, ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
-				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index,
+				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
 			})
 		}
 	}

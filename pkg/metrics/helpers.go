@@ -30,7 +30,7 @@ func (m *Metrics) scopes() *scoped {
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
-			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration}
+			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration, m.KVSkips}
 		s.byEPIdx = svcIdx
 		s.bySubscriber = svcEP
 		s.byService = append(append(append([]partialDeleter{}, svcIdx...), svcEP...), svcOnly...)
@@ -179,6 +179,12 @@ func (m *Metrics) SubscriberClear(service, epIdx int, reason string) {
 	m.SubscriberClears.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
 }
 
+// KVSkip counts a request whose KV tier was skipped for a named cause
+// (guard reason hashes); cause is block_size.
+func (m *Metrics) KVSkip(service int, cause string) {
+	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
+}
+
 // SubscriberReplay counts a replay request; outcome is ok, error or unavailable.
 func (m *Metrics) SubscriberReplay(service, epIdx int, outcome string) {
 	m.SubscriberReplays.WithLabelValues(itoa(service), itoa(epIdx), outcome).Inc()
@@ -311,6 +317,9 @@ func (m *Metrics) AddSplicedBytes(path string, n uint64) { m.spliced.add(path, n
 // scrape time (the sockmap figure comes from BPF counters). fn must be
 // monotonic and cheap; nil removes the source.
 func (m *Metrics) SetSplicedBytesSource(path string, fn func() uint64) { m.spliced.setSource(path, fn) }
+
+// SetReady sets kvgate_ready.
+func (m *Metrics) SetReady(ready bool) { m.Ready.Set(b2f(ready)) }
 
 func b2f(b bool) float64 {
 	if b {

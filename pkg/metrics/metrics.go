@@ -65,6 +65,7 @@ type Metrics struct {
 	RankConnected        *prometheus.GaugeVec   // kvgate_kv_subscriber_rank_connected{service,ep,rank}
 	SubscriberGaps       *prometheus.CounterVec // kvgate_kv_subscriber_gaps_total{service,ep,kind}
 	SubscriberClears     *prometheus.CounterVec // kvgate_kv_subscriber_clears_total{service,ep,reason}
+	KVSkips              *prometheus.CounterVec // kvgate_kv_skip_total{service,cause}
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
@@ -118,10 +119,15 @@ type Metrics struct {
 
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
+	Ready     prometheus.Gauge // kvgate_ready (docs/api.md "Readiness")
 	BuildInfo *prometheus.GaugeVec
 	// VIPAddresses counts rule VIPs on the --vip-dev device by owner
 	// (kvgate: added by kvgate; host: already there when claimed).
 	VIPAddresses *prometheus.GaugeVec // kvgate_vip_addresses{owner}
+	// The management API's guard (package apiauth).
+	APIInsecure     prometheus.Gauge       // kvgate_api_insecure
+	APIAuthFailures *prometheus.CounterVec // kvgate_api_auth_failures_total{reason}
+	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
 
 	models    modelLabels
 	rulesMu   sync.Mutex
@@ -164,6 +170,7 @@ func New(opts Options) *Metrics {
 	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
 	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
 	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
+	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
@@ -214,8 +221,15 @@ func New(opts Options) *Metrics {
 
 	m.Rules = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_rules", Help: "Load-balancer rules configured."})
 	reg.MustRegister(m.Rules)
+	m.Ready = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_ready", Help: "1 when GET /readyz answers 200: every staged tokenizer has finished its first load."})
+	reg.MustRegister(m.Ready)
 	m.BuildInfo = f.gauge("kvgate_build_info", "Always 1: the running kvgate build.", "version", "revision", "goversion")
 	m.BuildInfo.WithLabelValues(orUnknown(opts.Version), orUnknown(opts.Revision), runtime.Version()).Set(1)
+	m.APIInsecure = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_api_insecure",
+		Help: "1 when the management API listens beyond loopback without TLS or tokens (--api-insecure)."})
+	reg.MustRegister(m.APIInsecure)
+	m.APIAuthFailures = f.counter("kvgate_api_auth_failures_total", "Management API requests refused: missing, invalid or forbidden (a read token on a mutating call).", "reason")
+	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
 
 	if !opts.NoProcessCollectors {
