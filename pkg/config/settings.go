@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -72,15 +73,17 @@ type Settings struct {
 // DefaultSettings is the environment with nothing set.
 func DefaultSettings() Settings {
 	return Settings{
-		MinMatchTokens:     16,
+		// The selector's and the inventory's own defaults, so the two
+		// cannot drift apart (TestSettingsDefaultsAreThePackages').
+		MinMatchTokens:     selector.DefaultMinMatchTokens,
 		LBMode:             selector.LBHard,
-		MeanLoadFactor:     175,
-		LoadPenalty:        32,
+		MeanLoadFactor:     selector.DefaultMeanLoadFactor,
+		LoadPenalty:        selector.DefaultLoadPenalty,
 		SpillRelief:        selector.ReliefAuto,
-		ColdStartSeedN:     16,
-		ColdStartMinBlocks: 16,
-		MaxBlocks:          1_000_000,
-		ZeroHitN:           50,
+		ColdStartSeedN:     selector.DefaultColdStartSeedN,
+		ColdStartMinBlocks: selector.DefaultColdStartMinBlocks,
+		MaxBlocks:          inventory.DefaultMaxBlocks,
+		ZeroHitN:           selector.DefaultZeroHitN,
 		Score:              selector.ScorePrefix,
 		ReplayPortOffset:   1000,
 		MaxFrameBytes:      64 << 20,
@@ -131,7 +134,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 		p.fail("LLB_KV_NONE_HASH_SEED", s.NoneHashSeed, fmt.Sprintf("longer than %d bytes", maxSeedLen))
 	}
 	p.boolean("LLB_KV_HASH_DEBUG", &s.HashDebug)
-	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, 4096)
+	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, selector.MaxMinMatchTokens)
 	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
 
 	if _, ok := p.get("LOXILB_KV_LB_MODE"); ok {
@@ -142,12 +145,12 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 			s.LBMode = selector.LBOff
 		}
 	}
-	p.integer("LOXILB_KV_MEAN_LOAD_FACTOR", &s.MeanLoadFactor, 100, 1000)
-	p.integer("LOXILB_KV_LOAD_PENALTY", &s.LoadPenalty, 1, 100000)
+	p.integer("LOXILB_KV_MEAN_LOAD_FACTOR", &s.MeanLoadFactor, selector.MinMeanLoadFactor, selector.MaxMeanLoadFactor)
+	p.integer("LOXILB_KV_LOAD_PENALTY", &s.LoadPenalty, 1, selector.MaxLoadPenalty)
 	parsed(&p, "LOXILB_KV_SPILL_RELIEF", &s.SpillRelief, selector.ParseRelief)
 	p.integer("LOXILB_KV_COLDSTART_SEED_N", &s.ColdStartSeedN, 0, 1<<20)
 	p.integer("LOXILB_KV_COLDSTART_MIN_BLOCKS", &s.ColdStartMinBlocks, 0, 1<<30)
-	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, 1000, 100_000_000)
+	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, inventory.MinMaxBlocks, inventory.MaxMaxBlocks)
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	parsed(&p, "LOXILB_KV_SCORE", &s.Score, selector.ParseScoreMode)
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -152,6 +154,60 @@ func TestSettingsSelectorKnobErrors(t *testing.T) {
 		_, err := SettingsFromLookup(lookupOf(map[string]string{tc.name: tc.value}))
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("%s=%q: error %v\nwant %s", tc.name, tc.value, err, tc.want)
+		}
+	}
+}
+
+// TestSettingsDefaultsAreThePackages': an empty environment gives exactly the
+// selector's and the inventory's defaults, and the documented ranges are
+// theirs (one source of truth, docs/configuration.md).
+func TestSettingsDefaultsAreThePackages(t *testing.T) {
+	s, o := DefaultSettings(), selector.DefaultOptions()
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"LLB_KV_MIN_MATCH_TOKENS", s.MinMatchTokens, o.MinMatchTokens},
+		{"LOXILB_KV_LB_MODE", s.LBMode, o.LBMode},
+		{"LOXILB_KV_MEAN_LOAD_FACTOR", s.MeanLoadFactor, o.MeanLoadFactor},
+		{"LOXILB_KV_LOAD_PENALTY", s.LoadPenalty, o.LoadPenalty},
+		{"LOXILB_KV_SPILL_RELIEF", s.SpillRelief, o.SpillRelief},
+		{"LOXILB_KV_COLDSTART_SEED_N", s.ColdStartSeedN, o.ColdStartSeedN},
+		{"LOXILB_KV_COLDSTART_MIN_BLOCKS", s.ColdStartMinBlocks, o.ColdStartMinBlocks},
+		{"LOXILB_KV_ZERO_HIT_N", s.ZeroHitN, o.ZeroHitN},
+		{"LOXILB_KV_SCORE", s.Score, o.Score},
+		{"LLB_KV_LOADGUARD", s.LoadGuard, o.LoadGuard},
+		{"LOXILB_KV_MAX_BLOCKS", s.MaxBlocks, inventory.DefaultMaxBlocks},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: config default %v, package default %v", c.name, c.got, c.want)
+		}
+	}
+	// The bounds config accepts are the ones the packages validate.
+	for _, c := range []struct {
+		name   string
+		lo, hi int
+		set    func(*selector.Options, int)
+	}{
+		{"LLB_KV_MIN_MATCH_TOKENS", 0, selector.MaxMinMatchTokens, func(o *selector.Options, v int) { o.MinMatchTokens = v }},
+		{"LOXILB_KV_MEAN_LOAD_FACTOR", selector.MinMeanLoadFactor, selector.MaxMeanLoadFactor, func(o *selector.Options, v int) { o.MeanLoadFactor = v }},
+		{"LOXILB_KV_LOAD_PENALTY", 1, selector.MaxLoadPenalty, func(o *selector.Options, v int) { o.LoadPenalty = v }},
+	} {
+		for _, v := range []int{c.lo, c.hi} {
+			env := map[string]string{c.name: strconv.Itoa(v)}
+			if _, err := SettingsFromLookup(lookupOf(env)); err != nil {
+				t.Errorf("%s=%d rejected by config: %v", c.name, v, err)
+			}
+			o := selector.DefaultOptions()
+			c.set(&o, v)
+			if err := o.Validate(); err != nil {
+				t.Errorf("%s=%d rejected by the selector: %v", c.name, v, err)
+			}
+		}
+		for _, v := range []int{c.lo - 1, c.hi + 1} {
+			if _, err := SettingsFromLookup(lookupOf(map[string]string{c.name: strconv.Itoa(v)})); err == nil {
+				t.Errorf("%s=%d accepted by config", c.name, v)
+			}
 		}
 	}
 }
