@@ -247,3 +247,49 @@ func TestTotalGateShared(t *testing.T) {
 		t.Fatal("negative gate")
 	}
 }
+
+// TestTrackerDrainsAttached: a health.Tracker holds the controller only as a
+// health.Shaper; when an endpoint drops (here admin-down) the requests parked
+// on it wake with ErrDrained, and a detached controller is left alone.
+func TestTrackerDrainsAttached(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		detach   bool
+		wantWake bool
+	}{
+		{"attached: drained", false, true},
+		{"detached: still parked", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := health.NewTracker(health.TrackerConfig{ServiceID: 3, Endpoints: []int{0, 1}, Breaker: health.DefaultBreakerConfig(true), Clock: newFakeClock()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, clk, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 4})
+			tr.AttachAdmission(a)
+			if tc.detach {
+				tr.AttachAdmission(nil)
+			}
+			_ = a.AcquirePrefill(0)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { _, err := a.Park(ctx, epset.Of(0)); done <- err }()
+			waitFor(t, "parked", func() bool { return a.Parked(0) == 1 && clk.pending() == 1 })
+			tr.SetAdmin(0, true)
+			if tc.wantWake {
+				if err := <-done; !errors.Is(err, ErrDrained) {
+					t.Fatalf("parked request: %v, want ErrDrained", err)
+				}
+				return
+			}
+			if a.Parked(0) != 1 {
+				t.Fatal("a detached controller was drained")
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("after cancel: %v", err)
+			}
+		})
+	}
+}
