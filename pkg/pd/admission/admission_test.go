@@ -187,7 +187,7 @@ func TestAdmissionPark(t *testing.T) {
 		}
 	})
 	t.Run("shortest queue", func(t *testing.T) {
-		a, clk, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 4})
+		a, _, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 4})
 		_ = a.AcquirePrefill(0)
 		_ = a.AcquirePrefill(1)
 		go func() { _, _ = a.Park(ctx, epset.Of(0, 1)) }()
@@ -196,7 +196,6 @@ func TestAdmissionPark(t *testing.T) {
 		waitFor(t, "parked on 1", func() bool { return a.Parked(1) == 1 })
 		a.Drain(0)
 		a.Drain(1)
-		_ = clk
 	})
 }
 
