@@ -11,16 +11,11 @@ import (
 // is (SGLang: the raw SHA-256; TensorRT-LLM: the uint64 itself) and in how
 // the request's extras enter (docs/engines.md).
 
-// trtExtras returns the LoRA task id and cache-salt id of a request.
-func trtExtras(extra Extra) (lora, salt *uint64) {
-	if extra.HasLoRATaskID {
-		v := extra.LoRATaskID
-		lora = &v
-	}
-	if id, ok := TRTLLMCacheSaltID(extra.CacheSalt); ok {
-		salt = &id
-	}
-	return lora, salt
+// trtKeys returns the LoRA task id and cache-salt id of a request.
+func trtKeys(extra Extra) TRTLLMKeys {
+	k := TRTLLMKeys{LoRATaskID: extra.LoRATaskID, HasLoRATaskID: extra.HasLoRATaskID}
+	k.SaltID, k.HasSaltID = TRTLLMCacheSaltID(extra.CacheSalt)
+	return k
 }
 
 // appendSGLang appends the published hash of every full page of tokens.
@@ -51,10 +46,10 @@ func (h *Hasher) appendSGLang(dst []uint64, tokens []uint32, extra Extra) []uint
 func (h *Hasher) appendTRTLLM(dst []uint64, tokens []uint32, extra Extra) []uint64 {
 	bs := h.contract.BlockSize
 	n := len(tokens) / bs
-	lora, salt := trtExtras(extra)
+	k := trtKeys(extra)
 	var parent uint64
 	for i := 0; i < n; i++ {
-		parent = TRTLLMBlockHash(tokens[i*bs:(i+1)*bs], parent, lora, salt)
+		parent = TRTLLMBlockHash(tokens[i*bs:(i+1)*bs], parent, k)
 		if h.debug != nil {
 			h.logBlock(i, bs, parent, nil)
 		}
@@ -83,8 +78,7 @@ func (h *Hasher) extendEngine(parent []byte, blockIndex int, block []uint32, ext
 		if len(parent) == 8 {
 			p = binary.BigEndian.Uint64(parent)
 		}
-		lora, salt := trtExtras(extra)
-		u := TRTLLMBlockHash(block, p, lora, salt)
+		u := TRTLLMBlockHash(block, p, trtKeys(extra))
 		if h.debug != nil {
 			h.logBlock(blockIndex, len(block), u, nil)
 		}

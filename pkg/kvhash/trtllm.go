@@ -48,18 +48,28 @@ func TRTLLMCacheSaltID(salt string) (id uint64, ok bool) {
 	return binary.LittleEndian.Uint64(d[:8]), true
 }
 
+// TRTLLMKeys are the per-request inputs of a block key besides its tokens:
+// the LoRA task id (every block) and the cache-salt id (the first block).
+type TRTLLMKeys struct {
+	LoRATaskID    uint64
+	HasLoRATaskID bool
+	SaltID        uint64
+	HasSaltID     bool
+}
+
 // TRTLLMBlockHash is BlockKeyHasher::hash for one text block (no
-// prompt-tuning extra ids, no multimodal keys).
-func TRTLLMBlockHash(tokens []uint32, parent uint64, lora *uint64, saltID *uint64) uint64 {
+// prompt-tuning extra ids, no multimodal keys). As in the engine, the salt
+// id enters when the parent hash is 0, which is the first block.
+func TRTLLMBlockHash(tokens []uint32, parent uint64, k TRTLLMKeys) uint64 {
 	seed := uint64(len(tokens)) ^ parent*trtParentConst
-	if parent == 0 && saltID != nil {
-		seed = trtMix64(*saltID, seed)
+	if parent == 0 && k.HasSaltID {
+		seed = trtMix64(k.SaltID, seed)
 	}
 	for _, t := range tokens {
 		seed = trtMix32(t, seed)
 	}
-	if lora != nil {
-		seed = trtMix64(*lora, seed)
+	if k.HasLoRATaskID {
+		seed = trtMix64(k.LoRATaskID, seed)
 	}
 	return seed
 }
