@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvevents"
 )
 
 // Role is the engine's part in prefill/decode disaggregation.
@@ -68,7 +70,12 @@ type Config struct {
 	Tokenizer Tokenizer
 
 	BlockSize int
-	HashAlgo  string // sha256_cbor | xxhash_cbor | sha256 | xxhash
+	// HashBlockSize is the hash block size when the KV block is a multiple
+	// of it (vLLM's hybrid models and prefix_match_unit): events then carry
+	// block_size BlockSize and, per block, the hash-chain value at its last
+	// hash boundary. 0 means BlockSize.
+	HashBlockSize int
+	HashAlgo      string // sha256_cbor | xxhash_cbor | sha256 | xxhash
 	// PythonHashSeed is the PYTHONHASHSEED value; HashSeedSet false means
 	// unset (vLLM's fixed "vllm-none-hash" for sha256*, random for xxhash*).
 	PythonHashSeed string
@@ -81,6 +88,10 @@ type Config struct {
 	EventLayout      string // "map" (vLLM >= 0.26), "array" (the last array layout) or "array-v0.15|v0.11|v0.9"
 	EventTopic       string // ZMQ topic frame; vLLM's default is ""
 	ReplayBuffer     int    // batches kept for replay (vLLM buffer_steps)
+	// ReplayLayout is the replay ROUTER's reply shape: "current" (every
+	// reply carries the topic frame, as vLLM does today; the default) or
+	// "legacy" (["", seq, payload], older vLLM). See docs/parity.md.
+	ReplayLayout     string
 	DataParallelRank int
 	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
 	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
@@ -179,6 +190,9 @@ func (c Config) validate() error {
 	if c.BlockSize < 1 || c.BlockSize > 4096 {
 		errs = append(errs, fmt.Errorf("block-size %d: want 1..4096", c.BlockSize))
 	}
+	if c.HashBlockSize < 0 || (c.HashBlockSize > 0 && c.BlockSize%c.HashBlockSize != 0) {
+		errs = append(errs, fmt.Errorf("hash-block-size %d: block-size %d must be a multiple of it", c.HashBlockSize, c.BlockSize))
+	}
 	if c.NumGPUBlocks < 2 || c.NumGPUBlocks > 1<<24 {
 		errs = append(errs, fmt.Errorf("num-gpu-blocks %d: want 2..16777216", c.NumGPUBlocks))
 	}
@@ -210,6 +224,9 @@ func (c Config) validate() error {
 	}
 	if c.DataParallelRank < 0 {
 		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
+	}
+	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
+		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
 	}
 	if c.KVEventsEndpoint != "none" {
 		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {

@@ -33,7 +33,7 @@ const notifyPath = "/enginesim/kv_transfer_done"
 // can run in one process; each has its own sockets and metric registry.
 type Engine struct {
 	cfg        Config
-	hasher     *kvhash.Hasher
+	hasher     *groupHasher
 	pool       *blockPool
 	metrics    *engineMetrics
 	pub        *publisher
@@ -106,7 +106,7 @@ func New(cfg Config) (*Engine, error) {
 		e.cfg.ID = net.JoinHostPort(cfg.Host, strconv.Itoa(port))
 	}
 	if cfg.KVEventsEndpoint != "none" {
-		e.pub, err = newPublisher(cfg.Logger, cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.EventTopic, cfg.ReplayBuffer)
+		e.pub, err = newPublisher(cfg.Logger, cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.EventTopic, cfg.ReplayBuffer, cfg.ReplayLayout)
 		if err != nil {
 			e.ln.Close()
 			return nil, fmt.Errorf("enginesim: %w", err)
@@ -133,7 +133,7 @@ func New(cfg Config) (*Engine, error) {
 
 // newHasher builds the block hasher; with the xxhash algorithms and
 // PYTHONHASHSEED unset it draws a random NONE_HASH seed as vLLM does.
-func newHasher(cfg Config) (*kvhash.Hasher, error) {
+func newHasher(cfg Config) (*groupHasher, error) {
 	algo, err := kvhash.ParseAlgo(cfg.HashAlgo)
 	if err != nil {
 		return nil, fmt.Errorf("enginesim: prefix-caching-hash-algo: %w", err)
@@ -142,16 +142,20 @@ func newHasher(cfg Config) (*kvhash.Hasher, error) {
 	if cfg.HashSeedSet {
 		seed = kvhash.SeedOf(cfg.PythonHashSeed)
 	}
-	h, err := kvhash.New(kvhash.Contract{Algo: algo, BlockSize: cfg.BlockSize, Seed: seed})
+	hb := cfg.HashBlockSize
+	if hb == 0 {
+		hb = cfg.BlockSize
+	}
+	h, err := kvhash.New(kvhash.Contract{Algo: algo, BlockSize: hb, Seed: seed})
 	if errors.Is(err, kvhash.ErrUnsetSeed) {
 		// vLLM: NONE_HASH = hash_fn(os.urandom(32).hex()).
 		cfg.Logger.Warn("PYTHONHASHSEED is unset with an xxhash algorithm: NONE_HASH is random, so no router can reproduce this engine's block hashes (parity is impossible); set PYTHONHASHSEED", "algo", algo)
-		h, err = kvhash.New(kvhash.Contract{Algo: algo, BlockSize: cfg.BlockSize, Seed: kvhash.SeedOf(randomHex(32))})
+		h, err = kvhash.New(kvhash.Contract{Algo: algo, BlockSize: hb, Seed: kvhash.SeedOf(randomHex(32))})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("enginesim: block hasher: %w", err)
 	}
-	return h, nil
+	return newGroupHasher(h, cfg.BlockSize, hb)
 }
 
 func randomHex(n int) string {
