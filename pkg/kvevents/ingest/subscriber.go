@@ -700,7 +700,8 @@ func (r *rankSub) handle(ctx context.Context, m liveMsg) {
 	r.apply(seq, payload)
 }
 
-func (r *rankSub) apply(seq uint64, payload []byte) {
+// apply applies one batch and returns the hashes it stored.
+func (r *rankSub) apply(seq uint64, payload []byte) int {
 	res, err := r.ingest.Apply(payload)
 	if err != nil {
 		r.ep.obs.DecodeError(r.ep.ref, r.rank)
@@ -724,6 +725,7 @@ func (r *rankSub) apply(seq uint64, payload []byte) {
 	r.lastDigest = maphash.Bytes(r.digestSeed, payload)
 	r.noteSeq()
 	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
+	return res.Stored
 }
 
 func (r *rankSub) clear(reason ClearReason) {
@@ -753,9 +755,12 @@ func (r *rankSub) bootstrap(ctx context.Context) {
 	if !r.replayUsable() {
 		return
 	}
+	start := time.Now()
 	st, ok := r.replayFrom(ctx, 0, ReplayBootstrap, r.opts.BootstrapTimeout)
 	if ok {
-		r.log.Info("kv subscriber: bootstrap replay done", "batches", st.Batches, "last_seq", r.seq.Last)
+		secs := time.Since(start).Seconds()
+		r.log.Info("kv subscriber: bootstrap replay done", "batches", st.Batches, "hashes", st.Hashes, "last_seq", r.seq.Last,
+			"seconds", secs, "hashes_per_s", rate(st.Hashes, secs))
 	}
 }
 
@@ -844,7 +849,8 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 	accept func(first bool, seq uint64, payload []byte) bool) (ReplayStats, bool) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	n := 0
+	n, hashes := 0, 0
+	began, lastLog := time.Now(), time.Now()
 	st, err := fetchReplay(rctx, zmtpguard.Wrap(r.replay, uint64(r.opts.MaxFrameBytes)), start, r.opts.MaxReplayBatches, r.opts.DialTimeout, func(seq uint64, payload []byte) error {
 		if accept != nil && !accept(n == 0, seq, payload) {
 			return errReplayStop
@@ -853,9 +859,17 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 		if r.seq.Known && seq <= r.seq.Last {
 			return nil
 		}
-		r.apply(seq, payload)
+		hashes += r.apply(seq, payload)
+		// A large inventory takes a while to replay: say how far it got.
+		if now := time.Now(); now.Sub(lastLog) >= replayProgressEvery {
+			lastLog = now
+			secs := now.Sub(began).Seconds()
+			r.log.Info("kv subscriber: replay progress", "purpose", purpose, "batches", n, "hashes", hashes,
+				"seconds", secs, "hashes_per_s", rate(hashes, secs))
+		}
 		return nil
 	})
+	st.Hashes = hashes
 	ok := err == nil
 	r.ep.obs.Replay(r.ep.ref, r.rank, purpose, ok, n)
 	if err != nil {
@@ -865,4 +879,14 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 		}
 	}
 	return st, ok
+}
+
+// replayProgressEvery is how often a long replay logs its progress.
+const replayProgressEvery = 5 * time.Second
+
+func rate(n int, secs float64) float64 {
+	if secs <= 0 {
+		return 0
+	}
+	return float64(n) / secs
 }
