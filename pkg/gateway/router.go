@@ -221,8 +221,12 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 // own engine request; the first shares the request's prefix). A LoRA
 // adapter's prompt is encoded with its base model's tokenizer, as vLLM does.
 func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
-	if f.Kind == reqfacts.KindCompletion && f.Prompts[0].IsTokens {
-		return f.Prompts[0].Tokens, nil
+	first, isCompletion := f.FirstPrompt()
+	if f.Kind == reqfacts.KindCompletion && !isCompletion {
+		return nil, errors.New("completion without a prompt")
+	}
+	if isCompletion && first.IsTokens {
+		return first.Tokens, nil
 	}
 	model := f.Model
 	if base, ok := st.loraTokenizer[f.LoRA]; ok && f.LoRA != "" {
@@ -232,8 +236,8 @@ func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.Kind == reqfacts.KindCompletion {
-		return m.EncodePrompt(f.Prompts[0].Text, f.AddSpecialTokens)
+	if isCompletion {
+		return m.EncodePrompt(first.Text, f.AddSpecialTokens)
 	}
 	tools := f.Tools
 	if len(tools) > 0 {
@@ -260,8 +264,8 @@ func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
 func trieText(f *reqfacts.Facts) string {
 	switch f.Kind {
 	case reqfacts.KindCompletion:
-		if !f.Prompts[0].IsTokens {
-			return f.Prompts[0].Text
+		if p, ok := f.FirstPrompt(); ok && !p.IsTokens {
+			return p.Text
 		}
 	case reqfacts.KindChat:
 		for _, m := range f.Messages {
