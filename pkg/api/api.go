@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -101,6 +102,8 @@ type Options struct {
 	// Gatherer is served on /netlox/v1/metrics and /metrics.
 	Gatherer prometheus.Gatherer
 	Log      *slog.Logger
+	// Guard recovers and counts a panic in one API request; nil still recovers.
+	Guard *recovery.Guard
 }
 
 // Server is the management API and the owner of the rule table.
@@ -398,7 +401,7 @@ func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
 // (bounded by 5 s).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
-		Handler:           s.Handler(),
+		Handler:           s.opts.Guard.Handler(recovery.API, s.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      5 * time.Minute, // a large inventory takes a while to stream
@@ -406,7 +409,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes:    64 << 10,
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	s.opts.Guard.Go(recovery.API, func() { errc <- srv.Serve(ln) })
 	select {
 	case err := <-errc:
 		return err

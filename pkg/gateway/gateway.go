@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/datapath"
@@ -79,6 +80,9 @@ type Gateway struct {
 	selOpts selector.Options
 	access  *slog.Logger
 	store   *state.Store
+	// guard recovers, logs and counts (kvgate_panics_total) a panic in any
+	// goroutine the daemon starts, so one bad input cannot end the process.
+	guard *recovery.Guard
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -133,6 +137,7 @@ func New(opts Options) (*Gateway, error) {
 	}()
 	g.Metrics = metrics.New(metrics.Options{Version: opts.Version, Revision: opts.Revision})
 	g.Metrics.SetDatapath(g.leg.Path())
+	g.guard = recovery.New(g.log, g.Metrics)
 	for _, path := range []string{"userspace", "sockmap"} {
 		if _, ok := g.leg.Stats().Moved[path]; ok || path == g.leg.Path() {
 			g.Metrics.SetSplicedBytesSource(path, func() uint64 { return g.leg.Stats().Moved[path] })
@@ -146,9 +151,10 @@ func New(opts Options) (*Gateway, error) {
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
+	so.Guard = g.guard
 	g.subs = ingest.NewManager(so)
 
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Log: g.log}
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Log: g.log, Guard: g.guard}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -176,7 +182,7 @@ func New(opts Options) (*Gateway, error) {
 // the subscribers stop. Rules are already persisted.
 func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
-	go func() { apiErr <- g.API.Serve(ctx, apiLn) }()
+	g.guard.Go(recovery.API, func() { apiErr <- g.API.Serve(ctx, apiLn) })
 	var err error
 	select {
 	case <-ctx.Done():
@@ -202,13 +208,13 @@ func (g *Gateway) Shutdown() {
 	var wg sync.WaitGroup
 	for _, rt := range rts {
 		wg.Add(1)
-		go func() {
+		g.guard.Go(recovery.Conn, func() {
 			defer wg.Done()
 			if err := rt.server.Shutdown(ctx); err != nil {
 				g.log.Warn("shutdown grace exhausted; streams cut", "service", rt.rule.ServiceID, "grace", g.opts.ShutdownGrace)
 			}
 			rt.health.close()
-		}()
+		})
 	}
 	wg.Wait()
 	g.subs.Close()
@@ -307,6 +313,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 		Service: strconv.Itoa(id), Addr: addr, Router: rh.router(rt.router), Leg: g.leg, Loads: loads,
 		Observer: rh.observer(&proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}), Limits: g.opts.Limits, PD: rh.pdHandler(),
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
+		Guard: g.guard,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
@@ -316,12 +323,12 @@ func (g *Gateway) create(rule *config.Rule) error {
 		_ = srv.Close()
 		return err
 	}
-	go func() {
+	g.guard.Go(recovery.Conn, func() {
 		defer close(rt.served)
 		if err := srv.Serve(); err != nil {
 			g.log.Error("proxy stopped", "service", id, "err", err)
 		}
-	}()
+	})
 
 	g.mu.Lock()
 	g.rules[id] = rt
@@ -393,12 +400,12 @@ func (g *Gateway) remove(rule *config.Rule) {
 	}
 	g.unregisterEndpoints(rule)
 	g.reconcile()
-	go func() {
+	g.guard.Go(recovery.Conn, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)
 		defer cancel()
 		_ = rt.server.Shutdown(ctx)
 		rt.health.close()
-	}()
+	})
 	g.Metrics.DeleteRule(rule.ServiceID)
 	g.log.Info("rule removed", "service", rule.ServiceID)
 }

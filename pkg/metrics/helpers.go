@@ -30,7 +30,7 @@ func (m *Metrics) scopes() *scoped {
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
-			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration}
+			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration, m.KVSkips}
 		s.byEPIdx = svcIdx
 		s.bySubscriber = svcEP
 		s.byService = append(append(append([]partialDeleter{}, svcIdx...), svcEP...), svcOnly...)
@@ -375,3 +375,11 @@ func (s *splicedBytes) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v), p)
 	}
 }
+
+// KVSkip counts a request whose prompt was not inspected, by cause.
+func (m *Metrics) KVSkip(service int, cause string) {
+	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
+}
+
+// Panicked implements recovery.Observer: kvgate_panics_total{where}.
+func (m *Metrics) Panicked(where string) { m.Panics.WithLabelValues(where).Inc() }

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -116,6 +117,10 @@ type Metrics struct {
 	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
 	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
 
+	// Reliability: request-side skips and recovered panics.
+	KVSkips *prometheus.CounterVec // kvgate_kv_skip_total{service,cause}
+	Panics  *prometheus.CounterVec // kvgate_panics_total{where}
+
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
 	BuildInfo *prometheus.GaugeVec
@@ -208,6 +213,12 @@ func New(opts Options) *Metrics {
 	m.DatapathInfo = f.gauge("kvgate_datapath_info", "Always 1 for the response body path in use (sockmap or userspace).", "path")
 	m.spliced = newSplicedBytes()
 	reg.MustRegister(m.spliced)
+
+	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose prompt kvgate chose not to inspect, by cause (the detail behind guard reasons tokenize and text_empty; see docs/tokenizer.md).", "service", "cause")
+	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
+	for _, w := range recovery.Wheres {
+		m.Panics.WithLabelValues(w)
+	}
 
 	m.Rules = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_rules", Help: "Load-balancer rules configured."})
 	reg.MustRegister(m.Rules)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/kvevents"
 	"io"
 	"log"
@@ -118,6 +119,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Observer receives metrics (default: none).
 	Observer Observer
+	// Guard recovers a panic in a rank's goroutines; nil still recovers.
+	Guard *recovery.Guard
 }
 
 func (o Options) withDefaults() Options {
@@ -297,10 +300,10 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 	}
 	for _, rs := range e.ranks {
 		e.wg.Add(1)
-		go func() {
+		opts.Guard.Go(recovery.Subscriber, func() {
 			defer e.wg.Done()
 			rs.run(ctx)
-		}()
+		})
 	}
 	return e
 }
@@ -490,7 +493,7 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err 
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
 	defer close(done)
-	go func() {
+	r.opts.Guard.Go(recovery.Subscriber, func() {
 		for {
 			msg, err := sock.Recv()
 			if err != nil {
@@ -504,7 +507,7 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err 
 				return
 			}
 		}
-	}()
+	})
 	if !r.bootstrapped {
 		r.bootstrapped = true
 		r.bootstrap(ctx)
