@@ -98,6 +98,9 @@ type Settings struct {
 	Score ScoreMode
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
+	// LLB_KV_MAX_PROMPT_TOKENS: a prompt with more tokens is not routed by
+	// KV (guard reason tokenize), 1-16777216. Default 262144.
+	MaxPromptTokens int
 
 	// LLB_PD_PREFILL_TIMEOUT_SEC: prefill leg and decode first-byte bound, 1-99999 s. Default 30.
 	PrefillTimeout time.Duration
@@ -131,6 +134,7 @@ func DefaultSettings() Settings {
 		ZeroHitN:           50,
 		Score:              ScoreLeading,
 		ReplayPortOffset:   1000,
+		MaxPromptTokens:    262144,
 		PrefillTimeout:     30 * time.Second,
 		DecodeSilence:      120 * time.Second,
 		OriginErrThreshold: 3,
@@ -224,6 +228,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 		}
 	}
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
+	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
 
 	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)
 	p.seconds("LLB_PD_DECODE_SILENCE_SEC", &s.DecodeSilence, 1, 99999)

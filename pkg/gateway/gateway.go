@@ -83,6 +83,8 @@ type Gateway struct {
 	// guard recovers, logs and counts (kvgate_panics_total) a panic in any
 	// goroutine the daemon starts, so one bad input cannot end the process.
 	guard *recovery.Guard
+	// inspect bounds the request bodies tokenized at once (inspect.go).
+	inspect *inspectGate
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -138,6 +140,7 @@ func New(opts Options) (*Gateway, error) {
 	g.Metrics = metrics.New(metrics.Options{Version: opts.Version, Revision: opts.Revision})
 	g.Metrics.SetDatapath(g.leg.Path())
 	g.guard = recovery.New(g.log, g.Metrics)
+	g.inspect = newInspectGate(inspectBudgetBytes, inspectFreeBytes, g.guard)
 	for _, path := range []string{"userspace", "sockmap"} {
 		if _, ok := g.leg.Stats().Moved[path]; ok || path == g.leg.Path() {
 			g.Metrics.SetSplicedBytesSource(path, func() uint64 { return g.leg.Stats().Moved[path] })
@@ -302,7 +305,8 @@ func (g *Gateway) create(rule *config.Rule) error {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
 	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
-	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id)}
+	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
+		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	rt.router.state.Store(st)
 	if _, err := rh.newFlow(rule, rt.router); err != nil {
 		return err
