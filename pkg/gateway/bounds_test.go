@@ -55,6 +55,9 @@ func TestInspectionBounds(t *testing.T) {
 	long := strings.Repeat("route me by my prefix ", 20) // several 16-token blocks
 	chat := []map[string]any{{"role": "user", "content": long}}
 	ids := make([]int, 300)
+	// A 231-byte template that builds a ~400 MB list through repeated
+	// concatenation: the bound is in bytes, not in elements.
+	bomb := `{% set ns = namespace(a=["xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"]) %}{% for i in range(22) %}{% set ns.a = ns.a + ns.a %}{% endfor %}{{ ns.a|length }}{{ messages[0].content }}`
 	full := newInspectGate(inspectFreeBytes+1, inspectFreeBytes, nil)
 	if _, ok := full.acquire(inspectFreeBytes + 1); !ok { // another request holds the whole budget
 		t.Fatal("could not fill the gate")
@@ -75,6 +78,7 @@ func TestInspectionBounds(t *testing.T) {
 		{"chat within the limit", false, 262144, nil, body(map[string]any{"messages": chat}), ""},
 		{"request template, rule does not trust it", false, 262144, nil, body(map[string]any{"messages": chat, "chat_template": "{{ messages[0].content }}"}), causeUntrusted},
 		{"request template, trusted rule", true, 262144, nil, body(map[string]any{"messages": chat, "chat_template": "{{ messages[0].content }}"}), ""},
+		{"hostile template, trusted rule", true, 262144, nil, body(map[string]any{"messages": chat, "chat_template": bomb}), causeTemplateCost},
 		{"inspection budget in use", false, 262144, full, body(map[string]any{"prompt": strings.Repeat("big ", 70000)}), causeBusy},
 		{"small body passes a full budget", false, 262144, full, body(map[string]any{"prompt": long}), ""},
 	}
