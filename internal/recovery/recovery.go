@@ -7,8 +7,8 @@
 //
 // A Guard is passed down like a logger, never held in a package variable; a
 // nil *Guard still recovers and logs to slog.Default(), so a package whose
-// caller wires none stays safe. See docs/dataplane.md for what each "where"
-// covers.
+// caller wires none stays safe. The Where constants name what each label of
+// kvgate_panics_total covers.
 package recovery
 
 import (

@@ -302,7 +302,10 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 		e.wg.Add(1)
 		opts.Guard.Go(recovery.Subscriber, func() {
 			defer e.wg.Done()
-			rs.run(ctx)
+			// A recovered panic restarts the rank (after a pause) rather
+			// than leaving the endpoint silently unsubscribed.
+			for opts.Guard.Run(recovery.Subscriber, func() { rs.run(ctx) }) && sleepCtx(ctx, time.Second) {
+			}
 		})
 	}
 	return e
@@ -493,21 +496,27 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err 
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
 	defer close(done)
-	r.opts.Guard.Go(recovery.Subscriber, func() {
-		for {
-			msg, err := sock.Recv()
-			if err != nil {
-				recvErr <- err
-				close(queue)
-				return
+	go func() {
+		panicked := r.opts.Guard.Run(recovery.Subscriber, func() {
+			for {
+				msg, err := sock.Recv()
+				if err != nil {
+					recvErr <- err
+					close(queue)
+					return
+				}
+				select {
+				case queue <- liveMsg{frames: msg.Frames}:
+				case <-done:
+					return
+				}
 			}
-			select {
-			case queue <- liveMsg{frames: msg.Frames}:
-			case <-done:
-				return
-			}
+		})
+		if panicked { // in Recv, before either send: the rank rebuilds its socket
+			recvErr <- errors.New("kv subscriber: receive panicked")
+			close(queue)
 		}
-	})
+	}()
 	if !r.bootstrapped {
 		r.bootstrapped = true
 		r.bootstrap(ctx)
