@@ -58,3 +58,24 @@ func TestByteBoundKeepsOrdinaryLists(t *testing.T) {
 		t.Fatalf("render = %q, %v", out, err)
 	}
 }
+
+// FuzzHostileTemplate mutates the hostile templates: under tight bounds no
+// render may panic, exceed the output bound, or run away (the fuzzer's own
+// per-input timeout catches a hang).
+func FuzzHostileTemplate(f *testing.F) {
+	for _, tc := range hostileTemplates {
+		f.Add(tc.src)
+	}
+	vars := map[string]any{"messages": []any{map[string]any{"role": "user", "content": strings.Repeat("hi ", 100)}}}
+	const maxOut = 1 << 16
+	f.Fuzz(func(t *testing.T, src string) {
+		tmpl, err := Compile(src, WithMaxSteps(50000), WithMaxOutputBytes(maxOut), WithMaxBuiltBytes(4<<20))
+		if err != nil {
+			return
+		}
+		out, err := tmpl.Render(vars)
+		if err == nil && len(out) > maxOut {
+			t.Fatalf("output of %d bytes exceeds the bound", len(out))
+		}
+	})
+}

@@ -170,13 +170,17 @@ func TestExtract(t *testing.T) {
 	}
 }
 
+// rejectedPrompts are prompt values parsePrompt refuses (the bodies of the
+// one-packet daemon crash, and their neighbours).
+var rejectedPrompts = []string{`[]`, `""`, `5`, `true`, `{}`, `[-1]`, `[1.5]`, `[4294967296]`, `[[]]`, `["a",5]`, `[""]`, `[[-1]]`, `"\u0000"x`, `[[1],"a",[]]`, `[1e3]`, `null`}
+
 // TestRejectedPromptHasNoKind: every body whose prompt or messages parsing
 // rejects comes back KindUnknown with nothing to index, so no later stage can
 // reach for Prompts[0] or Messages[0]. These bodies crashed the daemon
 // (index out of range in the gateway's trie key) while the kind stayed
 // "completion".
 func TestRejectedPromptHasNoKind(t *testing.T) {
-	for _, prompt := range []string{`[]`, `""`, `5`, `true`, `{}`, `[-1]`, `[1.5]`, `[4294967296]`, `[[]]`, `["a",5]`, `[""]`, `[[-1]]`, `"\u0000"x`} {
+	for _, prompt := range rejectedPrompts {
 		for _, shape := range []string{`{"model":"x","prompt":%s}`, `{"model":"x","messages":%s}`, `{"model":"x","messages":[{"role":"user","content":%s}]}`} {
 			body := strings.Replace(shape, "%s", prompt, 1)
 			t.Run(body, func(t *testing.T) {
@@ -257,6 +261,10 @@ func FuzzExtract(f *testing.F) {
 	for _, s := range seeds {
 		f.Add([]byte(s), "")
 	}
+	for _, p := range rejectedPrompts {
+		f.Add([]byte(`{"model":"x","prompt":`+p+`}`), "")
+		f.Add([]byte(`{"model":"x","messages":`+p+`}`), "")
+	}
 	f.Add([]byte(`{"prompt":"x"}`), "hdr")
 	f.Fuzz(func(t *testing.T, body []byte, header string) {
 		got := Extract(body, header, Options{Adapters: []string{"m"}})
@@ -292,4 +300,26 @@ func BenchmarkExtractChat(b *testing.B) {
 			b.Fatal(f.Problem)
 		}
 	}
+}
+
+// FuzzParsePrompt: any JSON value as a prompt parses to prompts that are
+// never empty, or to none with a reason; never a panic.
+func FuzzParsePrompt(f *testing.F) {
+	for _, p := range rejectedPrompts {
+		f.Add([]byte(p))
+	}
+	for _, p := range []string{`"hello"`, `["a","b"]`, `[1,2,3]`, `[[1,2],[3]]`, `[4294967295]`, `[0]`, `["a",[1]]`} {
+		f.Add([]byte(p))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		prompts, problem := parsePrompt(raw)
+		if (len(prompts) == 0) == (problem == "") {
+			t.Fatalf("prompts %v with problem %q: want exactly one of them", prompts, problem)
+		}
+		for i, p := range prompts {
+			if p.IsTokens && len(p.Tokens) == 0 || !p.IsTokens && p.Text == "" {
+				t.Fatalf("prompt %d is empty: %+v", i, p)
+			}
+		}
+	})
 }
