@@ -3,7 +3,6 @@ package gateway
 import (
 	"errors"
 	"runtime/debug"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,8 +72,8 @@ type inspectGate struct {
 	used           atomic.Int64
 
 	guard       *recovery.Guard
-	releasing   sync.Mutex // held while a release runs
-	lastRelease atomic.Int64
+	pending     atomic.Bool  // a release is scheduled or running
+	lastRelease atomic.Int64 // unix ns of the last release
 }
 
 func newInspectGate(capacity, free int64, guard *recovery.Guard) *inspectGate {
@@ -100,19 +99,21 @@ func (g *inspectGate) acquire(n int) (release func(), ok bool) {
 }
 
 // maybeRelease returns freed memory to the OS in the background, at most
-// once per releaseEvery: the Go runtime otherwise hands back a large
-// transient heap only gradually.
+// once per releaseEvery (a release forces a GC): the Go runtime otherwise
+// hands back a large transient heap only gradually. A release asked for
+// within the interval runs at its end, so the last of a burst is released
+// too.
 func (g *inspectGate) maybeRelease() {
-	now := time.Now().UnixNano()
-	last := g.lastRelease.Load()
-	if now-last < int64(releaseEvery) || !g.lastRelease.CompareAndSwap(last, now) {
-		return
+	if !g.pending.CompareAndSwap(false, true) {
+		return // one is scheduled already; it will see this request's garbage
 	}
-	if !g.releasing.TryLock() {
-		return
-	}
+	wait := time.Duration(g.lastRelease.Load() + int64(releaseEvery) - time.Now().UnixNano())
 	g.guard.Go(recovery.Poller, func() {
-		defer g.releasing.Unlock()
+		defer g.pending.Store(false)
+		if wait > 0 {
+			time.Sleep(wait)
+		}
+		g.lastRelease.Store(time.Now().UnixNano())
 		debug.FreeOSMemory()
 	})
 }
