@@ -49,4 +49,5 @@ echo "burst took $(echo "$(date +%s.%N) - $start" | bc)s"
 echo "peak RSS (VmHWM) $(rss VmHWM) MiB, RSS now $(rss VmRSS) MiB"
 sleep "$AFTER"
 echo "RSS ${AFTER}s later $(rss VmRSS) MiB"
+curl -s http://127.77.0.2:11111/netlox/v1/metrics | grep -E '^kvgate_(kv_skip|panics)_total' | grep -v ' 0$' || true
 kill -0 $pid && echo "kvgate alive"
