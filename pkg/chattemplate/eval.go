@@ -78,12 +78,19 @@ type renderer struct {
 	// this bounds the render's total allocation (a loop rebuilding a large
 	// value each step), so its time too.
 	built int
+	// deadline, when set, is checked every deadlineEvery steps.
+	deadline time.Time
 }
+
+const deadlineEvery = 1024
 
 func (r *renderer) step() error {
 	r.steps++
 	if r.steps > r.cfg.maxSteps {
 		return fmt.Errorf("%w: more than %d evaluation steps", ErrLimit, r.cfg.maxSteps)
+	}
+	if r.steps%deadlineEvery == 0 && !r.deadline.IsZero() && time.Now().After(r.deadline) {
+		return fmt.Errorf("%w: render time budget spent", ErrLimit)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // hostileTemplates each try to make one render allocate or print far more
@@ -78,4 +79,21 @@ func FuzzHostileTemplate(f *testing.F) {
 			t.Fatalf("output of %d bytes exceeds the bound", len(out))
 		}
 	})
+}
+
+// TestRenderDeadline: RenderChat stops once ChatInput.Deadline has passed
+// (checked every deadlineEvery steps), and renders normally without one.
+func TestRenderDeadline(t *testing.T) {
+	tmpl, err := Compile(`{% for i in range(50000) %}{% endfor %}{{ messages[0].content }}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := ChatInput{Messages: []map[string]any{{"role": "user", "content": "hi"}}}
+	if out, err := tmpl.RenderChat(in); err != nil || out != "hi" {
+		t.Fatalf("no deadline: %q, %v", out, err)
+	}
+	in.Deadline = time.Now().Add(-time.Second)
+	if _, err := tmpl.RenderChat(in); !errors.Is(err, ErrLimit) {
+		t.Fatalf("past deadline: %v, want ErrLimit", err)
+	}
 }

@@ -121,7 +121,11 @@ func (t *Template) Render(vars map[string]any) (string, error) {
 }
 
 func (t *Template) render(root *scope, sizeHint int) (string, error) {
-	r := &renderer{cfg: &t.cfg}
+	return t.renderUntil(root, sizeHint, time.Time{})
+}
+
+func (t *Template) renderUntil(root *scope, sizeHint int, deadline time.Time) (string, error) {
+	r := &renderer{cfg: &t.cfg, deadline: deadline}
 	var out strings.Builder
 	out.Grow(min(sizeHint, t.cfg.maxOutput))
 	if _, err := r.execBody(t.body, root, &out); err != nil {

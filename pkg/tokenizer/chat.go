@@ -90,6 +90,7 @@ func (m *Model) RenderChat(req ChatRequest) (string, error) {
 		ContinueFinalMessage: req.ContinueFinalMessage,
 		Kwargs:               kwargs,
 		SpecialTokens:        m.Config.SpecialTokensMap(),
+		Deadline:             req.Limits.Deadline,
 	})
 }
 
