@@ -3,6 +3,8 @@ package gateway
 import (
 	"encoding/json"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -126,4 +128,61 @@ func TestInspectGate(t *testing.T) {
 	if g.used.Load() != 0 {
 		t.Fatalf("used %d after every release", g.used.Load())
 	}
+}
+
+// FuzzPrepare runs arbitrary bodies through the router's whole request side
+// (facts, bounds, tokenize, hash) with a real tokenizer: never a panic, and
+// a hashed request never exceeds the token bound.
+func FuzzPrepare(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"Qwen/Qwen3-0.6B","prompt":"hello world, hello world, hello world, hello world"}`,
+		`{"model":"x","prompt":[]}`, `{"model":"x","prompt":[[]]}`, `{"model":"x","prompt":["a",5]}`,
+		`{"model":"Qwen/Qwen3-0.6B","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`,
+		`{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"user","content":"hi"}],"chat_template":"{{ messages }}"}`,
+		`{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"system","content":[{"type":"text","text":"s"}]},{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+		`{"model":"Qwen/Qwen3-0.6B","prompt":"` + strings.Repeat("a", 5000) + `"}`,
+	} {
+		f.Add([]byte(s), false)
+	}
+	src, err := filepath.Abs("../tokenizer/testdata/qwen3")
+	if err != nil {
+		f.Fatal(err)
+	}
+	dir := f.TempDir()
+	if err := os.Symlink(src, filepath.Join(dir, tokenizer.Slug(baseModel))); err != nil {
+		f.Fatal(err)
+	}
+	pool := tokenizer.NewPool(dir)
+	routers := map[bool]*router{}
+	states := map[bool]*ruleState{}
+	for _, trust := range []bool{false, true} {
+		extra := ""
+		if trust {
+			extra = `,"trustRequestChatTemplate":true`
+		}
+		rule := &config.Rule{}
+		if err := json.Unmarshal([]byte(`{"serviceArguments":{"externalIP":"127.0.0.1","port":9,"mode":4,"kvExactMode":3`+extra+
+			`},"endpoints":[{"endpointIP":"127.0.0.1","targetPort":10}]}`), rule); err != nil {
+			f.Fatal(err)
+		}
+		rule.AssignIndices(nil)
+		st, err := newRuleState(rule, config.DefaultSettings(), quietLogger())
+		if err != nil {
+			f.Fatal(err)
+		}
+		sel, err := selector.New(selectorRule(rule), selector.DefaultOptions(), selector.Deps{})
+		if err != nil {
+			f.Fatal(err)
+		}
+		routers[trust] = &router{service: 1, sel: sel, opts: selector.DefaultOptions(), pool: pool, log: quietLogger(),
+			maxTokens: 256, gate: newInspectGate(1<<20, 1<<10, nil)}
+		states[trust] = st
+	}
+	f.Fuzz(func(t *testing.T, body []byte, trust bool) {
+		req := &fullproxy.Request{BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: body}
+		sc := routers[trust].prepare(states[trust], req)
+		if len(sc.selReq.Hashes) > 0 && sc.tokens > 256 {
+			t.Fatalf("hashed %d tokens past the 256-token bound", sc.tokens)
+		}
+	})
 }
