@@ -215,8 +215,10 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 		return skip(causeBusy, nil)
 	}
 	t1 := time.Now()
-	ids, err := r.tokenize(st, f)
-	release()
+	ids, err := func() ([]uint32, error) {
+		defer release() // a recovered panic must not keep the budget forever
+		return r.tokenize(st, f)
+	}()
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "tokenize", Duration: time.Since(t1)})
 	if err == nil && r.maxTokens > 0 && len(ids) > r.maxTokens {
 		err = &tokenizer.LimitError{Cause: tokenizer.CauseTokens, Detail: fmt.Sprintf("%d tokens, limit %d", len(ids), r.maxTokens)}
