@@ -101,6 +101,8 @@ type Settings struct {
 	// LLB_KV_MAX_PROMPT_TOKENS: a prompt with more tokens is not routed by
 	// KV (guard reason tokenize), 1-16777216. Default 262144.
 	MaxPromptTokens int
+	// LLB_KV_MAX_FRAME_BYTES: largest ZMTP frame or message taken from a KV peer, 4096-1073741824. Default 64 MiB.
+	MaxFrameBytes int
 
 	// LLB_PD_PREFILL_TIMEOUT_SEC: prefill leg and decode first-byte bound, 1-99999 s. Default 30.
 	PrefillTimeout time.Duration
@@ -135,6 +137,7 @@ func DefaultSettings() Settings {
 		Score:              ScoreLeading,
 		ReplayPortOffset:   1000,
 		MaxPromptTokens:    262144,
+		MaxFrameBytes:      64 << 20,
 		PrefillTimeout:     30 * time.Second,
 		DecodeSilence:      120 * time.Second,
 		OriginErrThreshold: 3,
@@ -229,6 +232,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	}
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
 	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
+	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)
 
 	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)
 	p.seconds("LLB_PD_DECODE_SILENCE_SEC", &s.DecodeSilence, 1, 99999)

@@ -39,6 +39,9 @@ type ruleHealth struct {
 	admission *health.Admission // P/D rules only
 	flow      *pd.Flow          // P/D rules only
 	sel       *selector.Selector
+	// probeUp is told when an endpoint's probe comes back, so the KV
+	// subscriber can check for an engine restart (docs/ingest.md).
+	probeUp func(ep int)
 
 	mu       sync.Mutex
 	stop     context.CancelFunc
@@ -136,6 +139,9 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	t.Subscribe(func(tr health.Transition) {
 		if tr.Drops() && h.sel != nil {
 			h.sel.DropEndpoint(tr.Ep)
+		}
+		if tr.Event == health.EventProbeUp && h.probeUp != nil {
+			h.probeUp(tr.Ep)
 		}
 	})
 	var targets []health.Target
@@ -387,5 +393,7 @@ func (g *Gateway) ruleHealth(rule *config.Rule) (*ruleHealth, error) {
 		return nil, err
 	}
 	h.guard = g.guard
+	service := uint32(rule.ServiceID)
+	h.probeUp = func(ep int) { g.subs.Verify(service, ep) }
 	return h, nil
 }

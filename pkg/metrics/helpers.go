@@ -179,6 +179,13 @@ func (m *Metrics) SubscriberClear(service, epIdx int, reason string) {
 	m.SubscriberClears.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
 }
 
+// KVSkip counts a request whose KV tier was skipped for a named cause:
+// block_size (guard reason hashes), or a request-side bound (reason
+// tokenize; docs/tokenizer.md, Bounds).
+func (m *Metrics) KVSkip(service int, cause string) {
+	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
+}
+
 // SubscriberReplay counts a replay request; outcome is ok, error or unavailable.
 func (m *Metrics) SubscriberReplay(service, epIdx int, outcome string) {
 	m.SubscriberReplays.WithLabelValues(itoa(service), itoa(epIdx), outcome).Inc()
@@ -377,11 +384,6 @@ func (s *splicedBytes) Collect(ch chan<- prometheus.Metric) {
 	for p, v := range vals {
 		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v), p)
 	}
-}
-
-// KVSkip counts a request whose prompt was not inspected, by cause.
-func (m *Metrics) KVSkip(service int, cause string) {
-	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
 }
 
 // Panicked implements recovery.Observer: kvgate_panics_total{where}.

@@ -66,6 +66,7 @@ type Metrics struct {
 	RankConnected        *prometheus.GaugeVec   // kvgate_kv_subscriber_rank_connected{service,ep,rank}
 	SubscriberGaps       *prometheus.CounterVec // kvgate_kv_subscriber_gaps_total{service,ep,kind}
 	SubscriberClears     *prometheus.CounterVec // kvgate_kv_subscriber_clears_total{service,ep,reason}
+	KVSkips              *prometheus.CounterVec // kvgate_kv_skip_total{service,cause}
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
@@ -117,9 +118,8 @@ type Metrics struct {
 	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
 	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
 
-	// Reliability: request-side skips and recovered panics.
-	KVSkips *prometheus.CounterVec // kvgate_kv_skip_total{service,cause}
-	Panics  *prometheus.CounterVec // kvgate_panics_total{where}
+	// Reliability: recovered panics.
+	Panics *prometheus.CounterVec // kvgate_panics_total{where}
 
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
@@ -174,6 +174,7 @@ func New(opts Options) *Metrics {
 	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
 	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
 	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
+	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
@@ -222,7 +223,6 @@ func New(opts Options) *Metrics {
 	m.spliced = newSplicedBytes()
 	reg.MustRegister(m.spliced)
 
-	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose prompt kvgate chose not to inspect, by cause (the detail behind guard reasons tokenize and text_empty; see docs/tokenizer.md).", "service", "cause")
 	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
 	for _, w := range recovery.Wheres {
 		m.Panics.WithLabelValues(w)
