@@ -293,7 +293,7 @@ func newCreateLBCmd() *cobra.Command {
 		chwblLevel, chwblFlags, chwblFactor, chwblRepl                 int
 		probePort, probeTimeout, probeRetries, probeInterval           int
 		pdDisagg, pdCacheAware, cbEnable, chwblSalt, pdReceipt, asJSON bool
-		wildcardVIP                                                    bool
+		wildcardVIP, trustTemplate                                     bool
 	)
 	c := &cobra.Command{
 		Use:     "lb EXTERNAL-IP --tcp=PORT:TARGETPORT --endpoints=IP:WEIGHT,...",
@@ -334,7 +334,7 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 				CHWBLMeanLoadFactor: chwblFactor, CHWBLReplication: chwblRepl, CHWBLPrefixHashLevel: chwblLevel,
 				CHWBLPrefixHashFlags: chwblFlags, CHWBLEnableCacheSalt: chwblSalt,
 				ProbeType: probeType, ProbePort: probePort, ProbeReq: probeReq, ProbeTimeout: probeTimeout,
-				ProbeRetries: probeRetries, ProbeInterval: probeInterval,
+				ProbeRetries: probeRetries, ProbeInterval: probeInterval, TrustRequestChatTemplate: trustTemplate,
 			}}}
 			if cmd.Flags().Changed("kv-lora-adapters") {
 				if rule.ServiceArguments.KVLoraAdapters, err = parseLoraAdapters(kvLoraAdapters); err != nil {
@@ -376,6 +376,7 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 	f.IntVar(&kvRanks, "kv-dp-ranks", 0, "kvDpRankCount: data-parallel ranks per endpoint, 1-8")
 	f.IntVar(&kvReplay, "kv-replay-port", 0, "KV-event replay port (0 = kv-zmq-port + LLB_KV_REPLAY_PORT_OFFSET)")
 	f.StringVar(&kvHashSeed, "kv-hash-seed", "", "NONE_HASH seed for this rule (vLLM's PYTHONHASHSEED); overrides LLB_KV_NONE_HASH_SEED")
+	f.BoolVar(&trustTemplate, "trust-request-chat-template", false, "render a request's own chat_template to route it (set it when the engines run vLLM's --trust-request-chat-template); off, such requests are forwarded unrouted under reason tokenize")
 	f.StringVar(&kvLoraAdapters, "kv-lora-adapters", "", "LoRA adapters the engines serve, NAME[=BASE-MODEL],...: a request for NAME hashes with its lora_name; its prompt is tokenized with BASE-MODEL's staged tokenizer (default: one staged under NAME)")
 	f.StringVar(&epRole, "ep-role", "", "per-endpoint roles aligned with --endpoints: normal|prefill|decode|0|1|2")
 	f.StringVar(&nixlPorts, "nixl-port", "", "per-endpoint NIXL ports aligned with --endpoints (0 = target port)")

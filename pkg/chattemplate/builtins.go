@@ -883,11 +883,14 @@ func filterToJSON(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		}
 		o.itemSep, o.keySep = is, ks
 	}
+	if err := r.checkValue(v); err != nil {
+		return nil, err
+	}
 	s, err := pyJSONDumps(v, o)
 	if err != nil {
 		return nil, err
 	}
-	return s, r.checkSize(len(s))
+	return s, r.build(len(s))
 }
 
 // ---- tests ----
@@ -1043,6 +1046,9 @@ func globalRange(r *renderer, args []any, kw *Dict) (any, error) {
 	}
 	if n > maxRange {
 		return nil, fmt.Errorf("range too big. The sandbox blocks ranges larger than MAX_RANGE (%d)", maxRange)
+	}
+	if err := r.build(int(n) * itemBytes); err != nil { // a loop over range() rebuilds it each pass
+		return nil, err
 	}
 	out := make([]any, n)
 	for i := range out {

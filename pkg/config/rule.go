@@ -139,6 +139,13 @@ type ServiceArguments struct {
 	// tokenizer); a bare name uses the tokenizer staged under the adapter's
 	// own name. Ours; the reference has no LoRA support.
 	KVLoraAdapters []string `json:"kvLoraAdapters,omitempty"`
+	// TrustRequestChatTemplate lets a request's own chat_template be
+	// rendered to route it, mirroring vLLM's --trust-request-chat-template
+	// (set it when the engines run with that flag). Off (the default), a
+	// request carrying chat_template is forwarded unchanged under guard
+	// reason tokenize: vLLM refuses such requests, and rendering untrusted
+	// Jinja costs kvgate CPU and memory. Ours.
+	TrustRequestChatTemplate bool `json:"trustRequestChatTemplate,omitempty"`
 
 	PDBootstrapPort       int  `json:"pdBootstrapPort,omitempty"`
 	PDDisaggMode          bool `json:"pd_disagg_mode,omitempty"`

@@ -49,6 +49,9 @@ type Settings struct {
 	Score selector.ScoreMode
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
+	// LLB_KV_MAX_PROMPT_TOKENS: a prompt with more tokens is not routed by
+	// KV (guard reason tokenize), 1-16777216. Default 262144.
+	MaxPromptTokens int
 	// LLB_KV_MAX_FRAME_BYTES: largest ZMTP frame or message taken from a KV peer, 4096-1073741824. Default 64 MiB.
 	MaxFrameBytes int
 
@@ -86,6 +89,7 @@ func DefaultSettings() Settings {
 		ZeroHitN:           selector.DefaultZeroHitN,
 		Score:              selector.ScorePrefix,
 		ReplayPortOffset:   1000,
+		MaxPromptTokens:    262144,
 		MaxFrameBytes:      64 << 20,
 		PrefillTimeout:     30 * time.Second,
 		DecodeSilence:      120 * time.Second,
@@ -154,6 +158,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	parsed(&p, "LOXILB_KV_SCORE", &s.Score, selector.ParseScoreMode)
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
+	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
 	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)
 
 	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)

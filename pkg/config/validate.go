@@ -345,6 +345,8 @@ func firstKVField(a *ServiceArguments) string {
 		return "kvHashSeed"
 	case len(a.KVLoraAdapters) > 0:
 		return "kvLoraAdapters"
+	case a.TrustRequestChatTemplate:
+		return "trustRequestChatTemplate"
 	}
 	return ""
 }

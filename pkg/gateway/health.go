@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
@@ -33,6 +34,7 @@ type ruleHealth struct {
 	settings config.Settings
 	m        *metrics.Metrics
 	log      *slog.Logger
+	guard    *recovery.Guard // the daemon's panic guard, for the probe goroutines
 
 	tracker   atomic.Pointer[health.Tracker]
 	admission *admission.Controller // P/D rules only
@@ -149,7 +151,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	}
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
-		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(),
+		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
 	}, targets, h.log)
 	if err != nil {
 		return fmt.Errorf("service %d: %w", rule.ServiceID, err)
@@ -160,10 +162,10 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	h.mu.Lock()
 	h.stop, h.done, h.probeKey = cancel, done, probeKey(rule)
 	h.mu.Unlock()
-	go func() {
+	h.guard.Go(recovery.Probe, func() {
 		defer close(done)
 		p.Run(ctx)
-	}()
+	})
 	return nil
 }
 
@@ -388,9 +390,11 @@ func (g *Gateway) ruleHealth(rule *config.Rule) (*ruleHealth, error) {
 	total := g.pdTotal
 	g.mu.Unlock()
 	h, err := newRuleHealth(rule, g.opts.Settings, total, g.Metrics, g.log)
-	if err == nil {
-		service := uint32(rule.ServiceID)
-		h.probeUp = func(ep int) { g.subs.Verify(service, ep) }
+	if err != nil {
+		return nil, err
 	}
-	return h, err
+	h.guard = g.guard
+	service := uint32(rule.ServiceID)
+	h.probeUp = func(ep int) { g.subs.Verify(service, ep) }
+	return h, nil
 }

@@ -179,8 +179,9 @@ func (m *Metrics) SubscriberClear(service, epIdx int, reason string) {
 	m.SubscriberClears.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
 }
 
-// KVSkip counts a request whose KV tier was skipped for a named cause
-// (guard reason hashes); cause is block_size.
+// KVSkip counts a request whose KV tier was skipped for a named cause:
+// block_size (guard reason hashes), or a request-side bound (reason
+// tokenize; docs/tokenizer.md, Bounds).
 func (m *Metrics) KVSkip(service int, cause string) {
 	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
 }
@@ -384,3 +385,6 @@ func (s *splicedBytes) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v), p)
 	}
 }
+
+// Panicked implements recovery.Observer: kvgate_panics_total{where}.
+func (m *Metrics) Panicked(where string) { m.Panics.WithLabelValues(where).Inc() }

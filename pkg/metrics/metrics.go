@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -117,6 +118,9 @@ type Metrics struct {
 	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
 	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
 
+	// Reliability: recovered panics.
+	Panics *prometheus.CounterVec // kvgate_panics_total{where}
+
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
 	Ready     prometheus.Gauge // kvgate_ready (docs/api.md "Readiness")
@@ -170,7 +174,7 @@ func New(opts Options) *Metrics {
 	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
 	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
 	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
-	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize).", "service", "cause")
+	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
@@ -218,6 +222,11 @@ func New(opts Options) *Metrics {
 	m.DatapathInfo = f.gauge("kvgate_datapath_info", "Always 1 for the response body path in use (sockmap or userspace).", "path")
 	m.spliced = newSplicedBytes()
 	reg.MustRegister(m.spliced)
+
+	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
+	for _, w := range recovery.Wheres {
+		m.Panics.WithLabelValues(w)
+	}
 
 	m.Rules = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_rules", Help: "Load-balancer rules configured."})
 	reg.MustRegister(m.Rules)
