@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -211,31 +212,9 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 	case *textNode:
 		return flowNormal, r.write(out, n.text)
 	case *outputNode:
-		if n.constant {
-			// Jinja2 folds a fully constant {{ }} at compile time through
-			// as_const, where slicing a non-sequence yields Undefined.
-			r.folding = true
-			defer func() { r.folding = false }()
-		}
-		v, err := r.eval(n.expr, sc)
-		if err != nil {
-			return flowNormal, err
-		}
-		if u, ok := v.(undefined); ok && u.unsafe {
-			return flowNormal, nil
-		}
-		return flowNormal, r.writeValue(out, v)
+		return r.execOutput(n, sc, out)
 	case *ifNode:
-		for i, c := range n.conds {
-			v, err := r.eval(c, sc)
-			if err != nil {
-				return flowNormal, err
-			}
-			if isTruthy(v) {
-				return r.execBody(n.bodies[i], sc, out)
-			}
-		}
-		return r.execBody(n.orElse, sc, out)
+		return r.execIf(n, sc, out)
 	case *forNode:
 		iter, err := r.eval(n.iter, sc)
 		if err != nil {
@@ -249,18 +228,7 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 		}
 		return flowNormal, r.assign(n.target, v, sc)
 	case *setBlockNode:
-		var buf strings.Builder
-		if _, err := r.execBody(n.body, sc, &buf); err != nil {
-			return flowNormal, err
-		}
-		var v any = buf.String()
-		if n.filter != nil {
-			var err error
-			if v, err = r.applyFilterChain(n.filter, v, sc); err != nil {
-				return flowNormal, err
-			}
-		}
-		return flowNormal, r.assign(n.target, v, sc)
+		return r.execSetBlock(n, sc, out)
 	case *macroNode:
 		sc.set(n.name, &macroValue{node: n, closure: sc, name: n.name, params: n.params, defaults: n.defaults, body: n.body})
 		return flowNormal, nil
@@ -272,33 +240,91 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 		}
 		return flowNormal, r.writeValue(out, v)
 	case *filterBlockNode:
-		var buf strings.Builder
-		if _, err := r.execBody(n.body, sc, &buf); err != nil {
-			return flowNormal, err
-		}
-		v, err := r.applyFilterChain(n.filter, buf.String(), sc)
-		if err != nil {
-			return flowNormal, err
-		}
-		return flowNormal, r.writeValue(out, v)
+		return r.execFilterBlock(n, sc, out)
 	case *withNode:
-		inner := newScope(sc)
-		for i, t := range n.targets {
-			v, err := r.eval(n.values[i], sc)
-			if err != nil {
-				return flowNormal, err
-			}
-			if err := r.assign(t, v, inner); err != nil {
-				return flowNormal, err
-			}
-		}
-		return r.execBody(n.body, inner, out)
+		return r.execWith(n, sc, out)
 	case *breakNode:
 		return flowBreak, nil
 	case *continueNode:
 		return flowContinue, nil
 	}
 	return flowNormal, fmt.Errorf("chattemplate: internal error: unknown node %T", n)
+}
+
+// execOutput writes the value of a {{ … }} tag.
+func (r *renderer) execOutput(n *outputNode, sc *scope, out *strings.Builder) (flow, error) {
+	if n.constant {
+		// Jinja2 folds a fully constant {{ }} at compile time through
+		// as_const, where slicing a non-sequence yields Undefined.
+		r.folding = true
+		defer func() { r.folding = false }()
+	}
+	v, err := r.eval(n.expr, sc)
+	if err != nil {
+		return flowNormal, err
+	}
+	if u, ok := v.(undefined); ok && u.unsafe {
+		return flowNormal, nil
+	}
+	return flowNormal, r.writeValue(out, v)
+}
+
+// execIf runs the body of the first true condition, else the else body.
+func (r *renderer) execIf(n *ifNode, sc *scope, out *strings.Builder) (flow, error) {
+	for i, c := range n.conds {
+		v, err := r.eval(c, sc)
+		if err != nil {
+			return flowNormal, err
+		}
+		if isTruthy(v) {
+			return r.execBody(n.bodies[i], sc, out)
+		}
+	}
+	return r.execBody(n.orElse, sc, out)
+}
+
+// execSetBlock assigns the rendered body, through its filter if any.
+func (r *renderer) execSetBlock(n *setBlockNode, sc *scope, out *strings.Builder) (flow, error) {
+	var buf strings.Builder
+	if _, err := r.execBody(n.body, sc, &buf); err != nil {
+		return flowNormal, err
+	}
+	var v any = buf.String()
+	if n.filter != nil {
+		var err error
+		if v, err = r.applyFilterChain(n.filter, v, sc); err != nil {
+			return flowNormal, err
+		}
+	}
+	return flowNormal, r.assign(n.target, v, sc)
+}
+
+// execFilterBlock writes the rendered body through its filter chain.
+func (r *renderer) execFilterBlock(n *filterBlockNode, sc *scope, out *strings.Builder) (flow, error) {
+	var buf strings.Builder
+	if _, err := r.execBody(n.body, sc, &buf); err != nil {
+		return flowNormal, err
+	}
+	v, err := r.applyFilterChain(n.filter, buf.String(), sc)
+	if err != nil {
+		return flowNormal, err
+	}
+	return flowNormal, r.writeValue(out, v)
+}
+
+// execWith runs the body in a scope holding the with targets.
+func (r *renderer) execWith(n *withNode, sc *scope, out *strings.Builder) (flow, error) {
+	inner := newScope(sc)
+	for i, t := range n.targets {
+		v, err := r.eval(n.values[i], sc)
+		if err != nil {
+			return flowNormal, err
+		}
+		if err := r.assign(t, v, inner); err != nil {
+			return flowNormal, err
+		}
+	}
+	return r.execBody(n.body, inner, out)
 }
 
 // applyFilterChain applies a filter chain whose innermost node is nil to v.
@@ -423,7 +449,6 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 		return nil, fmt.Errorf("%w: call depth above %d", ErrLimit, r.cfg.maxCallDepth)
 	}
 	sc := newScope(m.closure)
-	firstDefault := len(m.params) - len(m.defaults)
 	var varargs []any
 	if len(args) > len(m.params) {
 		if m.node != nil && !m.node.catchVarargs {
@@ -432,49 +457,12 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 		varargs = append(varargs, args[len(m.params):]...)
 		args = args[:len(m.params)]
 	}
-	extra := NewDict()
-	if kw != nil {
-		for _, k := range kw.keys {
-			found := false
-			for _, p := range m.params {
-				if p == k {
-					found = true
-				}
-			}
-			if k == "caller" && caller == nil {
-				if c, ok := kw.val(k).(*macroValue); ok {
-					caller = c
-					continue
-				}
-			}
-			if !found {
-				if m.node != nil && !m.node.catchKwargs {
-					return nil, fmt.Errorf("macro '%s' takes no keyword argument '%s'", m.name, k)
-				}
-				extra.Set(k, kw.val(k))
-			}
-		}
+	extra, caller, err := macroKwargs(m, kw, caller)
+	if err != nil {
+		return nil, err
 	}
-	for i, p := range m.params {
-		switch {
-		case i < len(args):
-			if kw != nil {
-				if _, dup := kw.Get(p); dup {
-					return nil, fmt.Errorf("macro '%s' got multiple values for argument '%s'", m.name, p)
-				}
-			}
-			sc.set(p, args[i])
-		case kw != nil && hasKey(kw, p):
-			sc.set(p, kw.val(p))
-		case i >= firstDefault:
-			v, err := r.eval(m.defaults[i-firstDefault], sc)
-			if err != nil {
-				return nil, err
-			}
-			sc.set(p, v)
-		default:
-			sc.set(p, undefined{format: "parameter '%s' was not provided", a: p})
-		}
+	if err := r.bindParams(m, sc, args, kw); err != nil {
+		return nil, err
 	}
 	sc.set("varargs", tuple(varargs))
 	sc.set("kwargs", extra)
@@ -486,6 +474,63 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 		return nil, err
 	}
 	return buf.String(), nil
+}
+
+// macroKwargs sorts the keyword arguments of a call of m: a caller= macro
+// becomes the caller (unless a call block gave one), keywords that name no
+// parameter go to kwargs (an error unless m reads kwargs), and the rest bind
+// to parameters in bindParams.
+func macroKwargs(m *macroValue, kw *Dict, caller *macroValue) (*Dict, *macroValue, error) {
+	extra := NewDict()
+	if kw == nil {
+		return extra, caller, nil
+	}
+	for _, k := range kw.keys {
+		found := slices.Contains(m.params, k)
+		if k == "caller" && caller == nil {
+			if c, ok := kw.val(k).(*macroValue); ok {
+				caller = c
+				continue
+			}
+		}
+		if found {
+			continue
+		}
+		if m.node != nil && !m.node.catchKwargs {
+			return nil, nil, fmt.Errorf("macro '%s' takes no keyword argument '%s'", m.name, k)
+		}
+		extra.Set(k, kw.val(k))
+	}
+	return extra, caller, nil
+}
+
+// bindParams sets each parameter of m in sc: from its positional argument,
+// its keyword, its default (evaluated in sc, so it sees earlier parameters)
+// or an undefined naming it.
+func (r *renderer) bindParams(m *macroValue, sc *scope, args []any, kw *Dict) error {
+	firstDefault := len(m.params) - len(m.defaults)
+	for i, p := range m.params {
+		switch {
+		case i < len(args):
+			if kw != nil {
+				if _, dup := kw.Get(p); dup {
+					return fmt.Errorf("macro '%s' got multiple values for argument '%s'", m.name, p)
+				}
+			}
+			sc.set(p, args[i])
+		case kw != nil && hasKey(kw, p):
+			sc.set(p, kw.val(p))
+		case i >= firstDefault:
+			v, err := r.eval(m.defaults[i-firstDefault], sc)
+			if err != nil {
+				return err
+			}
+			sc.set(p, v)
+		default:
+			sc.set(p, undefined{format: "parameter '%s' was not provided", a: p})
+		}
+	}
+	return nil
 }
 
 func hasKey(d *Dict, k string) bool { _, ok := d.Get(k); return ok }
@@ -864,19 +909,9 @@ func contains(container, item any) (bool, error) {
 		}
 		return strings.Contains(c, s), nil
 	case []any:
-		for _, e := range c {
-			if valuesEqual(e, item) {
-				return true, nil
-			}
-		}
-		return false, nil
+		return seqContains(c, item), nil
 	case tuple:
-		for _, e := range c {
-			if valuesEqual(e, item) {
-				return true, nil
-			}
-		}
-		return false, nil
+		return seqContains(c, item), nil
 	case *Dict:
 		s, ok := item.(string)
 		if !ok {
@@ -905,14 +940,19 @@ func contains(container, item any) (bool, error) {
 			}
 		}
 	case *dictView:
-		for _, e := range c.items {
-			if valuesEqual(e, item) {
-				return true, nil
-			}
-		}
-		return false, nil
+		return seqContains(c.items, item), nil
 	}
 	return false, fmt.Errorf("argument of type '%s' is not iterable", typeName(container))
+}
+
+// seqContains is Python's `item in seq` for a list, tuple or dict view.
+func seqContains(seq []any, item any) bool {
+	for _, e := range seq {
+		if valuesEqual(e, item) {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *renderer) evalSlice(obj any, s *sliceExpr, sc *scope) (any, error) {
@@ -934,10 +974,7 @@ func (r *renderer) evalSlice(obj any, s *sliceExpr, sc *scope) (any, error) {
 func sliceIndices(n int, start, stop, step any) (int, int, int, error) {
 	st := 1
 	if step != nil {
-		v, ok := step.(int64)
-		if b, isB := step.(bool); isB {
-			v, ok = boolInt(b), true
-		}
+		v, ok := sliceInt(step)
 		if !ok {
 			return 0, 0, 0, errors.New("slice indices must be integers or None")
 		}
@@ -946,55 +983,58 @@ func sliceIndices(n int, start, stop, step any) (int, int, int, error) {
 		}
 		st = int(max(min(v, int64(math.MaxInt32)), int64(math.MinInt32)))
 	}
-	conv := func(v any, def int) (int, error) {
-		if v == nil {
-			return def, nil
-		}
-		i, ok := v.(int64)
-		if b, isB := v.(bool); isB {
-			i, ok = boolInt(b), true
-		}
-		if !ok {
-			return 0, errors.New("slice indices must be integers or None")
-		}
-		i = max(min(i, int64(math.MaxInt32)), int64(math.MinInt32))
-		x := int(i)
-		if x < 0 {
-			x += n
-			if x < 0 {
-				if st < 0 {
-					x = -1
-				} else {
-					x = 0
-				}
-			}
-		} else if x >= n {
-			if st < 0 {
-				x = n - 1
-			} else {
-				x = n
-			}
-		}
-		return x, nil
+	defStart, defStop := 0, n
+	if st < 0 {
+		defStart, defStop = n-1, -1
 	}
-	var a, b int
-	var err error
-	if st > 0 {
-		if a, err = conv(start, 0); err != nil {
-			return 0, 0, 0, err
-		}
-		if b, err = conv(stop, n); err != nil {
-			return 0, 0, 0, err
-		}
-	} else {
-		if a, err = conv(start, n-1); err != nil {
-			return 0, 0, 0, err
-		}
-		if b, err = conv(stop, -1); err != nil {
-			return 0, 0, 0, err
-		}
+	a, err := sliceBound(start, defStart, n, st)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	b, err := sliceBound(stop, defStop, n, st)
+	if err != nil {
+		return 0, 0, 0, err
 	}
 	return a, b, st, nil
+}
+
+// sliceInt is a slice index: an int or a bool.
+func sliceInt(v any) (int64, bool) {
+	if b, isB := v.(bool); isB {
+		return boolInt(b), true
+	}
+	i, ok := v.(int64)
+	return i, ok
+}
+
+// sliceBound clamps one slice bound v (nil: def) into a sequence of length
+// n, for step st, as slice.indices does.
+func sliceBound(v any, def, n, st int) (int, error) {
+	if v == nil {
+		return def, nil
+	}
+	i, ok := sliceInt(v)
+	if !ok {
+		return 0, errors.New("slice indices must be integers or None")
+	}
+	i = max(min(i, int64(math.MaxInt32)), int64(math.MinInt32))
+	x := int(i)
+	switch {
+	case x < 0:
+		x += n
+		if x < 0 {
+			x = 0
+			if st < 0 {
+				x = -1
+			}
+		}
+	case x >= n:
+		x = n
+		if st < 0 {
+			x = n - 1
+		}
+	}
+	return x, nil
 }
 
 func boolInt(b bool) int64 {
