@@ -1204,61 +1204,17 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 	}
 	switch op {
 	case "+":
-		switch x := l.(type) {
-		case string:
-			if y, ok := rv.(string); ok {
-				if err := r.build(len(x) + len(y)); err != nil {
-					return nil, err
-				}
-				return x + y, nil
-			}
-		case []any:
-			if y, ok := rv.([]any); ok {
-				if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
-					return nil, err
-				}
-				return append(append([]any{}, x...), y...), nil
-			}
-		case tuple:
-			if y, ok := rv.(tuple); ok {
-				if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
-					return nil, err
-				}
-				return append(append(tuple{}, x...), y...), nil
-			}
+		if v, ok, err := r.concatSeq(l, rv); ok {
+			return v, err
 		}
 	case "*":
 		seq, count := l, rv
 		if lok {
 			seq, count = rv, l
 		}
-		cn, ok := numeric(count)
-		if ok && !cn.isFloat {
-			n := max(cn.i, 0)
-			switch x := seq.(type) {
-			case string:
-				if err := r.checkRepeat(len(x), n); err != nil {
-					return nil, err
-				}
-				return strings.Repeat(x, int(n)), nil
-			case []any:
-				if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
-					return nil, err
-				}
-				out := make([]any, 0, len(x)*int(n))
-				for i := int64(0); i < n; i++ {
-					out = append(out, x...)
-				}
-				return out, nil
-			case tuple:
-				if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
-					return nil, err
-				}
-				out := make(tuple, 0, len(x)*int(n))
-				for i := int64(0); i < n; i++ {
-					out = append(out, x...)
-				}
-				return out, nil
+		if cn, ok := numeric(count); ok && !cn.isFloat {
+			if v, ok, err := r.repeatSeq(seq, max(cn.i, 0)); ok {
+				return v, err
 			}
 		}
 	case "%":
@@ -1267,6 +1223,66 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 		}
 	}
 	return nil, fmt.Errorf("unsupported operand type(s) for %s: '%s' and '%s'", op, typeName(l), typeName(rv))
+}
+
+// concatSeq is l + rv for two strings, two lists or two tuples, within the
+// output bound; false when the operands are not such a pair.
+func (r *renderer) concatSeq(l, rv any) (any, bool, error) {
+	switch x := l.(type) {
+	case string:
+		if y, ok := rv.(string); ok {
+			if err := r.build(len(x) + len(y)); err != nil {
+				return nil, true, err
+			}
+			return x + y, true, nil
+		}
+	case []any:
+		if y, ok := rv.([]any); ok {
+			if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
+				return nil, true, err
+			}
+			return append(append([]any{}, x...), y...), true, nil
+		}
+	case tuple:
+		if y, ok := rv.(tuple); ok {
+			if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
+				return nil, true, err
+			}
+			return append(append(tuple{}, x...), y...), true, nil
+		}
+	}
+	return nil, false, nil
+}
+
+// repeatSeq is seq * n (n >= 0) for a string, list or tuple, within the
+// output bound; false when seq is none of those.
+func (r *renderer) repeatSeq(seq any, n int64) (any, bool, error) {
+	switch x := seq.(type) {
+	case string:
+		if err := r.checkRepeat(len(x), n); err != nil {
+			return nil, true, err
+		}
+		return strings.Repeat(x, int(n)), true, nil
+	case []any:
+		if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
+			return nil, true, err
+		}
+		out := make([]any, 0, len(x)*int(n))
+		for i := int64(0); i < n; i++ {
+			out = append(out, x...)
+		}
+		return out, true, nil
+	case tuple:
+		if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
+			return nil, true, err
+		}
+		out := make(tuple, 0, len(x)*int(n))
+		for i := int64(0); i < n; i++ {
+			out = append(out, x...)
+		}
+		return out, true, nil
+	}
+	return nil, false, nil
 }
 
 // checkRepeat bounds seq * n, seq being seqBytes bytes, without overflowing
@@ -1283,81 +1299,100 @@ func (r *renderer) checkRepeat(seqBytes int, n int64) error {
 
 func numericOp(op string, a, b number) (any, error) {
 	if !a.isFloat && !b.isFloat {
-		x, y := a.i, b.i
 		switch op {
-		case "+":
-			s := x + y
-			if (s > x) != (y > 0) {
-				return nil, errors.New("integer overflow")
-			}
-			return s, nil
-		case "-":
-			s := x - y
-			if (s < x) != (y > 0) {
-				return nil, errors.New("integer overflow")
-			}
-			return s, nil
-		case "*":
-			if x != 0 && y != 0 {
-				p := x * y
-				if p/y != x || (x == -1 && y == math.MinInt64) || (y == -1 && x == math.MinInt64) {
-					return nil, errors.New("integer overflow")
-				}
-				return p, nil
-			}
-			return int64(0), nil
-		case "/":
-			if y == 0 {
-				return nil, errors.New("division by zero")
-			}
-			return float64(x) / float64(y), nil
-		case "//":
-			if y == 0 {
-				return nil, errors.New("integer division or modulo by zero")
-			}
-			q := x / y
-			if (x%y != 0) && ((x < 0) != (y < 0)) {
-				q--
-			}
-			return q, nil
-		case "%":
-			if y == 0 {
-				return nil, errors.New("integer division or modulo by zero")
-			}
-			m := x % y
-			if m != 0 && ((m < 0) != (y < 0)) {
-				m += y
-			}
-			return m, nil
-		case "**":
-			if y < 0 {
-				return math.Pow(float64(x), float64(y)), nil
-			}
-			switch x {
-			case 0:
-				if y == 0 {
-					return int64(1), nil
-				}
-				return int64(0), nil
-			case 1:
-				return int64(1), nil
-			case -1:
-				if y%2 == 0 {
-					return int64(1), nil
-				}
-				return int64(-1), nil
-			}
-			res := int64(1)
-			for i := int64(0); i < y; i++ {
-				if x != 0 && (res > math.MaxInt64/abs64(x)) {
-					return nil, errors.New("integer overflow")
-				}
-				res *= x
-			}
-			return res, nil
+		case "+", "-", "*", "/", "//", "%", "**":
+			return intOp(op, a.i, b.i)
 		}
 	}
-	x, y := a.float(), b.float()
+	return floatOp(op, a.float(), b.float())
+}
+
+// intOp is op on two ints with Python's semantics (floor division and
+// modulo, true division to float) and an error where int64 would overflow.
+func intOp(op string, x, y int64) (any, error) {
+	switch op {
+	case "+":
+		s := x + y
+		if (s > x) != (y > 0) {
+			return nil, errors.New("integer overflow")
+		}
+		return s, nil
+	case "-":
+		s := x - y
+		if (s < x) != (y > 0) {
+			return nil, errors.New("integer overflow")
+		}
+		return s, nil
+	case "*":
+		if x != 0 && y != 0 {
+			p := x * y
+			if p/y != x || (x == -1 && y == math.MinInt64) || (y == -1 && x == math.MinInt64) {
+				return nil, errors.New("integer overflow")
+			}
+			return p, nil
+		}
+		return int64(0), nil
+	case "/":
+		if y == 0 {
+			return nil, errors.New("division by zero")
+		}
+		return float64(x) / float64(y), nil
+	case "//":
+		if y == 0 {
+			return nil, errors.New("integer division or modulo by zero")
+		}
+		q := x / y
+		if (x%y != 0) && ((x < 0) != (y < 0)) {
+			q--
+		}
+		return q, nil
+	case "%":
+		if y == 0 {
+			return nil, errors.New("integer division or modulo by zero")
+		}
+		m := x % y
+		if m != 0 && ((m < 0) != (y < 0)) {
+			m += y
+		}
+		return m, nil
+	case "**":
+		return intPow(x, y)
+	}
+	return nil, fmt.Errorf("unknown operator %s", op)
+}
+
+// intPow is x ** y for ints: a float for a negative exponent, else an int
+// (an error past int64).
+func intPow(x, y int64) (any, error) {
+	if y < 0 {
+		return math.Pow(float64(x), float64(y)), nil
+	}
+	switch x {
+	case 0:
+		if y == 0 {
+			return int64(1), nil
+		}
+		return int64(0), nil
+	case 1:
+		return int64(1), nil
+	case -1:
+		if y%2 == 0 {
+			return int64(1), nil
+		}
+		return int64(-1), nil
+	}
+	res := int64(1)
+	for i := int64(0); i < y; i++ {
+		if x != 0 && (res > math.MaxInt64/abs64(x)) {
+			return nil, errors.New("integer overflow")
+		}
+		res *= x
+	}
+	return res, nil
+}
+
+// floatOp is op on two floats with Python's semantics and errors.
+func floatOp(op string, x, y float64) (any, error) {
 	switch op {
 	case "+":
 		return x + y, nil
