@@ -555,13 +555,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 	case *constExpr:
 		return e.v, nil
 	case *nameExpr:
-		if v, ok := sc.lookup(e.name); ok {
-			return v, nil
-		}
-		if g, ok := r.cfg.globals[e.name]; ok {
-			return g, nil
-		}
-		return undefined{format: "'%s' is undefined", a: e.name}, nil
+		return r.evalName(e, sc)
 	case *listExpr:
 		out, err := r.evalItems(e.items, sc)
 		if err != nil {
@@ -575,23 +569,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return tuple(out), nil
 	case *dictExpr:
-		d := NewDict()
-		for i, ke := range e.keys {
-			k, err := r.eval(ke, sc)
-			if err != nil {
-				return nil, err
-			}
-			ks, ok := k.(string)
-			if !ok {
-				return nil, fmt.Errorf("dict keys other than strings are not supported (got %s)", typeName(k))
-			}
-			v, err := r.eval(e.values[i], sc)
-			if err != nil {
-				return nil, err
-			}
-			d.Set(ks, v)
-		}
-		return d, nil
+		return r.evalDict(e, sc)
 	case *getattrExpr:
 		obj, err := r.eval(e.obj, sc)
 		if err != nil {
@@ -599,162 +577,234 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return getAttr(obj, e.attr)
 	case *getitemExpr:
-		obj, err := r.eval(e.obj, sc)
-		if err != nil {
-			return nil, err
-		}
-		if s, ok := e.key.(*sliceExpr); ok {
-			v, err := r.evalSlice(obj, s, sc)
-			if err != nil && r.folding {
-				// Jinja2 folds constant subscripts at compile time through
-				// the sandbox's getitem, which turns the TypeError into an
-				// undefined value.
-				if _, isUndef := obj.(undefined); !isUndef {
-					return undefined{format: "'%s' object is not subscriptable", a: typeName(obj)}, nil
-				}
-			}
-			return v, err
-		}
-		key, err := r.eval(e.key, sc)
-		if err != nil {
-			return nil, err
-		}
-		return getItem(obj, key)
+		return r.evalGetItem(e, sc)
 	case *callExpr:
 		return r.evalCall(e, sc, nil)
 	case *filterExpr:
-		var v any
-		if e.node != nil {
-			var err error
-			if v, err = r.eval(e.node, sc); err != nil {
-				return nil, err
-			}
-		}
-		return r.applyFilter(e, v, sc)
+		return r.evalFilter(e, sc)
 	case *testExpr:
-		v, err := r.eval(e.node, sc)
-		if err != nil {
-			return nil, err
-		}
-		args, kw, err := r.evalArgs(&e.call, sc)
-		if err != nil {
-			return nil, err
-		}
-		if err := r.step(); err != nil {
-			return nil, err
-		}
-		ok, err := tests[e.name](r, v, args, kw)
-		if err != nil {
-			return nil, fmt.Errorf("test '%s': %w", e.name, err)
-		}
-		return ok, nil
+		return r.evalTest(e, sc)
 	case *binExpr:
-		if e.op == "+" {
-			if _, nested := e.l.(*binExpr); nested {
-				return r.evalPlusChain(e, sc)
-			}
-		}
-		l, err := r.eval(e.l, sc)
-		if err != nil {
-			return nil, err
-		}
-		switch e.op {
-		case "and":
-			if !isTruthy(l) {
-				return l, nil
-			}
-			return r.eval(e.r, sc)
-		case "or":
-			if isTruthy(l) {
-				return l, nil
-			}
-			return r.eval(e.r, sc)
-		}
-		rv, err := r.eval(e.r, sc)
-		if err != nil {
-			return nil, err
-		}
-		return r.binaryOp(e.op, l, rv)
+		return r.evalBinary(e, sc)
 	case *concatExpr:
-		var b strings.Builder
-		for _, it := range e.items {
-			v, err := r.eval(it, sc)
-			if err != nil {
-				return nil, err
-			}
-			if u, ok := v.(undefined); ok && u.unsafe {
-				return nil, u.failure()
-			}
-			b.WriteString(pyStr(v))
-			if err := r.checkSize(b.Len()); err != nil {
-				return nil, err
-			}
-		}
-		return b.String(), nil
+		return r.evalConcat(e, sc)
 	case *unaryExpr:
-		v, err := r.eval(e.x, sc)
-		if err != nil {
-			return nil, err
-		}
-		if e.op == "not" {
-			return !isTruthy(v), nil
-		}
-		if u, ok := v.(undefined); ok {
-			return nil, u.failure()
-		}
-		n, ok := numeric(v)
-		if !ok {
-			return nil, fmt.Errorf("bad operand type for unary %s: '%s'", e.op, typeName(v))
-		}
-		if e.op == "+" {
-			if n.isFloat {
-				return n.f, nil
-			}
-			return n.i, nil
-		}
-		if n.isFloat {
-			return -n.f, nil
-		}
-		if n.i == math.MinInt64 {
-			return nil, errors.New("integer overflow")
-		}
-		return -n.i, nil
+		return r.evalUnary(e, sc)
 	case *compareExpr:
-		left, err := r.eval(e.first, sc)
-		if err != nil {
-			return nil, err
-		}
-		for i, op := range e.ops {
-			right, err := r.eval(e.rest[i], sc)
-			if err != nil {
-				return nil, err
-			}
-			ok, err := compareOp(op, left, right)
-			if err != nil {
-				return nil, err
-			}
-			if !ok {
-				return false, nil
-			}
-			left = right
-		}
-		return true, nil
+		return r.evalCompare(e, sc)
 	case *condExpr:
-		c, err := r.eval(e.cond, sc)
-		if err != nil {
-			return nil, err
-		}
-		if isTruthy(c) {
-			return r.eval(e.then, sc)
-		}
-		if e.orElse == nil {
-			return undefined{format: "the inline if-expression evaluated to false and no else section was defined"}, nil
-		}
-		return r.eval(e.orElse, sc)
+		return r.evalCond(e, sc)
 	case *sliceExpr:
 		return nil, errors.New("slice outside of a subscript")
 	}
 	return nil, fmt.Errorf("chattemplate: internal error: unknown expression %T", e)
+}
+
+// evalName looks a name up in the scope, then the globals; else it is undefined.
+func (r *renderer) evalName(e *nameExpr, sc *scope) (any, error) {
+	if v, ok := sc.lookup(e.name); ok {
+		return v, nil
+	}
+	if g, ok := r.cfg.globals[e.name]; ok {
+		return g, nil
+	}
+	return undefined{format: "'%s' is undefined", a: e.name}, nil
+}
+
+// evalDict builds a dict literal (string keys only), in order.
+func (r *renderer) evalDict(e *dictExpr, sc *scope) (any, error) {
+	d := NewDict()
+	for i, ke := range e.keys {
+		k, err := r.eval(ke, sc)
+		if err != nil {
+			return nil, err
+		}
+		ks, ok := k.(string)
+		if !ok {
+			return nil, fmt.Errorf("dict keys other than strings are not supported (got %s)", typeName(k))
+		}
+		v, err := r.eval(e.values[i], sc)
+		if err != nil {
+			return nil, err
+		}
+		d.Set(ks, v)
+	}
+	return d, nil
+}
+
+// evalGetItem is obj[key] and obj[start:stop:step].
+func (r *renderer) evalGetItem(e *getitemExpr, sc *scope) (any, error) {
+	obj, err := r.eval(e.obj, sc)
+	if err != nil {
+		return nil, err
+	}
+	if s, ok := e.key.(*sliceExpr); ok {
+		v, err := r.evalSlice(obj, s, sc)
+		if err != nil && r.folding {
+			// Jinja2 folds constant subscripts at compile time through
+			// the sandbox's getitem, which turns the TypeError into an
+			// undefined value.
+			if _, isUndef := obj.(undefined); !isUndef {
+				return undefined{format: "'%s' object is not subscriptable", a: typeName(obj)}, nil
+			}
+		}
+		return v, err
+	}
+	key, err := r.eval(e.key, sc)
+	if err != nil {
+		return nil, err
+	}
+	return getItem(obj, key)
+}
+
+// evalFilter applies a filter to its (possibly absent) operand.
+func (r *renderer) evalFilter(e *filterExpr, sc *scope) (any, error) {
+	var v any
+	if e.node != nil {
+		var err error
+		if v, err = r.eval(e.node, sc); err != nil {
+			return nil, err
+		}
+	}
+	return r.applyFilter(e, v, sc)
+}
+
+// evalTest is `x is test(args)`.
+func (r *renderer) evalTest(e *testExpr, sc *scope) (any, error) {
+	v, err := r.eval(e.node, sc)
+	if err != nil {
+		return nil, err
+	}
+	args, kw, err := r.evalArgs(&e.call, sc)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.step(); err != nil {
+		return nil, err
+	}
+	ok, err := tests[e.name](r, v, args, kw)
+	if err != nil {
+		return nil, fmt.Errorf("test '%s': %w", e.name, err)
+	}
+	return ok, nil
+}
+
+// evalBinary is a binary operator; and/or short-circuit.
+func (r *renderer) evalBinary(e *binExpr, sc *scope) (any, error) {
+	if e.op == "+" {
+		if _, nested := e.l.(*binExpr); nested {
+			return r.evalPlusChain(e, sc)
+		}
+	}
+	l, err := r.eval(e.l, sc)
+	if err != nil {
+		return nil, err
+	}
+	switch e.op {
+	case "and":
+		if !isTruthy(l) {
+			return l, nil
+		}
+		return r.eval(e.r, sc)
+	case "or":
+		if isTruthy(l) {
+			return l, nil
+		}
+		return r.eval(e.r, sc)
+	}
+	rv, err := r.eval(e.r, sc)
+	if err != nil {
+		return nil, err
+	}
+	return r.binaryOp(e.op, l, rv)
+}
+
+// evalConcat is the ~ operator: the string forms joined, within the output bound.
+func (r *renderer) evalConcat(e *concatExpr, sc *scope) (any, error) {
+	var b strings.Builder
+	for _, it := range e.items {
+		v, err := r.eval(it, sc)
+		if err != nil {
+			return nil, err
+		}
+		if u, ok := v.(undefined); ok && u.unsafe {
+			return nil, u.failure()
+		}
+		b.WriteString(pyStr(v))
+		if err := r.checkSize(b.Len()); err != nil {
+			return nil, err
+		}
+	}
+	return b.String(), nil
+}
+
+// evalUnary is not, unary + and unary -.
+func (r *renderer) evalUnary(e *unaryExpr, sc *scope) (any, error) {
+	v, err := r.eval(e.x, sc)
+	if err != nil {
+		return nil, err
+	}
+	if e.op == "not" {
+		return !isTruthy(v), nil
+	}
+	if u, ok := v.(undefined); ok {
+		return nil, u.failure()
+	}
+	n, ok := numeric(v)
+	if !ok {
+		return nil, fmt.Errorf("bad operand type for unary %s: '%s'", e.op, typeName(v))
+	}
+	if e.op == "+" {
+		if n.isFloat {
+			return n.f, nil
+		}
+		return n.i, nil
+	}
+	if n.isFloat {
+		return -n.f, nil
+	}
+	if n.i == math.MinInt64 {
+		return nil, errors.New("integer overflow")
+	}
+	return -n.i, nil
+}
+
+// evalCompare is a comparison chain: true when every link holds.
+func (r *renderer) evalCompare(e *compareExpr, sc *scope) (any, error) {
+	left, err := r.eval(e.first, sc)
+	if err != nil {
+		return nil, err
+	}
+	for i, op := range e.ops {
+		right, err := r.eval(e.rest[i], sc)
+		if err != nil {
+			return nil, err
+		}
+		ok, err := compareOp(op, left, right)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return false, nil
+		}
+		left = right
+	}
+	return true, nil
+}
+
+// evalCond is the inline `a if cond else b`; without else a false condition is undefined.
+func (r *renderer) evalCond(e *condExpr, sc *scope) (any, error) {
+	c, err := r.eval(e.cond, sc)
+	if err != nil {
+		return nil, err
+	}
+	if isTruthy(c) {
+		return r.eval(e.then, sc)
+	}
+	if e.orElse == nil {
+		return undefined{format: "the inline if-expression evaluated to false and no else section was defined"}, nil
+	}
+	return r.eval(e.orElse, sc)
 }
 
 // evalPlusChain evaluates a left-nested chain a + b + c + ... . Operands are
