@@ -189,6 +189,14 @@ func (d *Datapath) drainBuf() *[]byte {
 
 func (d *Datapath) putDrainBuf(b *[]byte) { d.drainBufs.Put(b) }
 
+// clientWatch is the result of the goroutine that peeks at the client
+// during a splice: done is closed once err (EOF, a reset, or the teardown's
+// deadline) is set.
+type clientWatch struct {
+	done chan struct{}
+	err  error
+}
+
 // session is one spliced response.
 type session struct {
 	clientCookie, backendCookie uint64
@@ -297,7 +305,11 @@ func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.C
 			}
 		}()
 	}
-	clientDone := make(chan error, 1)
+	// The client watcher reports once, by closing cw.done: the loop below
+	// and the final drain may both wait on it, and the teardown joins it
+	// (a one-shot channel send consumed by the drain left the teardown
+	// waiting forever; docs/datapath.md, "Legs that never returned").
+	cw := &clientWatch{done: make(chan struct{})}
 	go func() {
 		var peek [1]byte
 		var gone error
@@ -319,7 +331,8 @@ func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.C
 		if gone == nil {
 			gone = err
 		}
-		clientDone <- gone
+		cw.err = gone
+		close(cw.done)
 	}()
 
 	var silence <-chan time.Time
@@ -353,9 +366,8 @@ loop:
 				}
 				time.Sleep(time.Millisecond)
 			}
-		case err := <-clientDone:
-			clientDone = nil
-			res.Ending, endErr = datapath.ClientGone, err
+		case <-cw.done:
+			res.Ending, endErr = datapath.ClientGone, cw.err
 			break loop
 		case <-silence:
 			last := d.lastActivity(s, res.LastActivity)
@@ -380,7 +392,7 @@ loop:
 		if bound <= 0 {
 			bound = drainBound
 		}
-		if err := d.waitDrained(s, p.Bytes, bound, clientDone); err != nil {
+		if err := d.waitDrained(s, p.Bytes, bound, cw); err != nil {
 			res.Ending, endErr = datapath.ClientGone, err
 		}
 	}
@@ -401,9 +413,7 @@ loop:
 		}
 	}
 	_ = client.SetReadDeadline(past)
-	if clientDone != nil {
-		<-clientDone
-	}
+	<-cw.done
 	_ = client.SetReadDeadline(time.Time{})
 
 	res.KernelBytes = int64(p.Bytes)
@@ -457,7 +467,7 @@ func pollBackend(fd int) (error, bool) {
 // verdict redirected: redirects to egress are queued on the client's psock
 // and sent by a kernel worker, and removing the client from the map before
 // that would drop them.
-func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duration, clientDone <-chan error) error {
+func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duration, cw *clientWatch) error {
 	want := s.base + redirected
 	deadline := time.Now().Add(bound)
 	pause := 20 * time.Microsecond
@@ -473,7 +483,14 @@ func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duratio
 			return fmt.Errorf("client took %d of %d spliced bytes within %s", got-s.base, redirected, bound)
 		}
 		select {
-		case err := <-clientDone:
+		case <-cw.done:
+			// A client that read everything and closed at once is not a
+			// failure: its ACKs came before its FIN, so the counters
+			// already show every byte taken.
+			if got, err := written(s.clientFD); err == nil && got >= want {
+				return nil
+			}
+			err := cw.err
 			if err == nil {
 				err = io.EOF
 			}
