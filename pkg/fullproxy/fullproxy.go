@@ -624,6 +624,8 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 		}
 	case datapath.ClientGone:
 		rec.Outcome, keep = "client_gone", false
+	case datapath.BackendBroken: // cut before its framing ended (docs/datapath.md)
+		rec.Outcome, keep = "backend_broken", false
 	case datapath.Silence:
 		rec.Outcome, keep = "silence", false
 	case datapath.Cancelled:
@@ -657,6 +659,8 @@ func (s *Server) relayBody(ctx context.Context, client, bc net.Conn, br *bufio.R
 		Streamed:      rh.chunked || rh.eventStream,
 		TokenStream:   rh.eventStream || rh.ndjson,
 		ContentLength: rh.contentLength,
+		Chunked:       rh.chunked,
+		EventStream:   rh.eventStream,
 	})
 }
 

@@ -70,17 +70,34 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 		return d.user.Run(ctx, client, backend, prefix, opts)
 	}
 	res := datapath.Result{Path: d.Path(), LastActivity: time.Now()}
+	// The framing of the bytes relayed in userspace (prefix and drain) and
+	// their last bytes: with the tail the BPF program keeps, they tell a
+	// complete body from a cut one (docs/datapath.md, "Broken responses").
+	fr := datapath.NewFraming(opts.Chunked, opts.ContentLength)
+	var tail tailBuf
+	// write relays the part of p that belongs to the body; false ends the
+	// leg with res.Ending set.
 	write := func(p []byte) bool {
+		p = p[:fr.Feed(p)]
 		n, err := client.Write(p)
 		res.Bytes += int64(n)
 		d.user.Count(int64(n))
-		if err != nil {
+		tail.add(p[:n])
+		switch {
+		case err != nil:
 			res.Ending, res.Err = datapath.ClientGone, err
+			return false
+		case fr.Err() != nil:
+			res.Ending, res.Err = datapath.BackendBroken, fr.Err()
+			return false
+		case fr.Complete():
+			res.Ending = datapath.BackendEOF
 			return false
 		}
 		return true
 	}
-	if len(prefix) > 0 && !write(prefix) {
+	if (len(prefix) > 0 || fr.Complete()) && !write(prefix) {
+		datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
 		return res
 	}
 
@@ -95,22 +112,28 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 	for round := 0; ; round++ {
 		n, state, err := drain(brc, *buf)
 		if n > 0 && !write((*buf)[:n]) {
+			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
 			return res
 		}
 		switch state {
 		case drainEmpty:
 		case drainEOF:
 			res.Ending = datapath.BackendEOF
+			if fr.Delimited() {
+				res.Ending, res.Err = datapath.BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", fr.Seen(), io.ErrUnexpectedEOF)
+			}
+			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
 			return res
 		case drainError:
 			res.Ending, res.Err = datapath.BackendError, err
+			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
 			return res
 		case drainMore:
 			if round < maxDrainRounds {
 				continue
 			}
 			// The backend outruns us: stay in userspace for this body.
-			r := d.user.Run(ctx, client, backend, nil, opts)
+			r := d.user.Continue(ctx, client, backend, nil, opts, fr)
 			r.Bytes += res.Bytes
 			return r
 		}
@@ -130,12 +153,63 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 			level = slog.LevelDebug
 		}
 		d.log.Log(ctx, level, "sockmap attach failed; copying in userspace", "err", err)
-		r := d.user.Run(ctx, client, backend, nil, opts)
+		r := d.user.Continue(ctx, client, backend, nil, opts, fr)
 		r.Bytes += res.Bytes
 		return r
 	}
-	return d.follow(ctx, s, client, backend, crc, res, opts)
+	res, kernelTail := d.follow(ctx, s, client, backend, crc, res, opts)
+	d.judgeEnd(client, &res, opts, fr, &tail, kernelTail)
+	return res
 }
+
+// judgeEnd decides, once a spliced body has ended, whether it ended by its
+// framing, from the bytes relayed in userspace (fr, tail) and the tail the
+// BPF program kept of the redirected ones (kernelTail). A backend EOF before the end is
+// BackendBroken; a broken event stream at an event boundary gets the final
+// error event.
+func (d *Datapath) judgeEnd(client net.Conn, res *datapath.Result, opts datapath.Options, fr *datapath.Framing, user *tailBuf, kernelTail []byte) {
+	var complete, boundary bool
+	switch {
+	case res.KernelBytes == 0:
+		complete, boundary = fr.Complete(), fr.AtEventBoundary()
+	case opts.Chunked:
+		t := *user
+		t.add(kernelTail)
+		complete, boundary = datapath.TailEnds(t.bytes(), fr.Seen()+res.KernelBytes <= tailLen)
+	case opts.ContentLength >= 0:
+		complete = res.Bytes >= opts.ContentLength
+	default:
+		complete = true // delimited by the backend's close
+	}
+	if res.Ending == datapath.BackendEOF && fr.Delimited() && !complete {
+		res.Ending, res.Err = datapath.BackendBroken, fmt.Errorf("backend closed after %d body bytes without the body's end: %w", res.Bytes, io.ErrUnexpectedEOF)
+	}
+	datapath.EndBroken(client, res, opts, boundary && !complete)
+}
+
+// tailLen is the number of a body's last bytes the BPF program keeps
+// (TAIL_LEN in bpf/splice.c).
+const tailLen = int64(len(splicePair{}.Tail))
+
+// tailBuf keeps the last tailLen bytes written.
+type tailBuf struct {
+	b [tailLen]byte
+	n int
+}
+
+func (t *tailBuf) add(p []byte) {
+	if len(p) >= len(t.b) {
+		copy(t.b[:], p[len(p)-len(t.b):])
+		t.n = len(t.b)
+		return
+	}
+	keep := min(t.n, len(t.b)-len(p))
+	copy(t.b[:keep], t.b[t.n-keep:t.n])
+	copy(t.b[keep:], p)
+	t.n = keep + len(p)
+}
+
+func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
 
 const (
 	drainEmpty = iota // the receive queue is empty (EAGAIN)
@@ -279,7 +353,8 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 // queued skbs through the verdict under the socket lock, so they are
 // redirected before any later skb. Later arrivals run the whole queue in
 // order too (tcp_read_skb). The reader then sees only EOF or an error.
-func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.Conn, crc syscall.RawConn, res datapath.Result, opts datapath.Options) datapath.Result {
+// It also returns the last bytes the kernel redirected (at most tailLen).
+func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.Conn, crc syscall.RawConn, res datapath.Result, opts datapath.Options) (datapath.Result, []byte) {
 	backendDone := make(chan error, 1)
 	if s.backendFD >= 0 {
 		backend.Close() // deregisters the original fd; the duplicate keeps the socket
@@ -424,7 +499,8 @@ loop:
 	if res.Ending == datapath.ClientGone || res.Ending == datapath.BackendError {
 		res.Err = endErr
 	}
-	return res
+	kept := min(p.Bytes, uint64(tailLen))
+	return res, append([]byte(nil), p.Tail[uint64(tailLen)-kept:]...)
 }
 
 // backendEnding classifies how the backend side ended.
