@@ -547,16 +547,25 @@ type stream struct {
 // openStream starts a streamed chat completion through base.
 func openStream(t *testing.T, cl *http.Client, base, salt string, maxTokens int) *stream {
 	t.Helper()
+	s, err := tryStream(cl, base, salt, maxTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryStream is openStream reporting failures as an error (for goroutines).
+func tryStream(cl *http.Client, base, salt string, maxTokens int) (*stream, error) {
 	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": maxTokens,
 		"messages": []map[string]string{{"role": "user", "content": prompt(salt)}}})
 	resp, err := cl.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 	if err != nil {
-		t.Fatalf("stream request: %v", err)
+		return nil, fmt.Errorf("stream request: %w", err)
 	}
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		t.Fatalf("stream request: %d %s", resp.StatusCode, b)
+		return nil, fmt.Errorf("stream request: %d %s", resp.StatusCode, b)
 	}
 	s := &stream{resp: resp, engine: resp.Header.Get("x-engine-id"), events: make(chan string, 4096), done: make(chan struct{})}
 	go func() {
@@ -577,7 +586,26 @@ func openStream(t *testing.T, cl *http.Client, base, salt string, maxTokens int)
 			}
 		}
 	}()
-	return s
+	return s, nil
+}
+
+// drain reads the stream to its end within bound.
+func (s *stream) drain(bound time.Duration) ([]string, error) {
+	var got []string
+	deadline := time.After(bound)
+	for {
+		select {
+		case ev, ok := <-s.events:
+			if !ok {
+				<-s.done
+				return got, s.err
+			}
+			got = append(got, ev)
+		case <-deadline:
+			s.resp.Body.Close()
+			return got, fmt.Errorf("the stream did not end within %s (%d events)", bound, len(got))
+		}
+	}
 }
 
 // waitEvents waits for n events.
