@@ -275,6 +275,9 @@ type clientWatch struct {
 type session struct {
 	clientCookie, backendCookie uint64
 	clientFD                    int
+	// crc is the client's raw connection: reads of its counters go through
+	// it, so they fail on a closed client instead of reading a reused fd.
+	crc syscall.RawConn
 	// backendFD is kvgate's private duplicate of the backend socket, or -1.
 	backendFD int
 	// ended receives the ring buffer's end event for the backend.
@@ -284,7 +287,7 @@ type session struct {
 }
 
 func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, error) {
-	s := &session{backendFD: -1}
+	s := &session{backendFD: -1, crc: crc}
 	var err error
 	if cerr := crc.Control(func(fd uintptr) {
 		s.clientFD = int(fd)
@@ -467,8 +470,11 @@ loop:
 		if bound <= 0 {
 			bound = drainBound
 		}
-		if err := d.waitDrained(s, p.Bytes, bound, cw); err != nil {
+		if err := d.waitDrained(ctx, s, p.Bytes, bound, cw); err != nil {
 			res.Ending, endErr = datapath.ClientGone, err
+			if ctx.Err() != nil {
+				res.Ending = datapath.Cancelled
+			}
 		}
 	}
 	_ = d.objs.Pairs.Lookup(s.backendCookie, &p)
@@ -543,12 +549,14 @@ func pollBackend(fd int) (error, bool) {
 // verdict redirected: redirects to egress are queued on the client's psock
 // and sent by a kernel worker, and removing the client from the map before
 // that would drop them.
-func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duration, cw *clientWatch) error {
+//
+// A cancelled ctx (the shutdown grace is over) ends the wait too.
+func (d *Datapath) waitDrained(ctx context.Context, s *session, redirected uint64, bound time.Duration, cw *clientWatch) error {
 	want := s.base + redirected
 	deadline := time.Now().Add(bound)
 	pause := 20 * time.Microsecond
 	for {
-		got, err := written(s.clientFD)
+		got, err := s.clientWritten()
 		if err != nil {
 			return fmt.Errorf("reading client socket counters: %w", err)
 		}
@@ -563,7 +571,7 @@ func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duratio
 			// A client that read everything and closed at once is not a
 			// failure: its ACKs came before its FIN, so the counters
 			// already show every byte taken.
-			if got, err := written(s.clientFD); err == nil && got >= want {
+			if got, err := s.clientWritten(); err == nil && got >= want {
 				return nil
 			}
 			err := cw.err
@@ -571,12 +579,24 @@ func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duratio
 				err = io.EOF
 			}
 			return fmt.Errorf("client went away with spliced bytes pending: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("cancelled with spliced bytes pending: %w", ctx.Err())
 		case <-time.After(pause):
 		}
 		if pause < 5*time.Millisecond {
 			pause *= 2
 		}
 	}
+}
+
+// clientWritten is written for the client socket, read while holding it.
+func (s *session) clientWritten() (uint64, error) {
+	var got uint64
+	var err error
+	if cerr := s.crc.Control(func(fd uintptr) { got, err = written(int(fd)) }); cerr != nil {
+		return 0, fmt.Errorf("client socket: %w", cerr)
+	}
+	return got, err
 }
 
 // written is the number of bytes ever queued on a TCP socket for sending:

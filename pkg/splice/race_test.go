@@ -30,12 +30,17 @@ const legBound = 20 * time.Second
 // never came, so Run never returned (its in-flight load and the shutdown
 // waited forever). The client here stops reading so the final drain cannot
 // finish, and resets once the leg is in it (backend out of the map, client
-// still in).
+// still in). A cancelled context (the shutdown grace is over) ends the same
+// wait.
 func TestClientGoneDuringFinalDrain(t *testing.T) {
 	d := openTest(t, Config{})
 	be := startBackend(t, "127.0.0.1:0")
 	be.gate = make(chan struct{})
-	for _, how := range []string{"reset", "close"} {
+	for _, tc := range []struct {
+		how  string
+		want datapath.Ending
+	}{{"reset", datapath.ClientGone}, {"close", datapath.ClientGone}, {"cancel", datapath.Cancelled}} {
+		how := tc.how
 		t.Run(how, func(t *testing.T) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -75,21 +80,28 @@ func TestClientGoneDuringFinalDrain(t *testing.T) {
 			}
 			_ = resp
 			prefix, _ := br.Peek(br.Buffered())
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			done := make(chan datapath.Result, 1)
 			go func() {
-				done <- d.Run(context.Background(), server, bc, prefix, datapath.Options{Streamed: true, TokenStream: true, ContentLength: -1})
+				done <- d.Run(ctx, server, bc, prefix, datapath.Options{Streamed: true, TokenStream: true, ContentLength: -1})
 			}()
 			waitEntries(t, d, 1, 1)
 			be.gate <- struct{}{} // the rest of the body and the backend's FIN
 			waitEntries(t, d, 0, 1)
-			if how == "reset" {
+			switch how {
+			case "reset":
 				_ = cc.(*net.TCPConn).SetLinger(0)
+				cc.Close()
+			case "close":
+				cc.Close()
+			case "cancel": // the shutdown grace ends while a slow client drains
+				cancel()
 			}
-			cc.Close()
 			select {
 			case r := <-done:
-				if r.Ending != datapath.ClientGone {
-					t.Fatalf("ending %v (%v), want client_gone", r.Ending, r.Err)
+				if r.Ending != tc.want {
+					t.Fatalf("ending %v (%v), want %v", r.Ending, r.Err, tc.want)
 				}
 			case <-time.After(legBound):
 				t.Fatal("the leg did not return after the client went away during the final drain")
