@@ -72,6 +72,14 @@ type daemonFlags struct {
 	decisionHeader bool
 	accessLog      string
 	logLevel       string
+	vipDev         string
+	vipGARP        bool
+	apiTLSCert     string
+	apiTLSKey      string
+	apiClientCA    string
+	apiTokenFile   string
+	apiInsecure    bool
+	metricsAddr    string
 }
 
 func newRoot() *cobra.Command {
@@ -87,7 +95,9 @@ endpoint through the guard ladder blended with a capacity-weighted bounded-load 
 Without a subcommand kvgate runs the daemon: the management API on --api (LoxiLB's
 /netlox/v1 REST paths; rules persist in --state-dir) and one HTTP/1.1 proxy listener
 per load-balancer rule on its externalIP:port. SIGTERM or SIGINT stops accepting, lets
-in-flight streams finish within --shutdown-grace, then exits.
+in-flight streams finish within --shutdown-grace, cuts what is left, then exits;
+the process exits at most 5 s after the grace whatever is still running (a second
+signal exits at once).
 
 Tokenizers are staged at <tokenizer-dir>/<model slug>/tokenizer.json, where the slug
 is the client's model string with "/" replaced by "__" (Qwen/Qwen3-0.6B ->
@@ -100,7 +110,13 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 		RunE:          func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), f) },
 	}
 	fl := root.Flags()
-	fl.StringVar(&f.api, "api", api.DefaultAddr, "management API listen address (no auth or TLS yet: keep it on loopback)")
+	fl.StringVar(&f.api, "api", api.DefaultAddr, "management API listen address; beyond loopback it needs --api-tls-cert, --api-tls-key and --api-token-file (or --api-insecure)")
+	fl.StringVar(&f.apiTLSCert, "api-tls-cert", "", "serve the management API over TLS 1.2+ with this certificate (PEM; reloads when the file changes)")
+	fl.StringVar(&f.apiTLSKey, "api-tls-key", "", "the --api-tls-cert key (PEM; mode 0600 or 0400, owned by kvgate's user or root)")
+	fl.StringVar(&f.apiClientCA, "api-client-ca", "", "require API clients to present a certificate signed by this CA (mTLS; reloads)")
+	fl.StringVar(&f.apiTokenFile, "api-token-file", "", "require Authorization: Bearer tokens from this file: '<name> <admin|read> <token>' per line; mode 0600 or 0400 (reloads)")
+	fl.BoolVar(&f.apiInsecure, "api-insecure", false, "allow a management API beyond loopback without TLS and tokens (logged, and kvgate_api_insecure 1)")
+	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
 	fl.StringVar(&f.datapath, "datapath", "auto", "response body path: auto|sockmap|userspace (sockmap: eBPF splice, needs root/CAP_BPF; auto picks what the benchmark favours for token streams, see docs/datapath.md)")
@@ -110,6 +126,8 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to FILE ('-' or the bare flag: stdout)")
 	fl.Lookup("access-log").NoOptDefVal = "-"
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
+	fl.StringVar(&f.vipDev, "vip-dev", "", "add each rule's VIP to this device (/32 or /128) while the rule exists, and remove the ones kvgate added at exit (off by default; see docs/vip.md)")
+	fl.BoolVar(&f.vipGARP, "vip-garp", false, "with --vip-dev, announce each VIP added: gratuitous ARP (IPv4), unsolicited neighbour advertisement (IPv6); for VIPs one host owns at a time, not for ECMP replicas")
 
 	root.AddCommand(newDemo(), &cobra.Command{
 		Use:   "version",
@@ -179,31 +197,65 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		defer fh.Close()
 		access = fh
 	}
-	g, err := gateway.New(gateway.Options{
-		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
-		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
-		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
-		Version: version, Revision: revision(), Logger: log,
-	})
+	sec, err := openAPISecurity(f, log)
 	if err != nil {
 		return err
 	}
+	vips, vipObs, err := openVIPs(f, log)
+	if err != nil {
+		return err
+	}
+	gopts := gateway.Options{
+		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
+		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
+		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
+		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap,
+	}
+	if vips != nil {
+		gopts.VIPs = vips
+		defer func() {
+			if err := vips.Close(); err != nil {
+				log.Warn("removing VIPs at exit", "err", err)
+			}
+		}()
+	}
+	g, err := gateway.New(gopts)
+	if err != nil {
+		return err
+	}
+	if vips != nil {
+		vipObs.m.Store(g.Metrics)
+		// The persisted rules have claimed their VIPs again: what the record
+		// still holds belongs to rules deleted while kvgate was down.
+		if err := vips.Prune(); err != nil {
+			log.Warn("removing VIPs of deleted rules", "err", err)
+		}
+	}
+	sec.bind(g.Metrics)
 	ln, err := net.Listen("tcp", f.api)
 	if err != nil {
 		g.Shutdown()
 		return fmt.Errorf("--api %s: %w", f.api, err)
 	}
-	if host, _, _ := net.SplitHostPort(f.api); host == "" || host == "0.0.0.0" || host == "::" {
-		log.Warn("the management API has no authentication or TLS yet; it is reachable from the network", "api", f.api)
-	}
-	log.Info("kvgate started", "version", version, "api", ln.Addr().String(), "tokenizer_dir", f.tokenizerDir,
-		"state_dir", f.stateDir, "datapath", f.datapath)
+	ln = sec.listen(ln)
 
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	sec.run(ctx)
+	if f.metricsAddr != "" {
+		maddr, err := serveMetrics(ctx, f.metricsAddr, g.Metrics, log)
+		if err != nil {
+			_ = ln.Close()
+			g.Shutdown()
+			return err
+		}
+		log.Info("metrics listener", "addr", maddr.String())
+	}
+	log.Info("kvgate started", "version", version, "api", ln.Addr().String(), "api_tls", sec.tls != nil,
+		"api_tokens", sec.guard.Enabled(), "tokenizer_dir", f.tokenizerDir, "state_dir", f.stateDir, "datapath", f.datapath)
 	err = runBounded(ctx, g.Run, ln, f.shutdownGrace, shutdownCut, log)
 	if errors.Is(err, context.Canceled) {
 		err = nil

@@ -19,11 +19,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/status"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -89,6 +91,11 @@ type RuleMetrics interface {
 	SetAdminDown(serviceID, epIdx int, down bool)
 }
 
+// StatusSource builds the fleet view (*status.Collector implements it).
+type StatusSource interface {
+	Snapshot() status.Status
+}
+
 // Options configure a Server. Every interface may be nil.
 type Options struct {
 	// Settings are the process settings (the hash seed matters to validation).
@@ -100,7 +107,24 @@ type Options struct {
 	Metrics   RuleMetrics
 	// Gatherer is served on /netlox/v1/metrics and /metrics.
 	Gatherer prometheus.Gatherer
-	Log      *slog.Logger
+	// Status builds the fleet view of GET /netlox/v1/status and the page at
+	// GET / (package status); nil answers 503.
+	Status StatusSource
+	// Middleware wraps the whole API handler when serving: authentication
+	// and audit (package apiauth). nil serves it bare.
+	Middleware func(http.Handler) http.Handler
+	// Readiness answers GET /readyz; nil means always ready.
+	Readiness Readiness
+	// HostAddrs reports the host's local and broadcast addresses for the
+	// address checks (config.CheckAddresses); nil means config.HostAddrs.
+	HostAddrs func() (local, broadcast func(netip.Addr) bool)
+	Log       *slog.Logger
+}
+
+// Readiness reports whether the daemon is ready for traffic and, if not,
+// what it still waits for (the staged tokenizers still loading).
+type Readiness interface {
+	Ready() (ready bool, pending []string)
 }
 
 // Server is the management API and the owner of the rule table.
@@ -110,6 +134,12 @@ type Server struct {
 
 	mu    sync.Mutex
 	rules map[config.RuleKey]*config.Rule
+	// apiAddr is where Serve listens, so a rule cannot point back at the API.
+	apiAddr netip.AddrPort
+
+	openAPIOnce sync.Once
+	openAPI     []byte
+	openAPIErr  error
 }
 
 // New returns a server with an empty rule table.
@@ -143,6 +173,11 @@ func (s *Server) Restore(rules []config.Rule) error {
 	}
 	for _, r := range s.sortedLocked() {
 		s.metricsChanged(nil, r)
+		if err := s.restoreCheckLocked(r); err != nil {
+			s.log.Error("restored rule fails the address checks; it is kept but not started: fix it with PATCH or delete it",
+				"rule", r.Key().String(), "service_id", r.ServiceID, "err", err)
+			continue
+		}
 		if s.opts.Sink != nil {
 			if err := s.opts.Sink.RuleChanged(nil, r.Clone()); err != nil {
 				s.log.Error("restored rule could not be started; it is kept", "rule", r.Key().String(), "service_id", r.ServiceID, "err", err)
@@ -150,6 +185,18 @@ func (s *Server) Restore(rules []config.Rule) error {
 		}
 	}
 	return nil
+}
+
+// restoreCheckLocked applies the address checks to a restored rule, which
+// may predate them: a rule that would loop into kvgate or reach no engine is
+// not started. A wildcard VIP saved before wildcardVip existed was the
+// operator's choice then and still starts.
+func (s *Server) restoreCheckLocked(r *config.Rule) error {
+	c := r.Clone()
+	if config.WildcardVIP(c.Args.ExternalIP) {
+		c.Args.WildcardVIP = true
+	}
+	return config.CheckAddresses(c, s.listenersLocked(c.Key()))
 }
 
 // Rules returns copies of the rules, ordered by service_id.
@@ -249,6 +296,9 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := r.Key()
+	if err := config.CheckAddresses(r, s.listenersLocked(key)); err != nil {
+		return 0, err
+	}
 	old := s.rules[key]
 	if old != nil {
 		if err := config.CheckUpdate(old, r); err != nil {
@@ -274,6 +324,26 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 		return 0, err
 	}
 	return r.ServiceID, nil
+}
+
+// listenersLocked describes kvgate's own listeners for the address checks of
+// the rule under key: the API and every other rule's VIP.
+func (s *Server) listenersLocked(key config.RuleKey) config.Listeners {
+	hostAddrs := s.opts.HostAddrs
+	if hostAddrs == nil {
+		hostAddrs = config.HostAddrs
+	}
+	l := config.Listeners{API: s.apiAddr}
+	l.Local, l.Broadcast = hostAddrs()
+	for k, r := range s.rules {
+		if k == key {
+			continue
+		}
+		if a, err := netip.ParseAddr(k.ExternalIP); err == nil {
+			l.VIPs = append(l.VIPs, netip.AddrPortFrom(a.Unmap(), uint16(r.Args.Port)))
+		}
+	}
+	return l
 }
 
 // commitLocked tells the sink, persists, and installs updated (nil deletes).
@@ -397,8 +467,17 @@ func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
 // Serve serves the API on ln until ctx ends, then shuts down gracefully
 // (bounded by 5 s).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+		s.mu.Lock()
+		s.apiAddr = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		s.mu.Unlock()
+	}
+	var h http.Handler = s.Handler()
+	if s.opts.Middleware != nil {
+		h = s.opts.Middleware(h)
+	}
 	srv := &http.Server{
-		Handler:           s.Handler(),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      5 * time.Minute, // a large inventory takes a while to stream
@@ -419,27 +498,73 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// Handler is the API's HTTP handler.
-func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
+// Route is one method and path pattern the API serves (net/http ServeMux
+// syntax). docs/openapi.yaml documents exactly these; tests/openapi diffs the
+// two.
+type Route struct {
+	Method, Pattern string
+}
+
+type route struct {
+	Route
+	handler http.Handler
+	// anyMethod registers the pattern for every method: the handler answers
+	// other methods itself, in the reference's own shape.
+	anyMethod bool
+}
+
+func (s *Server) routeTable() []route {
 	lb := BasePath + "/config/loadbalancer"
 	byKey := lb + "/externalipaddress/{ip}/port/{port}/protocol/{proto}"
-	mux.HandleFunc("POST "+lb, s.handlePost)
-	mux.HandleFunc("GET "+lb+"/all", s.handleList)
-	mux.HandleFunc("DELETE "+lb+"/all", s.handleDeleteAll)
-	mux.HandleFunc("GET "+byKey, s.handleGet)
-	mux.HandleFunc("DELETE "+byKey, s.handleDelete)
-	mux.HandleFunc("PATCH "+byKey, s.handlePatch)
-	mux.HandleFunc("PUT "+byKey+"/endpoint", s.handleSetEndpoint)
-	mux.HandleFunc("GET "+lb+"/id/{id}", s.handleGetByID)
-	mux.HandleFunc("DELETE "+lb+"/name/{name}", s.handleDeleteByName)
-	mux.HandleFunc(BasePath+"/config/ai/kv/inventory", s.handleInventory)
 	var metrics http.Handler = http.NotFoundHandler()
 	if s.opts.Gatherer != nil {
 		metrics = promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{ErrorLog: slogPromLogger{s.log}})
 	}
-	mux.Handle("GET "+BasePath+"/metrics", metrics)
-	mux.Handle("GET /metrics", metrics)
+	f := func(method, pattern string, h http.HandlerFunc) route {
+		return route{Route: Route{method, pattern}, handler: h}
+	}
+	return []route{
+		f("POST", lb, s.handlePost),
+		f("GET", lb+"/all", s.handleList),
+		f("DELETE", lb+"/all", s.handleDeleteAll),
+		f("GET", byKey, s.handleGet),
+		f("DELETE", byKey, s.handleDelete),
+		f("PATCH", byKey, s.handlePatch),
+		f("PUT", byKey+"/endpoint", s.handleSetEndpoint),
+		f("GET", lb+"/id/{id}", s.handleGetByID),
+		f("DELETE", lb+"/name/{name}", s.handleDeleteByName),
+		{Route: Route{"GET", BasePath + "/config/ai/kv/inventory"}, handler: http.HandlerFunc(s.handleInventory), anyMethod: true},
+		{Route: Route{"GET", BasePath + "/metrics"}, handler: metrics},
+		{Route: Route{"GET", "/metrics"}, handler: metrics},
+		f("GET", BasePath+"/openapi.json", s.handleOpenAPI),
+		f("GET", BasePath+"/status", s.handleStatus),
+		f("GET", "/{$}", s.handleStatusPage),
+		f("GET", "/healthz", s.handleHealthz),
+		f("GET", "/readyz", s.handleReadyz),
+	}
+}
+
+// Routes lists every method and path the API serves.
+func Routes() []Route {
+	var s Server
+	table := s.routeTable()
+	out := make([]Route, len(table))
+	for i, r := range table {
+		out[i] = r.Route
+	}
+	return out
+}
+
+// Handler is the API's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	for _, r := range s.routeTable() {
+		if r.anyMethod {
+			mux.Handle(r.Pattern, r.handler)
+		} else {
+			mux.Handle(r.Method+" "+r.Pattern, r.handler)
+		}
+	}
 	return mux
 }
 

@@ -108,6 +108,9 @@ type ServiceArguments struct {
 	Sel        int    `json:"sel"`
 	Mode       int    `json:"mode"`
 	Name       string `json:"name,omitempty"`
+	// WildcardVIP must be true for an externalIP of 0.0.0.0 or ::, which
+	// listens on every interface of the host. Ours (docs/api.md "Addresses").
+	WildcardVIP bool `json:"wildcardVip,omitempty"`
 
 	KVExactMode   int    `json:"kvExactMode,omitempty"`
 	KVZmqPort     int    `json:"kvZmqPort,omitempty"`

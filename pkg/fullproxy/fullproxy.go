@@ -506,6 +506,10 @@ func (s *Server) readRequest(c *clientConn) (*Request, error) {
 	return req, nil
 }
 
+// sentAnswerWait bounds the wait for a backend's answer after sending the
+// request to it failed: an engine that refused the body has answered already.
+const sentAnswerWait = 2 * time.Second
+
 // handle serves one request; it reports whether the client connection may
 // carry another.
 func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
@@ -557,7 +561,7 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 		excluded.Add(d.Endpoint)
 		if attempt >= s.lim.MaxAttempts || ctx.Err() != nil {
 			s.cfg.Router.Finish(req, d, false)
-			return s.fail(c, req, rec, 502, "backend_unreachable", fmt.Sprintf("connect to %s failed: %v", d.Addr, err))
+			return s.fail(c, req, rec, 502, "backend_unreachable", fmt.Sprintf("connect to endpoint %d failed", d.Endpoint))
 		}
 	}
 	s.cfg.Router.Finish(req, d, true)
@@ -569,33 +573,46 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 
 	// Forward the request.
 	sent := time.Now()
-	if err := s.forwardRequest(bc, req); err != nil {
+	headWait := s.lim.ResponseHeaderTimeout
+	sendErr := s.forwardRequest(bc, req)
+	if sendErr != nil {
 		var he *httpError
-		if errors.As(err, &he) { // the client's body broke its framing or limit
+		if errors.As(sendErr, &he) { // the client's body broke its framing or limit
 			return s.fail(c, req, rec, he.status, he.code, he.detail)
 		}
-		if !req.bodyDone && clientSide(err) {
+		if !req.bodyDone && clientSide(sendErr) {
 			rec.Outcome = "client_gone"
 			return false
 		}
-		return s.fail(c, req, rec, 502, "backend_error", fmt.Sprintf("sending the request to %s failed: %v", d.Addr, err))
+		// An engine that refuses a streamed body (413) answers and closes
+		// before reading it: its answer is already on the socket, so relay it
+		// rather than the broken pipe. The client's body is not fully read,
+		// so the connection closes after it.
+		s.log.Debug("sending the request failed; looking for the backend's answer", "ep", d.Endpoint, "addr", d.Addr, "err", sendErr)
+		headWait = min(headWait, sentAnswerWait)
 	}
 
 	// Response head: userspace reads it, records TTFB and the status.
 	bbr := bufio.NewReaderSize(bc, 16<<10)
-	_ = bc.SetReadDeadline(time.Now().Add(s.lim.ResponseHeaderTimeout))
+	_ = bc.SetReadDeadline(time.Now().Add(headWait))
 	if _, err := bbr.Peek(1); err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return s.fail(c, req, rec, 504, "backend_timeout", fmt.Sprintf("%s sent no response within %s", d.Addr, s.lim.ResponseHeaderTimeout))
+		if sendErr != nil {
+			s.log.Info("sending the request to the backend failed", "ep", d.Endpoint, "addr", d.Addr, "err", sendErr)
+			return s.fail(c, req, rec, 502, "backend_error", fmt.Sprintf("sending the request to endpoint %d failed", d.Endpoint))
 		}
-		return s.fail(c, req, rec, 502, "backend_error", fmt.Sprintf("%s closed without a response: %v", d.Addr, err))
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return s.fail(c, req, rec, 504, "backend_timeout", fmt.Sprintf("endpoint %d sent no response within %s", d.Endpoint, s.lim.ResponseHeaderTimeout))
+		}
+		s.log.Info("backend closed without a response", "ep", d.Endpoint, "addr", d.Addr, "err", err)
+		return s.fail(c, req, rec, 502, "backend_error", fmt.Sprintf("endpoint %d closed without a response", d.Endpoint))
 	}
 	rec.TTFB = time.Since(sent)
 	s.obs.TTFB(s.cfg.Service, d.Endpoint, rec.TTFB)
 	_ = bc.SetReadDeadline(time.Now().Add(s.lim.WriteTimeout))
 	rh, err := readResponseHead(bbr, s.lim.MaxHeaderBytes)
 	if err != nil {
-		return s.fail(c, req, rec, 502, "backend_bad_response", fmt.Sprintf("%s sent a malformed response head: %v", d.Addr, err))
+		s.log.Info("backend sent a malformed response head", "ep", d.Endpoint, "addr", d.Addr, "err", err)
+		return s.fail(c, req, rec, 502, "backend_bad_response", fmt.Sprintf("endpoint %d sent a malformed response head: %v", d.Endpoint, err))
 	}
 	_ = bc.SetReadDeadline(time.Time{})
 	rec.Status = rh.status
@@ -683,6 +700,10 @@ func (s *Server) fail(c *clientConn, req *Request, rec *Record, status int, code
 	if rec.Outcome == "" {
 		rec.Outcome = code
 	}
+	if safe := redactAddrs(detail); safe != detail {
+		s.log.Info("request failed", "status", status, "code", code, "detail", detail)
+		detail = safe
+	}
 	if err := writeError(c.nc, status, code, detail, keep, s.lim.WriteTimeout, extra...); err != nil {
 		return false
 	}
@@ -731,6 +752,7 @@ func writeRequestHead(b *strings.Builder, req *Request, bc net.Conn, drop map[st
 	b.WriteString(req.Target)
 	b.WriteString(" HTTP/1.1\r\n")
 	named := connectionNamed(req.Header)
+	delete(named, "host") // Host is end-to-end: a Connection header naming it must not strip it
 	hasHost := false
 	for _, h := range req.Header {
 		ln := strings.ToLower(h.Name)

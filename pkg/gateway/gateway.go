@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
+	"github.com/kvgate/kvgate/pkg/status"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
@@ -62,6 +64,12 @@ type Options struct {
 	Logger            *slog.Logger
 	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
 	SubscriberOptions ingest.Options
+	// APIMiddleware wraps the management API (authentication and audit,
+	// package apiauth); nil serves it bare.
+	APIMiddleware func(http.Handler) http.Handler
+	// VIPs, when set, puts each rule's VIP on a device while the rule exists
+	// (--vip-dev, package vip); nil leaves addresses to the operator.
+	VIPs VIPPlumber
 }
 
 // Gateway is the running daemon minus its flags.
@@ -71,6 +79,7 @@ type Gateway struct {
 	Metrics *metrics.Metrics
 	API     *api.Server
 	pool    *tokenizer.Pool
+	ready   *preloader
 	subs    *ingest.Manager
 	leg     *datapath.Selected
 	// slots keeps the BPF load map's endpoint registrations; nil when the
@@ -79,6 +88,7 @@ type Gateway struct {
 	selOpts selector.Options
 	access  *slog.Logger
 	store   *state.Store
+	status  *status.Collector
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -141,14 +151,25 @@ func New(opts Options) (*Gateway, error) {
 	if opts.AccessLog != nil {
 		g.access = slog.New(slog.NewJSONHandler(opts.AccessLog, nil))
 	}
-	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(g.log), tokenizer.WithObserver(poolObserver{g.log}))
+	// Tokenizer warnings are rate-limited: each unknown model in a request
+	// would otherwise log two WARN lines.
+	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
+	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
+	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady)
+	defer func() {
+		if !built {
+			g.ready.close()
+		}
+	}()
+	g.ready.scan()
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)
 
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Log: g.log}
+	g.status = g.newStatus()
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Middleware: opts.APIMiddleware, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -177,6 +198,7 @@ func New(opts Options) (*Gateway, error) {
 func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- g.API.Serve(ctx, apiLn) }()
+	go g.status.Run(ctx)
 	var err error
 	select {
 	case <-ctx.Done():
@@ -211,6 +233,7 @@ func (g *Gateway) Shutdown() {
 		}()
 	}
 	wg.Wait()
+	g.ready.close()
 	g.subs.Close()
 	if err := g.leg.Close(); err != nil {
 		g.log.Warn("closing the data path", "err", err)
@@ -316,6 +339,11 @@ func (g *Gateway) create(rule *config.Rule) error {
 		_ = srv.Close()
 		return err
 	}
+	if err := g.claimVIP(rule); err != nil {
+		rh.close()
+		_ = srv.Close()
+		return err
+	}
 	go func() {
 		defer close(rt.served)
 		if err := srv.Serve(); err != nil {
@@ -332,6 +360,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	}
 	g.registerEndpoints(rule)
 	g.reconcile()
+	g.ready.ruleCreated(rule)
 	g.log.Info("rule started", "service", id, "listen", srv.Addr().String(), "kvExactMode", rule.Args.KVExactMode,
 		"endpoints", len(rule.Endpoints), "kv_endpoints", len(rule.KVEndpoints()))
 	return nil
@@ -380,6 +409,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	rt.rule = updated
 	g.mu.Unlock()
 	g.reconcile()
+	g.ready.ruleCreated(updated) // new LoRA base models, newly staged tokenizers
 	return nil
 }
 
@@ -393,6 +423,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 	}
 	g.unregisterEndpoints(rule)
 	g.reconcile()
+	g.releaseVIP(rule)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)
 		defer cancel()
