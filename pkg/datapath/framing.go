@@ -33,6 +33,7 @@ type chunkState uint8
 
 const (
 	csSize        chunkState = iota // reading the hex size
+	csSizeWS                        // whitespace after the size: more, ';' or CR
 	csExt                           // reading a chunk extension, up to CR
 	csSizeLF                        // the LF ending the size line
 	csData                          // chunk data
@@ -97,16 +98,31 @@ func (f *Framing) Feed(p []byte) int {
 					break
 				}
 				f.left = f.left<<4 | uint64(hexVal(c))
-			case f.digits > 0 && (c == ';' || c == ' ' || c == '\t'):
+			case f.digits > 0 && c == ';':
 				f.st = csExt
+			case f.digits > 0 && (c == ' ' || c == '\t'):
+				f.st = csSizeWS
 			case f.digits > 0 && c == '\r':
 				f.st = csSizeLF
 			default:
 				f.fail(fmt.Sprintf("byte %q in a chunk size", c))
 			}
-		case csExt:
-			if c == '\r' {
+		case csSizeWS:
+			switch c {
+			case ' ', '\t':
+			case ';':
+				f.st = csExt
+			case '\r':
 				f.st = csSizeLF
+			default:
+				f.fail(fmt.Sprintf("byte %q after a chunk size", c))
+			}
+		case csExt:
+			switch c {
+			case '\r':
+				f.st = csSizeLF
+			case '\n':
+				f.fail("bare LF in a chunk extension")
 			}
 		case csSizeLF:
 			if c != '\n' {
@@ -132,14 +148,20 @@ func (f *Framing) Feed(p []byte) int {
 			}
 			f.st = csSize
 		case csTrailer:
-			if c == '\r' {
+			switch c {
+			case '\r':
 				f.st = csFinalLF
-			} else {
+			case '\n':
+				f.fail("bare LF in a trailer line")
+			default:
 				f.st = csTrailerLine
 			}
 		case csTrailerLine:
-			if c == '\r' {
+			switch c {
+			case '\r':
 				f.st = csTrailerLF
+			case '\n':
+				f.fail("bare LF in a trailer line")
 			}
 		case csTrailerLF:
 			if c != '\n' {
@@ -158,7 +180,7 @@ func (f *Framing) Feed(p []byte) int {
 		if f.err != nil {
 			break
 		}
-		if f.st == csSize || f.st == csExt || f.st == csTrailerLine {
+		if f.st == csSize || f.st == csSizeWS || f.st == csExt || f.st == csTrailerLine {
 			if f.lineLen++; f.lineLen > maxLine {
 				f.fail("chunk size or trailer line too long")
 				break

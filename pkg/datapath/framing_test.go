@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net/http/httputil"
 	"testing"
 )
 
@@ -117,4 +119,34 @@ func TestSSEErrorEvent(t *testing.T) {
 	if !bytes.Contains(ev, []byte(`"error":{"message":"cut \"here\""`)) {
 		t.Fatalf("event %q", ev)
 	}
+}
+
+// FuzzFraming: Feed never accepts more than it is given, does not depend on
+// how the bytes are split, and a body it calls complete is one net/http's
+// chunked reader reads to its end without error.
+func FuzzFraming(f *testing.F) {
+	f.Add([]byte(sseChunks+"0\r\n\r\n"), 7)
+	f.Add([]byte("3;x=1\r\nabc\r\n0;y\r\nA: b\r\n\r\n"), 1)
+	f.Add([]byte("zz\r\n"), 2)
+	f.Fuzz(func(t *testing.T, in []byte, step int) {
+		whole := NewFraming(true, -1)
+		n := whole.Feed(in)
+		if n < 0 || n > len(in) {
+			t.Fatalf("accepted %d of %d", n, len(in))
+		}
+		step = 1 + (step&0xff)%64
+		split := NewFraming(true, -1)
+		m := 0
+		for i := 0; i < len(in); i += step {
+			m += split.Feed(in[i:min(len(in), i+step)])
+		}
+		if m != n || split.Complete() != whole.Complete() || (split.Err() == nil) != (whole.Err() == nil) {
+			t.Fatalf("split by %d: accepted %d complete %v err %v; whole: %d %v %v", step, m, split.Complete(), split.Err(), n, whole.Complete(), whole.Err())
+		}
+		if whole.Complete() {
+			if _, err := io.Copy(io.Discard, httputil.NewChunkedReader(bytes.NewReader(in[:n]))); err != nil {
+				t.Fatalf("complete by Framing, but net/http says %v: %q", err, in[:n])
+			}
+		}
+	})
 }
