@@ -385,6 +385,20 @@ func (tp *topo) startDaemon(t *testing.T, dp string, grace time.Duration) *daemo
 		proc: start(t, nil, tp.gw, []string{"LLB_KV_NONE_HASH_SEED=0"}, filepath.Join(binDir, "kvgate"),
 			"--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", staging, "--datapath", dp,
 			"--shutdown-grace", grace.String(), "--access-log="+access, "--log-level", "warn")}
+	// Stop it as an operator would, so it removes its BPF pins; whatever a
+	// killed daemon leaves under bpffs is removed here (pinned maps would
+	// otherwise hold kernel memory until the next start of that instance).
+	pins := filepath.Join("/sys/fs/bpf/kvgate", "api_"+strings.NewReplacer(".", "_", ":", "_").Replace(api))
+	t.Cleanup(func() {
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.exited:
+		case <-time.After(grace + 10*time.Second):
+			_ = d.cmd.Process.Kill()
+			<-d.exited
+		}
+		_ = os.RemoveAll(pins)
+	})
 	waitFor(t, "kvgate API", 20*time.Second, func() bool {
 		resp, err := tp.client().Get("http://" + api + "/netlox/v1/config/loadbalancer/all")
 		if err == nil {
