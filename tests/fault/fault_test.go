@@ -303,6 +303,43 @@ func TestFaults(t *testing.T) {
 		}
 	})
 
+	// A backend that breaks every response: each broken response is an
+	// origin failure for the circuit breaker, so after the origin-error
+	// threshold (LLB_PD_ORIGIN_ERR_THRESHOLD, 3) the breaker opens and
+	// requests go to the healthy endpoint only.
+	t.Run("broken_backend_opens_breaker", func(t *testing.T) {
+		bad := net.JoinHostPort(relayIP, "9000")
+		brokenServer(t, f.tp, bad)
+		for i, g := range f.paths {
+			port := 8100 + i
+			id := g.d.createRule(t, port, []string{bad, net.JoinHostPort(eng1Addr, fmt.Sprint(engPort))}, nil)
+			base := fmt.Sprintf("http://%s:%d", gwAddr, port)
+			broken := 0
+			for n := 0; n < 20 && g.d.metric(t, "kvgate_circuit_breaker_state", map[string]string{"service": fmt.Sprint(id), "ep_idx": "0"}) != 1; n++ {
+				s := openStream(t, cl, base, fmt.Sprintf("breaker %s %d", g.name, n), 8)
+				evs := s.rest(t, endBound)
+				if s.engine == "broken" {
+					broken++
+					if !strings.Contains(last(evs), `"code":"backend_broken"`) || s.err == nil {
+						t.Fatalf("%s: a broken response ended with %q (%v)", g.name, last(evs), s.err)
+					}
+				}
+			}
+			if broken != 3 {
+				t.Fatalf("%s: the breaker opened after %d broken responses, want 3", g.name, broken)
+			}
+			for n := 0; n < 3; n++ {
+				s := openStream(t, cl, base, fmt.Sprintf("breaker open %s %d", g.name, n), 8)
+				if evs := s.rest(t, endBound); s.engine == "broken" || !hasDone(evs) {
+					t.Fatalf("%s: with the breaker open, served by %q (%v)", g.name, s.engine, s.err)
+				}
+			}
+			if got := g.d.metric(t, "kvgate_backend_broken_responses_total", map[string]string{"service": fmt.Sprint(id)}); got != 3 {
+				t.Fatalf("%s: kvgate_backend_broken_responses_total %v, want 3", g.name, got)
+			}
+		}
+	})
+
 	// SIGTERM with legs stuck (both engines stopped mid-stream): each daemon
 	// exits within its grace plus the cut bound, and the clients' streams
 	// end. Before the shutdown bound, a stuck leg kept kvgate alive.

@@ -3,7 +3,10 @@
 package fault
 
 import (
+	"bufio"
+	"fmt"
 	"net"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -87,4 +90,47 @@ func delayedCopy(dst, src net.Conn, delay time.Duration) {
 			return
 		}
 	}
+}
+
+// brokenServer listens on addr in the engines' namespace and answers every
+// request with an SSE stream that it cuts after two events, without the
+// last chunk: a backend that breaks every response.
+func brokenServer(t *testing.T, tp *topo, addr string) {
+	t.Helper()
+	var ln net.Listener
+	if err := inNS(tp.eng, func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				ev := func(i int) string {
+					d := fmt.Sprintf("data: {\"id\":\"broken\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"w%d\"}}]}\n\n", i)
+					return fmt.Sprintf("%x\r\n%s\r\n", len(d), d)
+				}
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nx-engine-id: broken\r\n\r\n%s", ev(0))
+				time.Sleep(30 * time.Millisecond) // past the splice's insertion
+				fmt.Fprint(c, ev(1))
+				time.Sleep(30 * time.Millisecond)
+			}()
+		}
+	}()
 }
