@@ -163,10 +163,12 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 }
 
 // judgeEnd decides, once a spliced body has ended, whether it ended by its
-// framing, from the bytes relayed in userspace (fr, tail) and the tail the
-// BPF program kept of the redirected ones (kernelTail). A backend EOF before the end is
-// BackendBroken; a broken event stream at an event boundary gets the final
-// error event.
+// framing, from the bytes relayed in userspace (fr, user) and the tail the
+// BPF program kept of the redirected ones (kernelTail). A backend EOF before
+// the end is BackendBroken; a broken event stream at an event boundary gets
+// the final error event. The kernel cannot stop at the body's end, so bytes
+// a backend sent past it make the tail incomplete too: the client
+// connection is closed rather than left out of step with its responses.
 func (d *Datapath) judgeEnd(client net.Conn, res *datapath.Result, opts datapath.Options, fr *datapath.Framing, user *tailBuf, kernelTail []byte) {
 	var complete, boundary bool
 	switch {
