@@ -343,10 +343,18 @@ func TestFaults(t *testing.T) {
 	// SIGTERM with legs stuck (both engines stopped mid-stream): each daemon
 	// exits within its grace plus the cut bound, and the clients' streams
 	// end. Before the shutdown bound, a stuck leg kept kvgate alive.
+	// A third daemon with a long grace shows the second signal: it exits at
+	// once instead of waiting the grace out.
 	t.Run("sigterm_stuck_legs", func(t *testing.T) {
+		long := f.tp.startDaemon(t, "auto", time.Minute)
+		var eps []string
+		for _, h := range f.hosts {
+			eps = append(eps, net.JoinHostPort(h, fmt.Sprint(engPort)))
+		}
+		long.createRule(t, 8200, eps, nil)
 		var ss []*stream
-		for _, g := range f.paths {
-			s := openStream(t, cl, g.base, "sigterm "+g.name, 400)
+		for _, base := range []string{f.paths[0].base, f.paths[1].base, fmt.Sprintf("http://%s:8200", gwAddr)} {
+			s := openStream(t, cl, base, "sigterm "+base, 400)
 			s.waitEvents(t, 2)
 			ss = append(ss, s)
 		}
@@ -357,6 +365,7 @@ func TestFaults(t *testing.T) {
 		for _, g := range f.paths {
 			g.d.signal(t, syscall.SIGTERM)
 		}
+		long.signal(t, syscall.SIGTERM)
 		const bound = 2*time.Second + 5*time.Second + 8*time.Second // grace + cut + slack for a loaded machine
 		for _, g := range f.paths {
 			select {
@@ -366,10 +375,24 @@ func TestFaults(t *testing.T) {
 			}
 		}
 		t.Logf("both daemons exited %s after SIGTERM", time.Since(start).Round(time.Millisecond))
+		select {
+		case <-long.exited:
+			t.Fatalf("the daemon with a 1 min grace exited before it: %v\n%s", long.err, long.logs.String())
+		default:
+		}
+		long.signal(t, syscall.SIGTERM)
+		select {
+		case <-long.exited:
+			if long.err == nil {
+				t.Fatal("a daemon cut short by a second signal exited 0")
+			}
+		case <-time.After(endBound):
+			t.Fatalf("a second SIGTERM did not stop kvgate\n%s", long.logs.String())
+		}
 		for i, s := range ss {
 			evs := s.rest(t, endBound)
 			if hasDone(evs) {
-				t.Fatalf("%s: a stream on a stopped engine completed", f.paths[i].name)
+				t.Fatalf("stream %d on a stopped engine completed", i)
 			}
 		}
 		for _, e := range f.engines {
