@@ -325,8 +325,8 @@ func TestFaults(t *testing.T) {
 					}
 				}
 			}
-			if broken != 3 {
-				t.Fatalf("%s: the breaker opened after %d broken responses, want 3", g.name, broken)
+			if state := g.d.metric(t, "kvgate_circuit_breaker_state", map[string]string{"service": fmt.Sprint(id), "ep_idx": "0"}); broken != 3 || state != 1 {
+				t.Fatalf("%s: after %d broken responses the breaker state is %v; want open (1) after 3", g.name, broken, state)
 			}
 			for n := 0; n < 3; n++ {
 				s := openStream(t, cl, base, fmt.Sprintf("breaker open %s %d", g.name, n), 8)
