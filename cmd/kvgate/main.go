@@ -36,6 +36,7 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LLB_KV_MIN_MATCH_TOKENS      shallow guard in tokens, 0-4096, 0 disables (16)
   LLB_KV_LOADGUARD             mode 1: skip tier 1.5 when the prefill load spread is too wide (off)
   LLB_KV_REPLAY_PORT_OFFSET    KV replay port = PUB port + offset, 0 disables (1000)
+  LLB_KV_MAX_FRAME_BYTES       largest ZMTP frame/message from a KV peer, 4096-1073741824 (67108864)
   LOXILB_KV_LB_MODE            off|hard|soft|adaptive|adaptive-soft load blend (hard)
   LOXILB_KV_UNIFIED_MODE       legacy switch, read only when LOXILB_KV_LB_MODE is unset
   LOXILB_KV_MEAN_LOAD_FACTOR   CHWBL cap factor (1+eps)*100, 100-1000 (175)
@@ -80,6 +81,7 @@ type daemonFlags struct {
 	apiTokenFile   string
 	apiInsecure    bool
 	metricsAddr    string
+	endpointCIDRs  string
 }
 
 func newRoot() *cobra.Command {
@@ -116,6 +118,7 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.apiClientCA, "api-client-ca", "", "require API clients to present a certificate signed by this CA (mTLS; reloads)")
 	fl.StringVar(&f.apiTokenFile, "api-token-file", "", "require Authorization: Bearer tokens from this file: '<name> <admin|read> <token>' per line; mode 0600 or 0400 (reloads)")
 	fl.BoolVar(&f.apiInsecure, "api-insecure", false, "allow a management API beyond loopback without TLS and tokens (logged, and kvgate_api_insecure 1)")
+	fl.StringVar(&f.endpointCIDRs, "endpoint-cidrs", "", "only allow rule endpoints in these comma-separated CIDRs (their KV-event and replay ports too); default: any address")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
@@ -201,6 +204,10 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 	if err != nil {
 		return err
 	}
+	cidrs, err := config.ParseCIDRs(f.endpointCIDRs)
+	if err != nil {
+		return fmt.Errorf("--endpoint-cidrs: %w", err)
+	}
 	vips, vipObs, err := openVIPs(f, log)
 	if err != nil {
 		return err
@@ -209,7 +216,7 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
 		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
-		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap,
+		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
 	}
 	if vips != nil {
 		gopts.VIPs = vips

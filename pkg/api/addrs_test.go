@@ -288,3 +288,26 @@ func TestRestoreSkipsRulesThatLoop(t *testing.T) {
 		t.Fatalf("started %v, want only the legacy wildcard rule", sink.changes)
 	}
 }
+
+// TestEndpointCIDRsRefuse: with --endpoint-cidrs, an endpoint outside the
+// ranges is a 400 naming it; one inside is accepted (no open relay).
+func TestEndpointCIDRsRefuse(t *testing.T) {
+	_, base := servedFixture(t, "127.0.0.1", Options{EndpointCIDRs: []netip.Prefix{netip.MustParsePrefix("127.88.0.0/16")}})
+	url := "http://" + base + "/netlox/v1/config/loadbalancer"
+	ep := func(ip string) string { return fmt.Sprintf(`{"endpointIP":%q,"targetPort":8000,"weight":1}`, ip) }
+	tests := []struct {
+		name, body string
+		status     int
+		want       string
+	}{
+		{"inside", plainRule("127.88.1.1", 18090, "", ep("127.88.2.2")), 200, ""},
+		{"outside", plainRule("127.88.1.1", 18091, "", ep("127.88.2.2"), ep("127.99.0.1")), 400,
+			"endpoints[1].endpointIP: 127.99.0.1 is outside the endpoint ranges this kvgate allows (--endpoint-cidrs 127.88.0.0/16)"},
+	}
+	for _, tc := range tests {
+		status, body := doURL(t, "POST", url, tc.body)
+		if status != tc.status || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %s", tc.name, status, body)
+		}
+	}
+}

@@ -110,6 +110,9 @@ type Options struct {
 	// Status builds the fleet view of GET /netlox/v1/status and the page at
 	// GET / (package status); nil answers 503.
 	Status StatusSource
+	// EndpointCIDRs, when set, are the only ranges rule endpoints may be in
+	// (--endpoint-cidrs).
+	EndpointCIDRs []netip.Prefix
 	// Middleware wraps the whole API handler when serving: authentication
 	// and audit (package apiauth). nil serves it bare.
 	Middleware func(http.Handler) http.Handler
@@ -196,7 +199,10 @@ func (s *Server) restoreCheckLocked(r *config.Rule) error {
 	if config.WildcardVIP(c.Args.ExternalIP) {
 		c.Args.WildcardVIP = true
 	}
-	return config.CheckAddresses(c, s.listenersLocked(c.Key()))
+	if err := config.CheckAddresses(c, s.listenersLocked(c.Key())); err != nil {
+		return err
+	}
+	return config.CheckEndpointCIDRs(c, s.opts.EndpointCIDRs)
 }
 
 // Rules returns copies of the rules, ordered by service_id.
@@ -297,6 +303,9 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 	defer s.mu.Unlock()
 	key := r.Key()
 	if err := config.CheckAddresses(r, s.listenersLocked(key)); err != nil {
+		return 0, err
+	}
+	if err := config.CheckEndpointCIDRs(r, s.opts.EndpointCIDRs); err != nil {
 		return 0, err
 	}
 	old := s.rules[key]

@@ -126,6 +126,9 @@ func Validate(r *Rule, env Settings) error {
 	if a.KVHashSeed != nil && len(*a.KVHashSeed) > maxSeedLen {
 		return invalid("serviceArguments.kvHashSeed", "longer than %d bytes", maxSeedLen)
 	}
+	if a.Security != 0 {
+		return invalid("serviceArguments.security", "%d: TLS termination (1 https, 2 e2ehttps) is not supported yet; allowed values: 0 (plain HTTP)", a.Security)
+	}
 	if err := validateLoraAdapters(r); err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -64,6 +65,9 @@ type Options struct {
 	Logger            *slog.Logger
 	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
 	SubscriberOptions ingest.Options
+	// EndpointCIDRs restricts rule endpoints to these ranges (--endpoint-cidrs;
+	// empty: any address).
+	EndpointCIDRs []netip.Prefix
 	// APIMiddleware wraps the management API (authentication and audit,
 	// package apiauth); nil serves it bare.
 	APIMiddleware func(http.Handler) http.Handler
@@ -164,12 +168,13 @@ func New(opts Options) (*Gateway, error) {
 	g.ready.scan()
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
+	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)
 
 	g.status = g.newStatus()
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Middleware: opts.APIMiddleware, Log: g.log}
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -384,6 +389,9 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 		return fmt.Errorf("service %d: health: %w", updated.ServiceID, err)
 	}
 	oldState := rt.router.state.Load()
+	if oldState.gran != nil && st.gran != nil && oldState.gran.HashBlockSize() == st.gran.HashBlockSize() {
+		st.gran = oldState.gran // what the engines publish is unchanged, and the subscribers keep running
+	}
 	rt.router.state.Store(st)
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
@@ -443,7 +451,7 @@ func (g *Gateway) reconcile() {
 		for _, e := range r.KVEndpoints() {
 			targets = append(targets, ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
-				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index,
+				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
 			})
 		}
 	}
