@@ -261,13 +261,13 @@ func TailEnds(tail []byte, whole bool) (complete, boundary bool) {
 	if !bytes.HasSuffix(t, []byte("\r\n")) {
 		return false, boundary
 	}
-	for {
+	for trailers := 0; ; trailers++ {
 		inner := t[:len(t)-2]
 		k := bytes.LastIndex(inner, []byte("\r\n"))
 		if k < 0 && !whole {
-			// Trailers longer than the tail: nothing here shows a cut,
-			// so the body is taken as complete.
-			return bytes.IndexByte(inner, ':') > 0, false
+			// Trailers longer than the tail (enginesim sends one):
+			// nothing here shows a cut, so the body is taken as complete.
+			return trailers > 0 || bytes.IndexByte(inner, ':') > 0, false
 		}
 		line := inner
 		if k >= 0 {

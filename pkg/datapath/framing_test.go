@@ -76,22 +76,14 @@ func TestFraming(t *testing.T) {
 // TestTailEnds: the kernel leg's judgement from the last 32 bytes agrees
 // with the full parser on every cut of a stream.
 func TestTailEnds(t *testing.T) {
-	body := sseChunks + "4\r\nab\r\n\r\n" + "0\r\nX-T: 1\r\n\r\n"
-	for cut := 1; cut <= len(body); cut++ {
-		in := []byte(body[:cut])
-		f := NewFraming(true, -1)
-		f.Feed(in)
-		tail, whole := in, true
-		if len(in) > 32 {
-			tail, whole = in[len(in)-32:], false
-		}
-		complete, boundary := TailEnds(tail, whole)
-		if complete != f.Complete() {
-			t.Errorf("cut %d (%q): tail says complete=%v, parser %v", cut, tail, complete, f.Complete())
-		}
-		if boundary && !f.AtEventBoundary() {
-			t.Errorf("cut %d (%q): tail says event boundary, parser does not", cut, tail)
-		}
+	for _, body := range []string{
+		sseChunks + "4\r\nab\r\n\r\n" + "0\r\nX-T: 1\r\n\r\n",
+		// A trailer longer than the tail, as enginesim sends.
+		sseChunks + "0\r\nX-Enginesim-Ttft-Us: 14167\r\n\r\n",
+		sseChunks + "0\r\nA: 1\r\nX-Enginesim-Ttft-Us: 14167\r\n\r\n",
+		sseChunks + "0\r\nX-Enginesim-Ttft-Us: 14167\r\nX-Enginesim-Queue-Us: 1\r\n\r\n",
+	} {
+		tailCuts(t, body)
 	}
 	for _, tc := range []struct {
 		tail     string
@@ -106,6 +98,27 @@ func TestTailEnds(t *testing.T) {
 	} {
 		if c, _ := TailEnds([]byte(tc.tail), tc.whole); c != tc.complete {
 			t.Errorf("TailEnds(%q, %v) = %v, want %v", tc.tail, tc.whole, c, tc.complete)
+		}
+	}
+}
+
+// tailCuts checks TailEnds against the full parser at every cut of body.
+func tailCuts(t *testing.T, body string) {
+	t.Helper()
+	for cut := 1; cut <= len(body); cut++ {
+		in := []byte(body[:cut])
+		f := NewFraming(true, -1)
+		f.Feed(in)
+		tail, whole := in, true
+		if len(in) > 32 {
+			tail, whole = in[len(in)-32:], false
+		}
+		complete, boundary := TailEnds(tail, whole)
+		if complete != f.Complete() {
+			t.Errorf("cut %d (%q): tail says complete=%v, parser %v", cut, tail, complete, f.Complete())
+		}
+		if boundary && !f.AtEventBoundary() {
+			t.Errorf("cut %d (%q): tail says event boundary, parser does not", cut, tail)
 		}
 	}
 }

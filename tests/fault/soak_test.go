@@ -137,6 +137,9 @@ func TestSoak(t *testing.T) {
 				t.Fatalf("%d streams failed; first: %v", failed.Load(), firstErr.Load())
 			}
 			t.Logf("%s: %d pattern streams, %d soak streams in %s (%d at once)", dp, pattern, soaked, dur, soakStreams)
+			if b := d.metric(t, "kvgate_backend_broken_responses_total", nil); b != 0 {
+				t.Fatalf("%s: %v complete streams counted as broken", dp, b)
+			}
 			if k := d.metric(t, "kvgate_spliced_bytes_total", map[string]string{"path": "sockmap"}); (dp == "auto") != (k > 0) {
 				t.Fatalf("%s: %v bytes spliced in the kernel", dp, k)
 			}
@@ -148,8 +151,11 @@ func TestSoak(t *testing.T) {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("after the soak: goroutines %v (baseline %v), fds %d (baseline %d), in flight %v",
-						g, baseG, fds, baseFD, inflight)
+					// SIGQUIT makes the Go runtime print every goroutine.
+					d.signal(t, syscall.SIGQUIT)
+					<-d.exited
+					t.Fatalf("after the soak: goroutines %v (baseline %v), fds %d (baseline %d), in flight %v\n%s",
+						g, baseG, fds, baseFD, inflight, d.logs.String())
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
