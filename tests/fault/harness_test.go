@@ -378,8 +378,17 @@ func (tp *topo) startDaemon(t *testing.T, dp string, grace time.Duration) *daemo
 	if err := os.Symlink(filepath.Join(repo, "pkg/tokenizer/testdata/qwen3"), filepath.Join(staging, "Qwen__Qwen3-0.6B")); err != nil {
 		t.Fatal(err)
 	}
-	// The pin instance is derived from --api; a random port keeps runs apart.
-	api := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(20000))
+	// The API listens in the gateway's namespace, but the BPF pin instance
+	// derived from --api lives in the host's bpffs: pick a port no other
+	// kvgate instance pins under.
+	var api, pins string
+	for {
+		api = fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(20000))
+		pins = filepath.Join("/sys/fs/bpf/kvgate", "api_"+strings.NewReplacer(".", "_", ":", "_").Replace(api))
+		if _, err := os.Stat(pins); os.IsNotExist(err) {
+			break
+		}
+	}
 	access := filepath.Join(t.TempDir(), "access.log")
 	d := &daemon{api: api, access: access, tp: tp,
 		proc: start(t, nil, tp.gw, []string{"LLB_KV_NONE_HASH_SEED=0"}, filepath.Join(binDir, "kvgate"),
@@ -388,7 +397,6 @@ func (tp *topo) startDaemon(t *testing.T, dp string, grace time.Duration) *daemo
 	// Stop it as an operator would, so it removes its BPF pins; whatever a
 	// killed daemon leaves under bpffs is removed here (pinned maps would
 	// otherwise hold kernel memory until the next start of that instance).
-	pins := filepath.Join("/sys/fs/bpf/kvgate", "api_"+strings.NewReplacer(".", "_", ":", "_").Replace(api))
 	t.Cleanup(func() {
 		_ = d.cmd.Process.Signal(syscall.SIGTERM)
 		select {
