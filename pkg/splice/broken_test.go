@@ -37,7 +37,9 @@ func TestBrokenResponses(t *testing.T) {
 		{"chunked cut mid-chunk, spliced", "/cut?chunks=30&gap=3000&mid=1", datapath.BackendBroken, false, true},
 		{"chunked cut within the drain", "/cut?chunks=3", datapath.BackendBroken, true, false},
 		{"content-length short", "/short?n=1000000&send=300000", datapath.BackendBroken, false, false},
+		{"content-length short, spliced", "/short?n=1000000&send=300000&delay=20000", datapath.BackendBroken, false, true},
 		{"complete stream", "/sse?chunks=30&gap=3000", datapath.BackendEOF, false, true},
+		{"complete stream with a trailer longer than the kept tail", "/sse?chunks=30&gap=3000&trailer=1", datapath.BackendEOF, false, true},
 	}
 	for _, lg := range legs {
 		p := startProxy(t, lg.leg, func(string) string { return be.addr() })

@@ -77,6 +77,7 @@ func sweepCrashedTestPins() {
 //
 //	/bulk?n=N&seed=S&delay=D         N random bytes, Content-Length, D µs after the head
 //	/sse?chunks=C&seed=S&gap=D       C SSE events, chunked, D between events
+//	                                 (&trailer=1: ends with a 34-byte trailer)
 //	/chunkedjson?chunks=C&seed=S     the same bytes as one chunked application/json burst
 //	/burst?chunks=C&seed=S           C events written at once, then close
 //	/stall?chunks=C                  C events, then silence until the conn dies
@@ -86,7 +87,7 @@ func sweepCrashedTestPins() {
 //	                                   at once (then D µs and one more flush)
 //	/cut?chunks=C&gap=D&mid=M        C events, then (M=1) half a chunk, then
 //	                                 close without the last chunk
-//	/short?n=N&send=M                Content-Length N, M random bytes, close
+//	/short?n=N&send=M&delay=D        Content-Length N, D µs, M random bytes, close
 type backend struct {
 	gate  chan struct{} // /gated waits here between its two parts
 	ln    net.Listener
@@ -172,6 +173,7 @@ func (b *backend) serve(c *net.TCPConn) {
 	switch path {
 	case "/short":
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", param(q, "n", 0))
+		time.Sleep(time.Duration(param(q, "delay", 0)) * time.Microsecond)
 		buf := make([]byte, param(q, "send", 0))
 		fillRandom(r, buf)
 		c.Write(buf)
@@ -257,7 +259,11 @@ func (b *backend) serve(c *net.TCPConn) {
 			c.SetLinger(0)
 			return
 		}
-		w.WriteString("0\r\n\r\n")
+		if param(q, "trailer", 0) == 1 { // longer than the tail the verdict keeps, as enginesim's
+			w.WriteString("0\r\nX-Enginesim-Ttft-Us: 14167\r\n\r\n")
+		} else {
+			w.WriteString("0\r\n\r\n")
+		}
 		w.Flush()
 	}
 }
