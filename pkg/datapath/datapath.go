@@ -34,7 +34,7 @@ const (
 	// BackendBroken: the backend closed before the body's framing ended it
 	// (a chunked body without its last chunk, a Content-Length body short),
 	// or the framing itself was malformed. The client connection must be
-	// closed: it cannot find the end of the body (docs/datapath.md).
+	// closed: it cannot find the end of the body (docs/body-leg.md).
 	BackendBroken
 )
 

@@ -10,7 +10,7 @@ import (
 // a body leg can tell a complete body from one the backend cut short: a
 // chunked body must end with its last chunk ("0\r\n", trailers, "\r\n"), a
 // Content-Length body with its last declared byte. A body with neither ends
-// when the backend closes. See docs/datapath.md, "Broken responses".
+// when the backend closes. See docs/body-leg.md, "Broken responses".
 //
 // It keeps O(1) state: the position in the chunk grammar, the bytes left in
 // the current chunk, and the last two data bytes (for the SSE event
@@ -249,7 +249,7 @@ func (f *Framing) AtEventBoundary() bool {
 // chunk, trailers and the final CRLF. boundary: the tail ends a chunk whose
 // data ended a server-sent event. The judgement can be fooled by chunk data
 // that itself ends in "\r\n0\r\n", which no SSE or JSON body does; see
-// docs/datapath.md.
+// docs/body-leg.md.
 func TailEnds(tail []byte, whole bool) (complete, boundary bool) {
 	boundary = bytes.HasSuffix(tail, []byte("\n\n\r\n"))
 	if !bytes.HasSuffix(tail, []byte("\r\n")) || len(tail) < 5 {
@@ -302,7 +302,7 @@ func isLastChunkLine(l []byte) bool {
 // SSEErrorEvent is the chunk a leg sends to an SSE client when the backend
 // broke the stream at an event boundary: OpenAI's SDKs raise an APIError
 // carrying this message on a data event with an "error" member, instead of
-// a bare socket error (docs/datapath.md, "Broken responses").
+// a bare socket error (docs/body-leg.md, "Broken responses").
 func SSEErrorEvent(message string) []byte {
 	ev := fmt.Sprintf(`data: {"error":{"message":%q,"type":"server_error","param":null,"code":"backend_broken"}}`+"\n\n", message)
 	return fmt.Appendf(nil, "%x\r\n%s\r\n", len(ev), ev)

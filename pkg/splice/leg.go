@@ -72,7 +72,7 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 	res := datapath.Result{Path: d.Path(), LastActivity: time.Now()}
 	// The framing of the bytes relayed in userspace (prefix and drain) and
 	// their last bytes: with the tail the BPF program keeps, they tell a
-	// complete body from a cut one (docs/datapath.md, "Broken responses").
+	// complete body from a cut one (docs/body-leg.md, "Broken responses").
 	fr := datapath.NewFraming(opts.Chunked, opts.ContentLength)
 	var tail tailBuf
 	// write relays the part of p that belongs to the body; false ends the
@@ -301,9 +301,7 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 	}); cerr != nil || err != nil {
 		return nil, errors.Join(cerr, err)
 	}
-	var bfd int
 	if cerr := brc.Control(func(fd uintptr) {
-		bfd = int(fd)
 		if s.backendCookie, err = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
 			err = fmt.Errorf("backend SO_COOKIE: %w", err)
 		}
@@ -345,7 +343,6 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 	}); cerr != nil || err != nil {
 		s.backendFD = -1
 	}
-	_ = bfd
 	return s, nil
 }
 
@@ -388,7 +385,7 @@ func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.C
 	// The client watcher reports once, by closing cw.done: the loop below
 	// and the final drain may both wait on it, and the teardown joins it
 	// (a one-shot channel send consumed by the drain left the teardown
-	// waiting forever; docs/datapath.md, "Legs that never returned").
+	// waiting forever; docs/body-leg.md, "Legs that never returned").
 	cw := &clientWatch{done: make(chan struct{})}
 	go func() {
 		var peek [1]byte

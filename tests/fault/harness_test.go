@@ -7,7 +7,7 @@
 // namespace and the engines in another, joined by a veth pair; every address
 // is inside those namespaces, and nftables rules in the engines' namespace
 // make the faults (this kernel has no netem; delay is a userspace relay).
-// docs/datapath.md, "Fault suite", lists what each test asserts.
+// docs/body-leg.md, "Fault suite", lists what each test asserts.
 package fault
 
 import (

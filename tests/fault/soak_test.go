@@ -20,7 +20,7 @@ const soakStreams = 200
 
 // soakDuration is the soak's length per data path: 20 s in CI (two 60 s
 // runs would take a tenth of CI's budget); KVGATE_SOAK_SECONDS=60 gives the
-// full run (docs/datapath.md, "Fault suite").
+// full run (docs/body-leg.md, "Fault suite").
 func soakDuration(t *testing.T) time.Duration {
 	if v := os.Getenv("KVGATE_SOAK_SECONDS"); v != "" {
 		n, err := strconv.Atoi(v)
