@@ -78,9 +78,7 @@ func (f *Framing) Feed(p []byte) int {
 	}
 	i := 0
 	for i < len(p) && f.st != csDone && f.err == nil {
-		c := p[i]
-		switch f.st {
-		case csData:
+		if f.st == csData {
 			n := min(uint64(len(p)-i), f.left)
 			f.data(p[i : i+int(n)])
 			f.left -= n
@@ -89,96 +87,10 @@ func (f *Framing) Feed(p []byte) int {
 				f.st = csDataCR
 			}
 			continue
-		case csSize:
-			switch {
-			case hexVal(c) >= 0:
-				f.digits++
-				if f.digits > 15 {
-					f.fail("chunk size too large")
-					break
-				}
-				f.left = f.left<<4 | uint64(hexVal(c))
-			case f.digits > 0 && c == ';':
-				f.st = csExt
-			case f.digits > 0 && (c == ' ' || c == '\t'):
-				f.st = csSizeWS
-			case f.digits > 0 && c == '\r':
-				f.st = csSizeLF
-			default:
-				f.fail(fmt.Sprintf("byte %q in a chunk size", c))
-			}
-		case csSizeWS:
-			switch c {
-			case ' ', '\t':
-			case ';':
-				f.st = csExt
-			case '\r':
-				f.st = csSizeLF
-			default:
-				f.fail(fmt.Sprintf("byte %q after a chunk size", c))
-			}
-		case csExt:
-			switch c {
-			case '\r':
-				f.st = csSizeLF
-			case '\n':
-				f.fail("bare LF in a chunk extension")
-			}
-		case csSizeLF:
-			if c != '\n' {
-				f.fail("chunk size line not ended by CRLF")
-				break
-			}
-			f.digits, f.lineLen = 0, 0
-			if f.left == 0 {
-				f.st = csTrailer
-			} else {
-				f.st = csData
-			}
-		case csDataCR:
-			if c != '\r' {
-				f.fail("chunk data not followed by CRLF")
-				break
-			}
-			f.st = csDataLF
-		case csDataLF:
-			if c != '\n' {
-				f.fail("chunk data not followed by CRLF")
-				break
-			}
-			f.st = csSize
-		case csTrailer:
-			switch c {
-			case '\r':
-				f.st = csFinalLF
-			case '\n':
-				f.fail("bare LF in a trailer line")
-			default:
-				f.st = csTrailerLine
-			}
-		case csTrailerLine:
-			switch c {
-			case '\r':
-				f.st = csTrailerLF
-			case '\n':
-				f.fail("bare LF in a trailer line")
-			}
-		case csTrailerLF:
-			if c != '\n' {
-				f.fail("trailer line not ended by CRLF")
-				break
-			}
-			f.lineLen = 0
-			f.st = csTrailer
-		case csFinalLF:
-			if c != '\n' {
-				f.fail("chunked body not ended by CRLF")
-				break
-			}
-			f.st = csDone
 		}
+		f.step(p[i])
 		if f.err != nil {
-			break
+			break // the failing byte is not the body's
 		}
 		if f.st == csSize || f.st == csSizeWS || f.st == csExt || f.st == csTrailerLine {
 			if f.lineLen++; f.lineLen > maxLine {
@@ -190,6 +102,102 @@ func (f *Framing) Feed(p []byte) int {
 	}
 	f.seen += int64(i)
 	return i
+}
+
+// step moves the chunk grammar past one byte outside chunk data.
+func (f *Framing) step(c byte) {
+	switch f.st {
+	case csSize:
+		f.sizeByte(c)
+	case csSizeWS:
+		switch c {
+		case ' ', '\t':
+		case ';':
+			f.st = csExt
+		case '\r':
+			f.st = csSizeLF
+		default:
+			f.fail(fmt.Sprintf("byte %q after a chunk size", c))
+		}
+	case csExt:
+		f.lineByte(c, csSizeLF, "bare LF in a chunk extension")
+	case csSizeLF:
+		if f.expect(c, '\n', "chunk size line not ended by CRLF") {
+			f.digits, f.lineLen = 0, 0
+			f.st = csData
+			if f.left == 0 {
+				f.st = csTrailer
+			}
+		}
+	case csDataCR:
+		if f.expect(c, '\r', "chunk data not followed by CRLF") {
+			f.st = csDataLF
+		}
+	case csDataLF:
+		if f.expect(c, '\n', "chunk data not followed by CRLF") {
+			f.st = csSize
+		}
+	case csTrailer:
+		if c == '\r' {
+			f.st = csFinalLF
+			return
+		}
+		f.st = csTrailerLine
+		f.lineByte(c, csTrailerLF, "bare LF in a trailer line")
+	case csTrailerLine:
+		f.lineByte(c, csTrailerLF, "bare LF in a trailer line")
+	case csTrailerLF:
+		if f.expect(c, '\n', "trailer line not ended by CRLF") {
+			f.lineLen = 0
+			f.st = csTrailer
+		}
+	case csFinalLF:
+		if f.expect(c, '\n', "chunked body not ended by CRLF") {
+			f.st = csDone
+		}
+	}
+}
+
+// sizeByte takes one byte of a chunk-size line's hex size.
+func (f *Framing) sizeByte(c byte) {
+	switch v := hexVal(c); {
+	case v >= 0:
+		if f.digits++; f.digits > 15 {
+			f.fail("chunk size too large")
+			return
+		}
+		f.left = f.left<<4 | uint64(v)
+	case f.digits == 0:
+		f.fail(fmt.Sprintf("byte %q in a chunk size", c))
+	case c == ';':
+		f.st = csExt
+	case c == ' ' || c == '\t':
+		f.st = csSizeWS
+	case c == '\r':
+		f.st = csSizeLF
+	default:
+		f.fail(fmt.Sprintf("byte %q in a chunk size", c))
+	}
+}
+
+// lineByte takes one byte of an extension or trailer line: CR moves to
+// next, a bare LF is malformed, anything else stays in the line.
+func (f *Framing) lineByte(c byte, next chunkState, bareLF string) {
+	switch c {
+	case '\r':
+		f.st = next
+	case '\n':
+		f.fail(bareLF)
+	}
+}
+
+// expect checks that c is want, failing the framing with why otherwise.
+func (f *Framing) expect(c, want byte, why string) bool {
+	if c != want {
+		f.fail(why)
+		return false
+	}
+	return true
 }
 
 func (f *Framing) data(p []byte) {

@@ -155,7 +155,7 @@ func TestConcurrentFreshConnections(t *testing.T) {
 				_, n, err := cl.get(target)
 				conn.Close()
 				if err != nil || n != int64(len(expectedBody(target))) {
-					errs <- fmt.Errorf("%s: %d bytes, %v", target, n, err)
+					errs <- fmt.Errorf("%s: %d bytes, %w", target, n, err)
 				}
 			}
 		}()

@@ -222,7 +222,7 @@ func TestFaults(t *testing.T) {
 					s := openStream(t, cl, g.base, fmt.Sprintf("loss %s %d", g.name, i), 32)
 					evs := s.rest(t, 60*time.Second)
 					if !hasDone(evs) || s.err != nil {
-						errs <- fmt.Errorf("%s: stream under loss: %v, last %q", g.name, s.err, last(evs))
+						errs <- fmt.Errorf("%s: stream under loss: %w, last %q", g.name, s.err, last(evs))
 					}
 				}()
 			}

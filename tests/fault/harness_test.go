@@ -100,7 +100,7 @@ func binaries(t *testing.T) {
 		for _, cmd := range []string{"kvgate", "enginesim"} {
 			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), filepath.Join(repo, "cmd", cmd)).CombinedOutput()
 			if err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", cmd, err, out)
+				buildErr = fmt.Errorf("go build %s: %w\n%s", cmd, err, out)
 				return
 			}
 		}
