@@ -357,60 +357,8 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 // order too (tcp_read_skb). The reader then sees only EOF or an error.
 // It also returns the last bytes the kernel redirected (at most tailLen).
 func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.Conn, crc syscall.RawConn, res datapath.Result, opts datapath.Options) (datapath.Result, []byte) {
-	backendDone := make(chan error, 1)
-	if s.backendFD >= 0 {
-		backend.Close() // deregisters the original fd; the duplicate keeps the socket
-		// Kick: bytes queued between the drain and the insertion are run
-		// through the verdict by this read (see above); it also catches a
-		// FIN that came with them.
-		if err, ended := pollBackend(s.backendFD); ended {
-			backendDone <- err
-		}
-	} else {
-		go func() {
-			var b [512]byte
-			for {
-				n, err := backend.Read(b[:])
-				if n > 0 {
-					backendDone <- errBypass(n)
-					return
-				}
-				if err != nil {
-					backendDone <- err
-					return
-				}
-			}
-		}()
-	}
-	// The client watcher reports once, by closing cw.done: the loop below
-	// and the final drain may both wait on it, and the teardown joins it
-	// (a one-shot channel send consumed by the drain left the teardown
-	// waiting forever; docs/body-leg.md, "Legs that never returned").
-	cw := &clientWatch{done: make(chan struct{})}
-	go func() {
-		var peek [1]byte
-		var gone error
-		err := crc.Read(func(fd uintptr) bool {
-			n, _, rerr := unix.Recvfrom(int(fd), peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-			switch {
-			case rerr == unix.EAGAIN || rerr == unix.EINTR:
-				return false
-			case rerr != nil:
-				gone = rerr
-				return true
-			case n == 0:
-				gone = io.EOF
-				return true
-			}
-			// The client sent its next request early: leave it queued.
-			return false
-		})
-		if gone == nil {
-			gone = err
-		}
-		cw.err = gone
-		close(cw.done)
-	}()
+	backendDone := watchBackend(s, backend)
+	cw := watchClient(crc)
 
 	var silence <-chan time.Time
 	var timer *time.Timer
@@ -433,15 +381,9 @@ loop:
 			res.Ending, endErr = backendEnding(ctx, err)
 			break loop
 		case <-ended:
-			// FIN or RST reached the backend socket. The read below waits
-			// for the softirq that delivered it and runs anything still
-			// queued through the verdict first.
-			for try := 0; try < 50; try++ {
-				if err, ended := pollBackend(s.backendFD); ended {
-					res.Ending, endErr = backendEnding(ctx, err)
-					break loop
-				}
-				time.Sleep(time.Millisecond)
+			if err, ok := pollEnded(s.backendFD); ok {
+				res.Ending, endErr = backendEnding(ctx, err)
+				break loop
 			}
 		case <-cw.done:
 			res.Ending, endErr = datapath.ClientGone, cw.err
@@ -465,11 +407,7 @@ loop:
 	var p splicePair
 	_ = d.objs.Pairs.Lookup(s.backendCookie, &p)
 	if res.Ending == datapath.BackendEOF {
-		bound := opts.Silence
-		if bound <= 0 {
-			bound = drainBound
-		}
-		if err := d.waitDrained(ctx, s, p.Bytes, bound, cw); err != nil {
+		if err := d.waitDrained(ctx, s, p.Bytes, drainBoundFor(opts), cw); err != nil {
 			res.Ending, endErr = datapath.ClientGone, err
 			if ctx.Err() != nil {
 				res.Ending = datapath.Cancelled
@@ -506,6 +444,95 @@ loop:
 	}
 	kept := min(p.Bytes, uint64(tailLen))
 	return res, append([]byte(nil), p.Tail[uint64(tailLen)-kept:]...)
+}
+
+// pollEnded reads the backend after sock_ops reported that it left
+// ESTABLISHED (FIN or RST). The read waits for the softirq that delivered it
+// and runs anything still queued through the verdict first; a few retries
+// cover the delivery still in progress.
+func pollEnded(fd int) (error, bool) {
+	for try := 0; try < 50; try++ {
+		if err, ended := pollBackend(fd); ended {
+			return err, true
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil, false
+}
+
+// drainBoundFor bounds the final drain: the silence bound, else drainBound.
+func drainBoundFor(opts datapath.Options) time.Duration {
+	if opts.Silence > 0 {
+		return opts.Silence
+	}
+	return drainBound
+}
+
+// watchBackend starts watching the backend side of a splice. With a
+// private duplicate of the backend fd it closes the Go connection and does
+// the hand-over kick (below); without one (EMFILE) a goroutine reads the
+// backend through the poller. The channel gets the backend's end, if seen.
+func watchBackend(s *session, backend net.Conn) chan error {
+	backendDone := make(chan error, 1)
+	if s.backendFD >= 0 {
+		backend.Close() // deregisters the original fd; the duplicate keeps the socket
+		// Kick: bytes queued between the drain and the insertion are run
+		// through the verdict by this read (see follow); it also catches a
+		// FIN that came with them.
+		if err, ended := pollBackend(s.backendFD); ended {
+			backendDone <- err
+		}
+		return backendDone
+	}
+	go func() {
+		var b [512]byte
+		for {
+			n, err := backend.Read(b[:])
+			if n > 0 {
+				backendDone <- errBypass(n)
+				return
+			}
+			if err != nil {
+				backendDone <- err
+				return
+			}
+		}
+	}()
+	return backendDone
+}
+
+// watchClient peeks at the client until it goes away (EOF, reset) or the
+// teardown's read deadline. It reports once, by closing the watch's done:
+// the follow loop and the final drain may both wait on it, and the
+// teardown joins it (a one-shot channel send consumed by the drain left the
+// teardown waiting forever; docs/body-leg.md, "Legs that never returned").
+func watchClient(crc syscall.RawConn) *clientWatch {
+	cw := &clientWatch{done: make(chan struct{})}
+	go func() {
+		var peek [1]byte
+		var gone error
+		err := crc.Read(func(fd uintptr) bool {
+			n, _, rerr := unix.Recvfrom(int(fd), peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			switch {
+			case rerr == unix.EAGAIN || rerr == unix.EINTR:
+				return false
+			case rerr != nil:
+				gone = rerr
+				return true
+			case n == 0:
+				gone = io.EOF
+				return true
+			}
+			// The client sent its next request early: leave it queued.
+			return false
+		})
+		if gone == nil {
+			gone = err
+		}
+		cw.err = gone
+		close(cw.done)
+	}()
+	return cw
 }
 
 // backendEnding classifies how the backend side ended.
