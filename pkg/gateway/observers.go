@@ -40,6 +40,9 @@ func (o *proxyObserver) Done(r *fullproxy.Record) {
 	}
 	if ep >= 0 {
 		o.m.ObserveRequest(o.service, ep, outcome, r.Duration)
+		if r.Outcome == "backend_broken" {
+			o.m.BrokenResponse(o.service, ep)
+		}
 	}
 	if r.Decision.Model != "" {
 		o.m.ObserveAIRequest(r.Decision.Model, "", r.Status, r.Duration)

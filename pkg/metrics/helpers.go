@@ -227,6 +227,11 @@ func (m *Metrics) ConnectFailure(service, epIdx int) {
 	m.ConnectFailures.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
 }
 
+// BrokenResponse counts a response the backend cut before its body's end.
+func (m *Metrics) BrokenResponse(service, epIdx int) {
+	m.BrokenResponses.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
+}
+
 // ObserveStage records one decision stage's latency (DecisionStages).
 func (m *Metrics) ObserveStage(service int, stage string, d time.Duration) {
 	m.DecisionStage.WithLabelValues(itoa(service), stage).Observe(d.Seconds())

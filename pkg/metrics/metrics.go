@@ -77,6 +77,7 @@ type Metrics struct {
 	RequestDuration  *prometheus.HistogramVec // kvgate_request_duration_seconds{service,ep_idx,outcome}
 	Inflight         *prometheus.GaugeVec     // kvgate_endpoint_inflight{service,ep_idx}
 	ConnectFailures  *prometheus.CounterVec   // kvgate_backend_connect_failures_total{service,ep_idx}
+	BrokenResponses  *prometheus.CounterVec   // kvgate_backend_broken_responses_total{service,ep_idx}
 	DecisionStage    *prometheus.HistogramVec // kvgate_decision_stage_seconds{service,stage}
 	DecisionTier     *prometheus.CounterVec   // kvgate_decisions_total{service,tier}
 	SelectFailures   *prometheus.CounterVec   // loxilb_lb_select_failure_shutdown_total{service}
@@ -184,6 +185,7 @@ func New(opts Options) *Metrics {
 	m.RequestDuration = f.histogram("kvgate_request_duration_seconds", "Proxied request duration, from the request head to the end of the response.", requestBuckets, "service", "ep_idx", "outcome")
 	m.Inflight = f.gauge("kvgate_endpoint_inflight", "In-flight requests on the endpoint (the bounded-load cap's input).", "service", "ep_idx")
 	m.ConnectFailures = f.counter("kvgate_backend_connect_failures_total", "Backend connect failures (each re-enters selection with the endpoint excluded).", "service", "ep_idx")
+	m.BrokenResponses = f.counter("kvgate_backend_broken_responses_total", "Responses the backend cut before their body's end (chunked without its last chunk, Content-Length short); the client connection was closed.", "service", "ep_idx")
 	m.DecisionStage = f.histogram("kvgate_decision_stage_seconds", "Time spent per routing-decision stage (extract, tokenize, hash, score, select).", stageBuckets, "service", "stage")
 	m.DecisionTier = f.counter("kvgate_decisions_total", "Routing decisions by the tier that made them (1-session, 1-trie, 1.5, 2, selector, decode-only).", "service", "tier")
 	m.SelectFailures = f.counter("loxilb_lb_select_failure_shutdown_total", "Client connections closed because no endpoint could be selected.", "service")
