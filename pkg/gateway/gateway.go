@@ -325,6 +325,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	}
 	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
 	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id)}
+	st.parity = g.newParity(rule, st)
 	rt.router.state.Store(st)
 	if _, err := rh.newFlow(rule, rt.router); err != nil {
 		return err
@@ -392,6 +393,11 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	if oldState.gran != nil && st.gran != nil && oldState.gran.HashBlockSize() == st.gran.HashBlockSize() {
 		st.gran = oldState.gran // what the engines publish is unchanged, and the subscribers keep running
 	}
+	if oldState.parity != nil && st.hasher != nil && oldState.hasher != nil && oldState.hasher.Contract() == st.hasher.Contract() {
+		st.parity = oldState.parity // same contract: the verdicts still hold, and the subscribers keep running
+	} else {
+		st.parity = g.newParity(updated, st)
+	}
 	rt.router.state.Store(st)
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
@@ -442,6 +448,32 @@ func (g *Gateway) remove(rule *config.Rule) {
 	g.log.Info("rule removed", "service", rule.ServiceID)
 }
 
+// newParity builds the rule's live parity self-check (docs/parity.md), nil
+// when the rule has no usable hash contract.
+func (g *Gateway) newParity(rule *config.Rule, st *ruleState) *ingest.Parity {
+	if st.hasher == nil {
+		return nil
+	}
+	src := "LLB_KV_NONE_HASH_SEED"
+	if rule.Args.KVHashSeed != nil {
+		src = "kvHashSeed"
+	}
+	return ingest.NewParity(ingest.ParityOptions{Service: uint32(rule.ServiceID), Hasher: st.hasher, SeedSource: src,
+		Logger: g.log, Observer: parityObserver{g.Metrics}})
+}
+
+// Parity returns the live parity self-check of a rule (nil: no KV rule or no
+// usable contract), for the preflight.
+func (g *Gateway) Parity(service int) *ingest.Parity {
+	g.mu.Lock()
+	rt, ok := g.rules[service]
+	g.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return rt.router.state.Load().parity
+}
+
 // reconcile points the subscriber manager at every KV endpoint of every rule.
 func (g *Gateway) reconcile() {
 	g.mu.Lock()
@@ -452,6 +484,7 @@ func (g *Gateway) reconcile() {
 			targets = append(targets, ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
+				Parity: rt.router.state.Load().parity,
 			})
 		}
 	}

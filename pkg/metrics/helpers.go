@@ -384,3 +384,25 @@ func (s *splicedBytes) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v), p)
 	}
 }
+
+// Parity self-check (docs/parity.md).
+
+// ParityCheckedInc counts one checked BlockStored of (service, epIdx).
+func (m *Metrics) ParityCheckedInc(service, epIdx int) {
+	m.ParityChecked.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
+}
+
+// ParityUncheckedInc counts one BlockStored that could not be checked.
+func (m *Metrics) ParityUncheckedInc(service, epIdx int, cause string) {
+	m.ParityUnchecked.WithLabelValues(itoa(service), itoa(epIdx), cause).Inc()
+}
+
+// ParityMismatchInc counts one BlockStored whose hashes differ, by reason.
+func (m *Metrics) ParityMismatchInc(service, epIdx int, reason string) {
+	m.ParityMismatch.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
+}
+
+// SetParityState sets kvgate_kv_parity_state (-1, 0 or 1).
+func (m *Metrics) SetParityState(service, epIdx, state int) {
+	m.ParityState.WithLabelValues(itoa(service), itoa(epIdx)).Set(float64(state))
+}
