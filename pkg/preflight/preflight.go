@@ -143,14 +143,17 @@ func (r *Runner) Run(ctx context.Context, rule *config.Rule, probe bool) Report 
 	for _, c := range r.checkTokenizers(ctx, rule, facts) {
 		add(c)
 	}
-	for _, c := range r.checkParity(rule, facts, kv) {
+	// The probe runs before the parity rows are read, although it is listed
+	// after them: its first request is the BlockStored the parity check
+	// needs on an engine that had no traffic yet.
+	probeRow := Check{ID: CheckProbe, EPIdx: -1, Result: Skip, Detail: "probe disabled (probe=0 / --no-probe)"}
+	if probe {
+		probeRow = r.probe(ctx, rule, facts, kv)
+	}
+	for _, c := range r.checkParity(ctx, rule, facts, kv) {
 		add(c)
 	}
-	if probe {
-		add(r.probe(ctx, rule, facts, kv))
-	} else {
-		add(Check{ID: CheckProbe, EPIdx: -1, Result: Skip, Detail: "probe disabled (probe=0 / --no-probe)"})
-	}
+	add(probeRow)
 	rep.Result = Pass
 	for _, c := range rep.Checks {
 		if c.Result == Fail {
@@ -472,7 +475,7 @@ func firstDiff(a, b []uint32) int {
 }
 
 // checkParity is check 5: the live parity state of each KV endpoint.
-func (r *Runner) checkParity(rule *config.Rule, facts []*endpointFacts, kv map[int]bool) []Check {
+func (r *Runner) checkParity(ctx context.Context, rule *config.Rule, facts []*endpointFacts, kv map[int]bool) []Check {
 	p := r.src.Parity(rule.ServiceID)
 	var out []Check
 	if p == nil {
@@ -480,8 +483,17 @@ func (r *Runner) checkParity(rule *config.Rule, facts []*endpointFacts, kv map[i
 			Fix: "set kvHashAlgo and the seed (LLB_KV_NONE_HASH_SEED or kvHashSeed) to the engines' --prefix-caching-hash-algo and PYTHONHASHSEED"})
 	}
 	byEP := map[int]ingest.ParityStatus{}
-	for _, s := range p.Status() {
-		byEP[s.EPIdx] = s
+	// A mismatch's diagnosis runs off the ingest path: give it a moment.
+	for wait := 0; wait < 40 && ctx.Err() == nil; wait++ {
+		pending := false
+		for _, s := range p.Status() {
+			byEP[s.EPIdx] = s
+			pending = pending || (s.Mismatches > 0 && s.Diagnosis == "")
+		}
+		if !pending {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	for _, f := range facts {
 		if !kv[f.ep.Idx] {
@@ -555,7 +567,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 				ep = f.ep.Idx
 			}
 		}
-		if ep >= 0 || time.Now().After(deadline) {
+		if ep >= 0 || time.Now().After(deadline) || r.allMismatched(rule, kv) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -613,6 +625,23 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	c.Result, c.Detail = Pass, proof
 	return c
+}
+
+// allMismatched reports whether every KV endpoint's last checked
+// BlockStored differed from kvgate's hashes: the probe's blocks will not
+// show up under the predicted hashes, so waiting longer is pointless.
+func (r *Runner) allMismatched(rule *config.Rule, kv map[int]bool) bool {
+	p := r.src.Parity(rule.ServiceID)
+	if p == nil {
+		return false
+	}
+	n := 0
+	for _, s := range p.Status() {
+		if kv[s.EPIdx] && s.Mismatches > 0 {
+			n++
+		}
+	}
+	return n == len(kv)
 }
 
 // probePrompt builds a unique prompt of at least 3 hashed blocks.
