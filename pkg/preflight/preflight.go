@@ -574,7 +574,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	if ep < 0 {
 		c.Result = Fail
-		c.Detail = fmt.Sprintf("no engine announced the %d block hashes kvgate predicted for the probe (best: %d) within %v", len(want), stored, r.InventoryWait)
+		c.Detail = fmt.Sprintf("no engine announced the %d block hashes kvgate predicted for the probe (best: %d; waited up to %v)", len(want), stored, r.InventoryWait)
 		c.Fix = "kvgate and the engines hash differently: see the parity and metrics rows"
 		return c
 	}

@@ -208,7 +208,7 @@ type parityRank struct {
 	ringPos int
 
 	chain   []kvhash.Block // scratch
-	scratch []byte
+	scratch []byte         // the digests of the event being checked
 }
 
 // connected restarts the always-check window.
@@ -282,16 +282,30 @@ func (r *parityRank) check(e *kvevents.Event) {
 	}
 	k := ebs / c.BlockSize
 	extra := kvhash.Extra{LoRAName: e.LoRAName}
+	if parent == nil {
+		// Block 0 may carry the request's cache_salt in its extra keys.
+		salt, ok := firstBlockSalt(e.ExtraKeys, e.LoRAName)
+		if !ok {
+			r.unchecked(UncheckedNoTokenIDs) // the keys hold more than strings (multimodal): ids alone do not decide
+			return
+		}
+		extra.CacheSalt = salt
+	}
 	r.chain = r.chain[:0]
-	r.scratch = r.scratch[:0]
 	ok := true
 	p := parent
 	base := 1 // a chained event's first block is not the request's block 0
 	if parent == nil {
 		base = 0
 	}
+	// Digests land in one reused buffer, so a check does not allocate in
+	// steady state.
+	dl := h.DigestLen()
+	if need := len(e.BlockHashes) * k * dl; cap(r.scratch) < need {
+		r.scratch = make([]byte, need)
+	}
 	for i := range len(e.BlockHashes) * k {
-		d, u := h.Extend(p, base+i, e.TokenIDs[i*c.BlockSize:(i+1)*c.BlockSize], extra, nil)
+		d, u := h.Extend(p, base+i, e.TokenIDs[i*c.BlockSize:(i+1)*c.BlockSize], extra, r.scratch[i*dl:i*dl:(i+1)*dl])
 		p = d
 		if (i+1)%k == 0 {
 			if u != e.BlockHashes[i/k] {
@@ -621,4 +635,75 @@ func seedText(s kvhash.Seed) string {
 		return `""`
 	}
 	return s.Value
+}
+
+// firstBlockSalt reads the cache_salt from the raw msgpack extra_keys of a
+// BlockStored (one entry per block: nil or an array of keys; vLLM puts the
+// LoRA name first and the salt last, on block 0 only). ok is false when the
+// first entry holds anything but strings, such as multimodal hashes.
+func firstBlockSalt(raw []byte, lora string) (salt string, ok bool) {
+	if len(raw) == 0 || raw[0] == 0xc0 {
+		return "", true
+	}
+	n, off, ok := msgpackArray(raw, 0)
+	if !ok {
+		return "", false
+	}
+	if n == 0 || off >= len(raw) || raw[off] == 0xc0 {
+		return "", true
+	}
+	keys, off, ok := msgpackArray(raw, off)
+	if !ok {
+		return "", false
+	}
+	for i := 0; i < keys; i++ {
+		s, next, ok := msgpackStr(raw, off)
+		if !ok {
+			return "", false
+		}
+		off = next
+		if i == 0 && s == lora && lora != "" {
+			continue
+		}
+		salt = s
+	}
+	return salt, true
+}
+
+func msgpackArray(b []byte, off int) (n, next int, ok bool) {
+	if off >= len(b) {
+		return 0, 0, false
+	}
+	switch c := b[off]; {
+	case c >= 0x90 && c <= 0x9f:
+		return int(c & 0x0f), off + 1, true
+	case c == 0xdc && off+3 <= len(b):
+		return int(b[off+1])<<8 | int(b[off+2]), off + 3, true
+	case c == 0xdd && off+5 <= len(b):
+		return int(b[off+1])<<24 | int(b[off+2])<<16 | int(b[off+3])<<8 | int(b[off+4]), off + 5, true
+	}
+	return 0, 0, false
+}
+
+func msgpackStr(b []byte, off int) (s string, next int, ok bool) {
+	if off >= len(b) {
+		return "", 0, false
+	}
+	n, start := 0, 0
+	switch c := b[off]; {
+	case c >= 0xa0 && c <= 0xbf:
+		n, start = int(c&0x1f), off+1
+	case c == 0xd9 && off+2 <= len(b):
+		n, start = int(b[off+1]), off+2
+	case c == 0xda && off+3 <= len(b):
+		n, start = int(b[off+1])<<8|int(b[off+2]), off+3
+	case c == 0xdb && off+5 <= len(b):
+		n, start = int(b[off+1])<<24|int(b[off+2])<<16|int(b[off+3])<<8|int(b[off+4]), off+5
+	default:
+		return "", 0, false
+	}
+	if start+n > len(b) {
+		return "", 0, false
+	}
+	return string(b[start : start+n]), start + n, true
 }

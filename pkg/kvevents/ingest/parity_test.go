@@ -270,6 +270,48 @@ func TestParityUncheckedAndChained(t *testing.T) {
 	}
 }
 
+// TestParitySaltedFirstBlock: a request's cache_salt reaches the hash of its
+// block 0 only, and the event carries it in extra_keys; the check must use it
+// rather than call a salted request a mismatch.
+func TestParitySaltedFirstBlock(t *testing.T) {
+	rule := kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: 16, Seed: kvhash.SeedOf("0")}
+	h, _ := kvhash.New(rule)
+	r := rand.New(rand.NewPCG(11, 11))
+	cases := []struct {
+		name, lora, salt string
+		extraKeys        []byte // raw msgpack
+		checked          int
+		unchecked        string
+	}{
+		// [["s3cret"], nil, nil]
+		{name: "salt", salt: "s3cret", extraKeys: []byte{0x93, 0x91, 0xa6, 's', '3', 'c', 'r', 'e', 't', 0xc0, 0xc0}, checked: 1},
+		// [["ad", "s3cret"], ["ad"], ["ad"]]
+		{name: "lora-and-salt", lora: "ad", salt: "s3cret", extraKeys: []byte{0x93, 0x92, 0xa2, 'a', 'd', 0xa6, 's', '3', 'c', 'r', 'e', 't',
+			0x91, 0xa2, 'a', 'd', 0x91, 0xa2, 'a', 'd'}, checked: 1},
+		// [[[1, 2]], nil, nil]: a multimodal key, not a string
+		{name: "multimodal", extraKeys: []byte{0x93, 0x91, 0x92, 0x01, 0x02, 0xc0, 0xc0}, unchecked: UncheckedNoTokenIDs},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := newParityRecorder()
+			p := NewParity(ParityOptions{Hasher: h, Observer: rec})
+			ix, _ := inventory.New(inventory.Options{})
+			in := &Ingester{Inventory: ix}
+			in.EnableParity(p, EndpointRef{IP: "10.0.0.5"})
+			tokens := randTokens(r, 48)
+			ev := engineEvent(t, rule, tokens, tc.lora, true)
+			ev.BlockHashes = h.AppendHashes(nil, tokens, kvhash.Extra{LoRAName: tc.lora, CacheSalt: tc.salt})
+			ev.ExtraKeys = tc.extraKeys
+			if _, err := in.Apply(payloadOf(t, ev)); err != nil {
+				t.Fatal(err)
+			}
+			if rec.checked != tc.checked || rec.mismatches() != 0 || (tc.unchecked != "" && rec.unchecked[tc.unchecked] != 1) {
+				t.Fatalf("checked=%d mismatch=%v unchecked=%v", rec.checked, rec.mismatch, rec.unchecked)
+			}
+		})
+	}
+}
+
 func TestParityStateRecovers(t *testing.T) {
 	rule := kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: 16, Seed: kvhash.SeedOf("0")}
 	h, _ := kvhash.New(rule)
