@@ -27,6 +27,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
+	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
@@ -453,6 +454,11 @@ func (g *Gateway) remove(rule *config.Rule) {
 func (g *Gateway) newParity(rule *config.Rule, st *ruleState) *ingest.Parity {
 	if st.hasher == nil {
 		return nil
+	}
+	switch st.hasher.Contract().Algo {
+	case kvhash.SHA256CBOR, kvhash.XXHashCBOR, kvhash.SHA256, kvhash.XXHash:
+	default:
+		return nil // the check and its diagnosis know vLLM's chains only (docs/parity.md)
 	}
 	src := "LLB_KV_NONE_HASH_SEED"
 	if rule.Args.KVHashSeed != nil {

@@ -478,8 +478,12 @@ func firstDiff(a, b []uint32) int {
 func (r *Runner) checkParity(ctx context.Context, rule *config.Rule, facts []*endpointFacts, kv map[int]bool) []Check {
 	p := r.src.Parity(rule.ServiceID)
 	var out []Check
+	if p == nil && (rule.EffectiveHashAlgo() == "sha256_sglang" || rule.EffectiveHashAlgo() == "blockhash_trtllm") {
+		return append(out, Check{ID: CheckParity, EPIdx: -1, Result: Warn,
+			Detail: "no live parity check for " + rule.EffectiveHashAlgo() + ": it covers vLLM's algorithms only; the probe row still proves the hashes"})
+	}
 	if p == nil {
-		return append(out, Check{ID: CheckParity, EPIdx: -1, Result: Fail, Detail: "the rule has no usable hash contract",
+		return append(out, Check{ID: CheckParity, EPIdx: -1, Result: Fail, Detail: "no live parity check: the rule has no usable vLLM hash contract",
 			Fix: "set kvHashAlgo and the seed (LLB_KV_NONE_HASH_SEED or kvHashSeed) to the engines' --prefix-caching-hash-algo and PYTHONHASHSEED"})
 	}
 	byEP := map[int]ingest.ParityStatus{}
