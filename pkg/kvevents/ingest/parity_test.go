@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -49,19 +48,6 @@ func (r *parityRecorder) mismatches() int {
 	}
 	return n
 }
-
-// syncBuffer is a log sink safe for the diagnosis goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // engineEvent is a BlockStored as an engine with contract c publishes it for
 // tokens (hashLora: whether the LoRA name enters the hashes).
