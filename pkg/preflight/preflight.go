@@ -557,25 +557,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 		return c
 	}
 	// The first request's BlockStored events must carry the predicted hashes.
-	ep, stored := -1, 0
-	deadline := time.Now().Add(r.InventoryWait)
-	for ep < 0 && ctx.Err() == nil {
-		for _, f := range facts {
-			if !kv[f.ep.Idx] {
-				continue
-			}
-			inv, _ := r.src.Inventory(rule.ServiceID, f.ep.Idx)
-			n := countIn(inv, want)
-			stored = max(stored, n)
-			if n == len(want) {
-				ep = f.ep.Idx
-			}
-		}
-		if ep >= 0 || time.Now().After(deadline) || r.allMismatched(rule, kv) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	ep, stored := r.waitStored(ctx, rule, facts, kv, want)
 	if ep < 0 {
 		c.Result = Fail
 		c.Detail = fmt.Sprintf("no engine announced the %d block hashes kvgate predicted for the probe (best: %d; waited up to %v)", len(want), stored, r.InventoryWait)
@@ -601,8 +583,13 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 		return c
 	}
 	hits := r.src.Tier15Hits(rule.ServiceID, ep) - hits0
-	decision := resp.Header.Get("x-kvgate-decision")
-	eng1, _ := r.engineCounter(ctx, target, "vllm:prefix_cache_hits_total")
+	eng1, ok1 := r.engineCounter(ctx, target, "vllm:prefix_cache_hits_total")
+	return judgeRepeat(c, len(want), hits, resp.Header.Get("x-kvgate-decision"), engOK && ok1, eng1-eng0)
+}
+
+// judgeRepeat decides the probe from the repeat's three proofs of delivery.
+func judgeRepeat(c Check, predicted int, hits float64, decision string, engOK bool, engHits float64) Check {
+	ep := c.EPIdx
 	var problems []string
 	if hits < 1 {
 		problems = append(problems, fmt.Sprintf("loxilb_pd_kv_tier15_hits_total{ep_idx=%d} did not grow", ep))
@@ -610,12 +597,12 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	if decision != "" && (field(decision, "tier") != "1.5" || field(decision, "ep") != strconv.Itoa(ep)) {
 		problems = append(problems, "x-kvgate-decision: "+decision)
 	}
-	if engOK && eng1-eng0 <= 0 {
+	if engOK && engHits <= 0 {
 		problems = append(problems, "the engine's vllm:prefix_cache_hits_total did not grow")
 	}
-	proof := fmt.Sprintf("%d predicted hashes stored by ep_idx %d; second request: tier-1.5 hits +%.0f", len(want), ep, hits)
+	proof := fmt.Sprintf("%d predicted hashes stored by ep_idx %d; second request: tier-1.5 hits +%.0f", predicted, ep, hits)
 	if engOK {
-		proof += fmt.Sprintf(", engine prefix_cache_hits +%.0f", eng1-eng0)
+		proof += fmt.Sprintf(", engine prefix_cache_hits +%.0f", engHits)
 	}
 	if decision != "" {
 		proof += ", x-kvgate-decision: " + decision
@@ -629,6 +616,31 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	c.Result, c.Detail = Pass, proof
 	return c
+}
+
+// waitStored waits, bounded by InventoryWait, for a KV endpoint whose
+// mirrored inventory holds every predicted hash; it returns that endpoint
+// (-1: none) and the most predicted hashes any endpoint held.
+func (r *Runner) waitStored(ctx context.Context, rule *config.Rule, facts []*endpointFacts, kv map[int]bool, want []uint64) (ep, stored int) {
+	deadline := time.Now().Add(r.InventoryWait)
+	for ctx.Err() == nil {
+		for _, f := range facts {
+			if !kv[f.ep.Idx] {
+				continue
+			}
+			inv, _ := r.src.Inventory(rule.ServiceID, f.ep.Idx)
+			n := countIn(inv, want)
+			stored = max(stored, n)
+			if n == len(want) {
+				return f.ep.Idx, stored
+			}
+		}
+		if time.Now().After(deadline) || r.allMismatched(rule, kv) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return -1, stored
 }
 
 // allMismatched reports whether every KV endpoint's last checked

@@ -41,7 +41,7 @@ func preflightBins(t *testing.T) (enginesim, kvctl string) {
 		for _, c := range []string{"enginesim", "kvctl"} {
 			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, c), "../../cmd/"+c).CombinedOutput()
 			if err != nil {
-				binErr = fmt.Errorf("go build %s: %v\n%s", c, err, out)
+				binErr = fmt.Errorf("go build %s: %w\n%s", c, err, out)
 				return
 			}
 		}
