@@ -24,7 +24,8 @@ func (m *Metrics) scopes() *scoped {
 		s := &scoped{}
 		svcIdx := []partialDeleter{m.Tier15Hits, m.Tier15Spills, m.Tier15ColdSeeds, m.KVBlocks, m.KVBlocksOtherMedium,
 			m.EPInfo, m.Requests, m.RequestDuration, m.Inflight, m.ConnectFailures, m.PDCBFlips, m.CBState,
-			m.ProbeUp, m.ProbeTransitions, m.AdminDown, m.EngineQueued, m.EngineCapacity}
+			m.ProbeUp, m.ProbeTransitions, m.AdminDown, m.EngineQueued, m.EngineCapacity,
+			m.ParityChecked, m.ParityUnchecked, m.ParityMismatch, m.ParityState}
 		svcEP := []partialDeleter{m.SubscriberConnected, m.SubscriberReconnects, m.SubscriberRecvErrors, m.InvCapEvictions,
 			m.RankConnected, m.SubscriberGaps, m.SubscriberClears, m.SubscriberReplays, m.ReplayedBatches, m.EventBatches}
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
