@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,32 +23,16 @@ import (
 	"github.com/kvgate/kvgate/pkg/gateway"
 )
 
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
-)
-
-// preflightBins builds enginesim and kvctl once for the package's tests.
+// preflightBins builds enginesim and kvctl into a directory of t.
 func preflightBins(t *testing.T) (enginesim, kvctl string) {
 	t.Helper()
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "kvgate-preflight-bins-")
-		if binErr != nil {
-			return
+	dir := t.TempDir()
+	for _, c := range []string{"enginesim", "kvctl"} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, c), "../../cmd/"+c).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", c, err, out)
 		}
-		for _, c := range []string{"enginesim", "kvctl"} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, c), "../../cmd/"+c).CombinedOutput()
-			if err != nil {
-				binErr = fmt.Errorf("go build %s: %w\n%s", c, err, out)
-				return
-			}
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
 	}
-	return filepath.Join(binDir, "enginesim"), filepath.Join(binDir, "kvctl")
+	return filepath.Join(dir, "enginesim"), filepath.Join(dir, "kvctl")
 }
 
 // startEngineProcess runs the enginesim binary on host with args and env,
@@ -115,6 +98,9 @@ func startLoggedGateway(t *testing.T, block, stagingDir string) (*testGateway, *
 // where the hashes differ, and make kvctl preflight exit 1; the matched setup
 // passes with exit 0.
 func TestPreflightNamesEveryMismatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the enginesim and kvctl binaries")
+	}
 	enginesimBin, kvctlBin := preflightBins(t)
 	cases := []struct {
 		name     string

@@ -48,7 +48,7 @@ const (
 	paritySearchEvery = 10 * time.Second
 	// parityDigestCache bounds the per-rank map from a checked block's
 	// 64-bit hash to its full digest (the parent of the next event).
-	parityDigestCache = 8192
+	parityDigestCache = 2048
 	// DefaultParityBudget is the blocks per second a rank checks beyond
 	// the first events after a connect.
 	DefaultParityBudget = 4096
