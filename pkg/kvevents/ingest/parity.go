@@ -325,7 +325,7 @@ func (r *parityRank) check(e *kvevents.Event) {
 	if o := r.observer(); o != nil {
 		o.ParityChecked(r.ref)
 	}
-	r.p.verdict(r.ref, true, "")
+	r.p.verdict(r.ref, true)
 }
 
 // remember caches a checked block's digest, evicting the oldest when full.
@@ -366,7 +366,7 @@ func (r *parityRank) mismatch(e *kvevents.Event, parent []byte, reason string) {
 }
 
 // verdict folds one check result into the endpoint's state.
-func (p *Parity) verdict(ref EndpointRef, match bool, _ string) {
+func (p *Parity) verdict(ref EndpointRef, match bool) {
 	now := p.opts.Now()
 	p.mu.Lock()
 	e := p.endpoint(ref)
@@ -411,11 +411,14 @@ type candidate struct {
 }
 
 func (p *Parity) mismatch(ref EndpointRef, job diagJob, reason string) {
-	p.verdict(ref, false, reason)
+	p.verdict(ref, false)
 	now := p.opts.Now()
 	p.mu.Lock()
 	e := p.endpoint(ref)
 	found := e.found
+	if reason != "" {
+		found = nil // a cheap test decided (the event's own block_size explains it)
+	}
 	search := false
 	if reason == "" && found != nil && !job.chained && reproduces(*found, job) {
 		reason = p.reasonOf(*found)
@@ -427,9 +430,6 @@ func (p *Parity) mismatch(ref EndpointRef, job diagJob, reason string) {
 		// Decided without a search: still log it, once a minute.
 		if e.lastLog.IsZero() || now.Sub(e.lastLog) >= parityLogEvery {
 			e.lastLog = now
-			if reason == ParityBlockSize || reason == ParityGranularity {
-				found = nil // the event's own block_size explains it
-			}
 			e.diagnose = p.sentence(ref, reason, found, job)
 			p.opts.Logger.Warn("kv parity: the engine's block hashes differ from kvgate's; requests to it score no overlap",
 				"service", ref.Service, "ep_idx", ref.EPIdx, "reason", reason, "fix", e.diagnose)
