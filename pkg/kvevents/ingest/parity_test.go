@@ -338,3 +338,66 @@ func TestParityStateRecovers(t *testing.T) {
 }
 
 func with1(c kvhash.Contract) kvhash.Contract { c.Seed = kvhash.SeedOf("1"); return c }
+
+// FuzzFirstBlockSalt: extra_keys come from the wire; any bytes must give an
+// answer, never a panic or a read past the input.
+func FuzzFirstBlockSalt(f *testing.F) {
+	for _, seed := range [][]byte{
+		nil, {0xc0}, {0x93, 0x91, 0xa1, 'x', 0xc0, 0xc0}, {0x91, 0x92, 0xa2, 'a', 'd', 0xa1, 's'},
+		{0xdd, 0xff, 0xff, 0xff, 0xff}, {0x91, 0xdd, 0x7f, 0xff, 0xff, 0xff, 0xa1}, {0x91, 0x91, 0xdb, 0xff, 0xff, 0xff, 0xff},
+		{0x91, 0x91, 0xd9}, {0x91, 0x91, 0x01},
+	} {
+		f.Add(seed, "ad")
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, lora string) {
+		salt, ok := firstBlockSalt(raw, lora)
+		if len(salt) > len(raw) || (!ok && salt != "") {
+			t.Fatalf("salt %q ok %v from %x", salt, ok, raw)
+		}
+	})
+}
+
+// TestParityCoarserGroupBlocks: a KV-cache group of 32-token blocks over a
+// 16-token hash block (prefix_match_unit) publishes every 2nd hash of the
+// fine chain; that is a match, and a count of token ids that does not fit
+// the hashes is a granularity mismatch.
+func TestParityCoarserGroupBlocks(t *testing.T) {
+	rule := kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: 16, Seed: kvhash.SeedOf("0")}
+	h, _ := kvhash.New(rule)
+	r := rand.New(rand.NewPCG(13, 13))
+	tokens := randTokens(r, 128)
+	good := engineEvent(t, rule, tokens, "", true)
+	good.BlockHashes = EveryKth(h.AppendHashes(nil, tokens, kvhash.Extra{}), 2)
+	good.BlockSize = 32
+	short := good
+	short.TokenIDs = tokens[:100]
+	cases := []struct {
+		name     string
+		ev       kvevents.Event
+		mismatch string
+	}{
+		{"every-2nd-hash", good, ""},
+		{"token-count-off", short, ParityGranularity},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := newParityRecorder()
+			p := NewParity(ParityOptions{Hasher: h, Observer: rec, Logger: slog.New(slog.DiscardHandler)})
+			ix, _ := inventory.New(inventory.Options{})
+			in := &Ingester{Inventory: ix, Granularity: NewGranularity(16)}
+			in.EnableParity(p, EndpointRef{IP: "10.0.0.6"})
+			if _, err := in.Apply(payloadOf(t, tc.ev)); err != nil {
+				t.Fatal(err)
+			}
+			if tc.mismatch == "" {
+				if rec.checked != 1 || rec.mismatches() != 0 {
+					t.Fatalf("checked=%d mismatch=%v", rec.checked, rec.mismatch)
+				}
+				return
+			}
+			if rec.mismatch[tc.mismatch] != 1 {
+				t.Fatalf("mismatch=%v, want %s", rec.mismatch, tc.mismatch)
+			}
+		})
+	}
+}
