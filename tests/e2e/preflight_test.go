@@ -209,3 +209,43 @@ func hasRow(out, id, result string) bool {
 	}
 	return false
 }
+
+// TestPreflightPDRule runs the preflight (through the API) on the worked
+// example's P/D rule: the probe goes through the P/D path, its blocks land on
+// a prefill endpoint, and the repeat is a tier-1.5 hit there.
+func TestPreflightPDRule(t *testing.T) {
+	_, tg, id, _ := startPD(t, pdTopology(), nil, map[string]any{"kvWarmupSec": 0})
+	tg.waitSubscribed(t, id, 2)
+	resp, err := http.Post(tg.api+"/netlox/v1/config/ai/kv/preflight?service_id="+strconv.Itoa(id), "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rep struct {
+		Result string `json:"result"`
+		Checks []struct {
+			ID     string `json:"id"`
+			EPIdx  int    `json:"ep_idx"`
+			Result string `json:"result"`
+			Detail string `json:"detail"`
+		} `json:"checks"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %v", resp.StatusCode, err)
+	}
+	rows := map[string]int{}
+	for _, c := range rep.Checks {
+		t.Logf("%-9s %2d %-4s %s", c.ID, c.EPIdx, c.Result, c.Detail)
+		rows[c.ID]++
+		if c.Result == "fail" {
+			t.Errorf("%s ep %d failed: %s", c.ID, c.EPIdx, c.Detail)
+		}
+		if c.ID == "probe" && (c.Result != "pass" || (c.EPIdx != 0 && c.EPIdx != 2)) {
+			t.Errorf("probe %s on ep %d, want a pass on a prefill endpoint", c.Result, c.EPIdx)
+		}
+	}
+	// Health and metrics for all three endpoints; events and parity for the two prefill ones.
+	if rows["health"] != 3 || rows["metrics"] != 3 || rows["kv_events"] != 2 || rows["parity"] != 2 || rows["probe"] != 1 || rep.Result != "pass" {
+		t.Fatalf("rows %v result %s", rows, rep.Result)
+	}
+}
