@@ -17,8 +17,9 @@ type PreflightRunner interface {
 }
 
 // preflightTimeout bounds one preflight: every engine call inside is bounded
-// too, so this only caps a rule with many endpoints.
-const preflightTimeout = 90 * time.Second
+// too, so this only caps a rule with many endpoints. It stays below kvctl's
+// 60 s API timeout, so kvctl gets the report rather than a timeout.
+const preflightTimeout = 55 * time.Second
 
 // handlePreflight answers POST /netlox/v1/config/ai/kv/preflight?service_id=N[&probe=0]
 // with the report; a failed check is a 200 with "result":"fail", while a
