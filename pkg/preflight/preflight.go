@@ -91,16 +91,18 @@ type Source interface {
 type Runner struct {
 	src    Source
 	client *http.Client
+	// probeClient sends the probe requests through the VIP: a loaded
+	// engine may take longer than a metrics scrape to answer one.
+	probeClient *http.Client
 	// InventoryWait bounds the wait for the probe's BlockStored events.
 	InventoryWait time.Duration
 }
 
 // New returns a Runner reading src.
 func New(src Source) *Runner {
-	return &Runner{src: src, client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		Proxy: nil, DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, MaxIdleConnsPerHost: 1,
-		DisableKeepAlives: true, ResponseHeaderTimeout: 30 * time.Second,
-	}}, InventoryWait: 5 * time.Second}
+	tr := &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, DisableKeepAlives: true}
+	return &Runner{src: src, client: &http.Client{Timeout: 5 * time.Second, Transport: tr},
+		probeClient: &http.Client{Timeout: 20 * time.Second, Transport: tr}, InventoryWait: 5 * time.Second}
 }
 
 // maxBody bounds what the preflight reads from an engine or the VIP.
@@ -172,6 +174,10 @@ func (r *Runner) get(ctx context.Context, url string) (int, []byte, error) {
 }
 
 func (r *Runner) postJSON(ctx context.Context, url string, body any) (*http.Response, []byte, error) {
+	return r.postWith(ctx, r.client, url, body)
+}
+
+func (r *Runner) postWith(ctx context.Context, client *http.Client, url string, body any) (*http.Response, []byte, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, nil, err
@@ -181,7 +187,7 @@ func (r *Runner) postJSON(ctx context.Context, url string, body any) (*http.Resp
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := r.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -547,7 +553,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	vip := "http://" + net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port)) + "/v1/completions"
 	body := map[string]any{"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-	resp, _, err := r.postJSON(ctx, vip, body)
+	resp, _, err := r.postWith(ctx, r.probeClient, vip, body)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		code := 0
 		if resp != nil {
@@ -573,7 +579,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	hits0 := r.src.Tier15Hits(rule.ServiceID, ep)
 	eng0, engOK := r.engineCounter(ctx, target, "vllm:prefix_cache_hits_total")
-	resp, _, err = r.postJSON(ctx, vip, body)
+	resp, _, err = r.postWith(ctx, r.probeClient, vip, body)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		code := 0
 		if resp != nil {
