@@ -352,9 +352,12 @@ func (r *parityRank) mismatch(e *kvevents.Event, parent []byte, reason string) {
 	if o := r.observer(); o != nil {
 		o.ParityChecked(r.ref)
 	}
+	// The diagnosis hashes the first block only: keep just what it reads.
 	job := diagJob{
-		tokens:    append([]uint32(nil), e.TokenIDs...),
-		hashes:    append([]uint64(nil), e.BlockHashes...),
+		tokens:    append([]uint32(nil), e.TokenIDs[:min(len(e.TokenIDs), maxParityBlockSize)]...),
+		hashes:    append([]uint64(nil), e.BlockHashes[0]),
+		nHashes:   len(e.BlockHashes),
+		nTokens:   len(e.TokenIDs),
 		blockSize: e.BlockSize,
 		lora:      e.LoRAName,
 		chained:   parent != nil,
@@ -393,8 +396,10 @@ func (p *Parity) verdict(ref EndpointRef, match bool) {
 }
 
 type diagJob struct {
-	tokens    []uint32
-	hashes    []uint64
+	tokens    []uint32 // the event's first tokens, at most maxParityBlockSize
+	hashes    []uint64 // the event's first hash
+	nHashes   int      // the event's counts, for the granularity sentence
+	nTokens   int
 	blockSize int // the event's block_size (0: absent)
 	lora      string
 	chained   bool
@@ -602,7 +607,7 @@ func (p *Parity) sentence(ref EndpointRef, reason string, cand *candidate, job d
 	switch {
 	case reason == ParityGranularity:
 		return fmt.Sprintf("engine %s publishes %d token ids for %d hashes of block_size %d; kvgate cannot line them up with kvBlockSize=%d",
-			ip, len(job.tokens), len(job.hashes), job.blockSize, c.BlockSize)
+			ip, job.nTokens, job.nHashes, job.blockSize, c.BlockSize)
 	case reason == ParityBlockSize && cand == nil:
 		return fmt.Sprintf("engine %s publishes block_size %d, not a multiple of the rule's kvBlockSize=%d; set kvBlockSize to the engine's --block-size (or its prefix_match_unit)",
 			ip, job.blockSize, c.BlockSize)
