@@ -70,6 +70,11 @@ type Metrics struct {
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
+	// Live parity self-check (docs/parity.md).
+	ParityChecked   *prometheus.CounterVec // kvgate_kv_parity_checked_total{service,ep_idx}
+	ParityUnchecked *prometheus.CounterVec // kvgate_kv_parity_unchecked_total{service,ep_idx,cause}
+	ParityMismatch  *prometheus.CounterVec // kvgate_kv_parity_mismatch_total{service,ep_idx,reason}
+	ParityState     *prometheus.GaugeVec   // kvgate_kv_parity_state{service,ep_idx}
 
 	// Proxy (docs/dataplane.md).
 	TTFB             *prometheus.HistogramVec // loxilb_proxy_http_ttfb_seconds{service}
@@ -178,6 +183,10 @@ func New(opts Options) *Metrics {
 	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
+	m.ParityChecked = f.counter("kvgate_kv_parity_checked_total", "BlockStored events whose hashes kvgate recomputed under the rule's contract (match or mismatch).", "service", "ep_idx")
+	m.ParityUnchecked = f.counter("kvgate_kv_parity_unchecked_total", "BlockStored events the parity check could not verify (cause no_token_ids, parent_unknown, sampled_out).", "service", "ep_idx", "cause")
+	m.ParityMismatch = f.counter("kvgate_kv_parity_mismatch_total", "BlockStored events whose hashes differ from kvgate's, by what differs (reason seed, algo, block_size, granularity, lora, unknown).", "service", "ep_idx", "reason")
+	m.ParityState = f.gauge("kvgate_kv_parity_state", "Live parity of the endpoint's block hashes: -1 after 3 consecutive mismatches, 1 after a match with no mismatch for 60 s, 0 otherwise.", "service", "ep_idx")
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
 
 	m.TTFB = f.histogram("loxilb_proxy_http_ttfb_seconds", "Time from forwarding the request to the backend's first response byte.", ttfbBuckets, "service")
