@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,71 @@ func main() {
 		fmt.Fprintln(os.Stderr, "enginesim:", err)
 		os.Exit(2)
 	}
+}
+
+// applyEnv reads the environment variables vLLM reads: PYTHONHASHSEED and
+// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES.
+func applyEnv(cfg *enginesim.Config) error {
+	if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
+		cfg.PythonHashSeed, cfg.HashSeedSet = v, true
+	}
+	if v, ok := os.LookupEnv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"); ok {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=%q: want 0 or 1", v)
+		}
+		cfg.BytesBlockHashes = n == 0
+	}
+	return nil
+}
+
+// loadTokenizer loads --tokenizer into cfg; without one it warns (cfg.Logger
+// must be set) and the engine falls back to its byte-level tokenizer.
+func loadTokenizer(cfg *enginesim.Config, path string) error {
+	if path == "" {
+		cfg.Logger.Warn("no --tokenizer: text prompts use a byte-level tokenizer that matches no real model; token-id prompts are exact")
+		return nil
+	}
+	tok, err := enginesim.LoadTokenizer(path)
+	if err != nil {
+		return fmt.Errorf("--tokenizer: %w", err)
+	}
+	cfg.Tokenizer = tok
+	return nil
+}
+
+// checkReplicaFlags checks --replicas and that the per-replica lists, when
+// given, have one value per replica.
+func checkReplicaFlags(replicas int, blocks []int, speed []float64) error {
+	if replicas < 1 || replicas > 64 {
+		return errors.New("--replicas must be 1..64")
+	}
+	if len(blocks) > 0 && len(blocks) != replicas {
+		return fmt.Errorf("--replica-num-gpu-blocks has %d values for %d replicas", len(blocks), replicas)
+	}
+	if len(speed) > 0 && len(speed) != replicas {
+		return fmt.Errorf("--replica-gpu-speed has %d values for %d replicas", len(speed), replicas)
+	}
+	return nil
+}
+
+// waitAndClose blocks until SIGINT, SIGTERM or the end of ctx, then closes
+// every engine.
+func waitAndClose(ctx context.Context, log *slog.Logger, engines []*enginesim.Engine) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	select {
+	case got := <-sig:
+		log.Info("shutting down", "signal", got.String())
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+	}
+	for _, e := range engines {
+		if err := e.Close(); err != nil {
+			log.Warn("close", "id", e.ID(), "err", err)
+		}
+	}
+	log.Info("stopped")
 }
 
 func newCommand() *cobra.Command {
@@ -91,6 +157,9 @@ Example (three engines on separate loopback addresses, same ports):
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
+			if err := checkExplicitZeros(cmd, cfg); err != nil {
+				return err
+			}
 			if err := applyPerfFlags(cmd, &cfg, step, stepFloor); err != nil {
 				return err
 			}
@@ -100,53 +169,25 @@ Example (three engines on separate loopback addresses, same ports):
 				// vLLM spells an adapter name=path; only the name matters here.
 				cfg.LoRAModules[i], _, _ = strings.Cut(strings.TrimSpace(m), "=")
 			}
-			if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
-				cfg.PythonHashSeed, cfg.HashSeedSet = v, true
-			}
-			if v, ok := os.LookupEnv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"); ok {
-				n, err := strconv.Atoi(strings.TrimSpace(v))
-				if err != nil {
-					return fmt.Errorf("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=%q: want 0 or 1", v)
-				}
-				cfg.BytesBlockHashes = n == 0
+			if err := applyEnv(&cfg); err != nil {
+				return err
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			if tokenizerPath != "" {
-				tok, err := enginesim.LoadTokenizer(tokenizerPath)
-				if err != nil {
-					return fmt.Errorf("--tokenizer: %w", err)
-				}
-				cfg.Tokenizer = tok
-			} else {
-				cfg.Logger.Warn("no --tokenizer: text prompts use a byte-level tokenizer that matches no real model; token-id prompts are exact")
+			if err := loadTokenizer(&cfg, tokenizerPath); err != nil {
+				return err
 			}
-			if replicas < 1 || replicas > 64 {
-				return errors.New("--replicas must be 1..64")
-			}
-			if len(replicaBlocks) > 0 && len(replicaBlocks) != replicas {
-				return fmt.Errorf("--replica-num-gpu-blocks has %d values for %d replicas", len(replicaBlocks), replicas)
-			}
-			if len(replicaSpeed) > 0 && len(replicaSpeed) != replicas {
-				return fmt.Errorf("--replica-gpu-speed has %d values for %d replicas", len(replicaSpeed), replicas)
+			if err := checkReplicaFlags(replicas, replicaBlocks, replicaSpeed); err != nil {
+				return err
 			}
 			engines, err := startReplicas(cfg, replicas, cmd.Flags().Changed("kv-events-endpoint"), replicaBlocks, replicaSpeed)
 			if err != nil {
 				return err
 			}
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			got := <-sig
-			cfg.Logger.Info("shutting down", "signal", got.String())
-			for _, e := range engines {
-				if err := e.Close(); err != nil {
-					cfg.Logger.Warn("close", "id", e.ID(), "err", err)
-				}
-			}
-			cfg.Logger.Info("stopped")
+			waitAndClose(cmd.Context(), cfg.Logger, engines)
 			return nil
 		},
 	}
@@ -159,12 +200,14 @@ Example (three engines on separate loopback addresses, same ports):
 	f.StringSliceVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapter names served on the model, name[,name] (vLLM's name=path is accepted; the path is ignored): requests naming one hash with its lora_name")
 	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")
 	f.IntVar(&cfg.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")
+	f.IntVar(&cfg.HashBlockSize, "hash-block-size", 0, "hash block size when --block-size is a multiple of it (hybrid models, prefix_match_unit): events carry every k-th hash of the finer chain (0 = --block-size)")
 	f.StringVar(&cfg.HashAlgo, "prefix-caching-hash-algo", def.HashAlgo, "block hash: sha256_cbor, xxhash_cbor, sha256 (pickle) or xxhash (pickle)")
 	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", 0, "KV cache capacity in blocks, block 0 reserved as in vLLM (default: the profile's, 8192 with simple)")
 	f.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", `ZMQ PUB endpoint to bind (default "tcp://<host>:5557"; "none" disables events)`)
 	f.StringVar(&cfg.ReplayEndpoint, "kv-events-replay-endpoint", "", `ZMQ ROUTER for replay (default: PUB port + 1000 on the PUB host; "none" disables)`)
 	f.StringVar(&cfg.EventLayout, "event-layout", def.EventLayout, "KV-event payload layout: map (vLLM >= 0.26) or array (the last array layout, before 0.26)")
 	f.StringVar(&cfg.EventTopic, "kv-events-topic", "", `ZMQ topic frame (vLLM's default is "")`)
+	f.StringVar(&cfg.ReplayLayout, "replay-layout", "current", `replay reply shape: current (["", topic, seq, payload], vLLM today) or legacy (["", seq, payload])`)
 	f.IntVar(&cfg.ReplayBuffer, "kv-events-buffer-steps", def.ReplayBuffer, "batches kept for replay (vLLM buffer_steps)")
 	f.IntVar(&cfg.DataParallelRank, "data-parallel-rank", 0, "data_parallel_rank in event batches and the engine metric label")
 	f.StringVar(&role, "role", string(def.Role), "P/D role: both, prefill or decode (NixlConnector protocol)")
@@ -193,6 +236,26 @@ Example (three engines on separate loopback addresses, same ports):
 	f.Float64SliceVar(&replicaSpeed, "replica-gpu-speed", nil, "with --replicas: each engine's speed relative to its profile (2 = every step cost halved), one value per replica")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
+}
+
+// checkExplicitZeros rejects a zero given on the command line for a flag
+// whose zero means "the default" inside Config, so it is never taken silently.
+func checkExplicitZeros(cmd *cobra.Command, cfg enginesim.Config) error {
+	for _, f := range []struct {
+		name string
+		bad  bool
+	}{
+		{"num-gpu-blocks", cfg.NumGPUBlocks < 2},
+		{"max-num-seqs", cfg.MaxNumSeqs < 1},
+		{"max-num-batched-tokens", cfg.MaxNumBatchedTokens < 1},
+		{"time-scale", !(cfg.TimeScale > 0)},
+	} {
+		if f.bad && cmd.Flags().Changed(f.name) {
+			v := cmd.Flags().Lookup(f.name).Value.String()
+			return fmt.Errorf("--%s %s: must be positive (num-gpu-blocks at least 2)", f.name, v)
+		}
+	}
+	return nil
 }
 
 // applyPerfFlags resolves --perf-model and overrides the profile's step

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvevents"
 )
 
 // Role is the engine's part in prefill/decode disaggregation.
@@ -69,7 +71,12 @@ type Config struct {
 	Tokenizer Tokenizer
 
 	BlockSize int
-	HashAlgo  string // sha256_cbor | xxhash_cbor | sha256 | xxhash
+	// HashBlockSize is the hash block size when the KV block is a multiple
+	// of it (vLLM's hybrid models and prefix_match_unit): events then carry
+	// block_size BlockSize and, per block, the hash-chain value at its last
+	// hash boundary. 0 means BlockSize.
+	HashBlockSize int
+	HashAlgo      string // sha256_cbor | xxhash_cbor | sha256 | xxhash
 	// PythonHashSeed is the PYTHONHASHSEED value; HashSeedSet false means
 	// unset (vLLM's fixed "vllm-none-hash" for sha256*, random for xxhash*).
 	PythonHashSeed string
@@ -82,6 +89,10 @@ type Config struct {
 	EventLayout      string // "map" (vLLM >= 0.26), "array" (the last array layout) or "array-v0.15|v0.11|v0.9"
 	EventTopic       string // ZMQ topic frame; vLLM's default is ""
 	ReplayBuffer     int    // batches kept for replay (vLLM buffer_steps)
+	// ReplayLayout is the replay ROUTER's reply shape: "current" (every
+	// reply carries the topic frame, as vLLM does today; the default) or
+	// "legacy" (["", seq, payload], older vLLM). See docs/parity.md.
+	ReplayLayout     string
 	DataParallelRank int
 	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
 	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
@@ -147,6 +158,7 @@ func (c Config) withDefaults() Config {
 		c.PerfModel = PerfModelSimple
 	}
 	if prof, ok := LookupProfile(c.PerfModel); ok {
+		c.PerfModel = prof.Name
 		if c.Step == (StepPerf{}) {
 			c.Step = prof.Perf
 		}
@@ -231,6 +243,9 @@ func (c Config) validate() error {
 	if c.BlockSize < 1 || c.BlockSize > 4096 {
 		errs = append(errs, fmt.Errorf("block-size %d: want 1..4096", c.BlockSize))
 	}
+	if c.HashBlockSize < 0 || (c.HashBlockSize > 0 && c.BlockSize%c.HashBlockSize != 0) {
+		errs = append(errs, fmt.Errorf("hash-block-size %d: block-size %d must be a multiple of it", c.HashBlockSize, c.BlockSize))
+	}
 	if c.NumGPUBlocks < 2 || c.NumGPUBlocks > 1<<24 {
 		errs = append(errs, fmt.Errorf("num-gpu-blocks %d: want 2..16777216", c.NumGPUBlocks))
 	}
@@ -263,6 +278,21 @@ func (c Config) validate() error {
 	if c.MaxNumSeqs < 1 || c.MaxWaiting < 1 || c.MaxModelLen < 1 || c.DefaultMaxTokens < 1 || c.ReplayBuffer < 1 {
 		errs = append(errs, errors.New("max-num-seqs, max-waiting, max-model-len, default-max-tokens and the replay buffer must be positive"))
 	}
+	errs = append(errs, c.validateLoRA()...)
+	if c.DataParallelRank < 0 {
+		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
+	}
+	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
+		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
+	}
+	errs = append(errs, c.validateEventEndpoints()...)
+	return errors.Join(errs...)
+}
+
+// validateLoRA checks --lora-modules: non-empty trimmed names, distinct, none
+// the served model's own name.
+func (c Config) validateLoRA() []error {
+	var errs []error
 	seen := map[string]bool{}
 	for _, name := range c.LoRAModules {
 		switch {
@@ -275,9 +305,13 @@ func (c Config) validate() error {
 		}
 		seen[name] = true
 	}
-	if c.DataParallelRank < 0 {
-		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
-	}
+	return errs
+}
+
+// validateEventEndpoints checks the KV-event PUB and replay endpoints ("none"
+// disables either; an empty replay endpoint is derived from the PUB one).
+func (c Config) validateEventEndpoints() []error {
+	var errs []error
 	if c.KVEventsEndpoint != "none" {
 		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {
 			errs = append(errs, fmt.Errorf("kv-events-endpoint: %w", err))
@@ -288,7 +322,7 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("kv-events-replay-endpoint: %w", err))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // checkTCPEndpoint accepts tcp://host:port (vLLM's "*" host means all

@@ -77,33 +77,7 @@ func (e *Engine) handleDebugState(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var ds debugState
 	err := e.runInLoop(ctx, func(st *loopState) error {
-		ds = debugState{
-			EngineID:      e.cfg.ID,
-			NowUnixNano:   time.Now().UnixNano(),
-			Running:       len(st.running),
-			Waiting:       len(st.waiting),
-			KVBlocksUsed:  st.pool.usable() - st.pool.numFree,
-			KVBlocksTotal: st.pool.usable(),
-			BlockSize:     e.cfg.BlockSize,
-			Perf:          e.perfSummary(),
-		}
-		decodeSeqs, decodeContext := 0, 0
-		for _, q := range st.waiting {
-			ds.PendingPrefillTokens += e.pendingPrefill(st, q, true)
-		}
-		for _, q := range st.running {
-			if n := e.pendingPrefill(st, q, false); n > 0 {
-				ds.PendingPrefillTokens += n
-			} else {
-				decodeSeqs++
-				decodeContext += q.numTokens()
-			}
-		}
-		if e.cfg.stepped() {
-			ds.PredictedTTFTPer1k = e.cfg.Step.secondsPer1kNewTokens(e.cfg.MaxNumBatchedTokens, decodeSeqs, decodeContext)
-		} else {
-			ds.PredictedTTFTPer1k = 1000 * ds.Perf.PrefillSPerToken
-		}
+		ds = e.debugSnapshot(st, time.Now())
 		return nil
 	})
 	if err != nil {
@@ -111,6 +85,38 @@ func (e *Engine) handleDebugState(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ds)
+}
+
+// debugSnapshot is GET /debug/state, taken inside the engine loop.
+func (e *Engine) debugSnapshot(st *loopState, now time.Time) debugState {
+	ds := debugState{
+		EngineID:      e.cfg.ID,
+		NowUnixNano:   now.UnixNano(),
+		Running:       len(st.running),
+		Waiting:       len(st.waiting),
+		KVBlocksUsed:  st.pool.usable() - st.pool.numFree,
+		KVBlocksTotal: st.pool.usable(),
+		BlockSize:     e.cfg.BlockSize,
+		Perf:          e.perfSummary(),
+	}
+	decodeSeqs, decodeContext := 0, 0
+	for _, q := range st.waiting {
+		ds.PendingPrefillTokens += e.pendingPrefill(st, q, true)
+	}
+	for _, q := range st.running {
+		if n := e.pendingPrefill(st, q, false); n > 0 {
+			ds.PendingPrefillTokens += n
+		} else {
+			decodeSeqs++
+			decodeContext += q.numTokens()
+		}
+	}
+	if e.cfg.stepped() {
+		ds.PredictedTTFTPer1k = e.cfg.Step.secondsPer1kNewTokens(e.cfg.MaxNumBatchedTokens, decodeSeqs, decodeContext)
+	} else {
+		ds.PredictedTTFTPer1k = 1000 * ds.Perf.PrefillSPerToken
+	}
+	return ds
 }
 
 // handleDebugMatch answers how many tokens of a prompt the prefix cache

@@ -46,7 +46,7 @@ type request struct {
 	doRemoteDecode bool      // prefill role: keep the blocks for a decoder
 
 	arrival time.Time
-	out     chan stepOutput // capacity maxTokens+3: the loop never blocks
+	out     *outbox // loop to handler; never blocks the loop
 	ctx     context.Context
 
 	// Loop-owned state.
@@ -130,10 +130,10 @@ func (e *Engine) run() {
 			return
 		case r := <-e.submit:
 			if len(st.waiting) >= e.cfg.MaxWaiting {
-				r.out <- stepOutput{finished: true, err: errQueueFull}
+				r.out.send(stepOutput{finished: true, err: errQueueFull})
 				break
 			}
-			r.out <- stepOutput{accepted: true}
+			r.out.send(stepOutput{accepted: true})
 			st.waiting = append(st.waiting, r)
 		case r := <-e.abort:
 			e.abortRequest(st, r)
@@ -165,11 +165,11 @@ var errQueueFull = errors.New("waiting queue is full")
 
 func (e *Engine) shutdownLoop(st *loopState) {
 	for _, r := range st.waiting {
-		r.out <- stepOutput{finished: true, err: errEngineClosed}
+		r.out.send(stepOutput{finished: true, err: errEngineClosed})
 	}
 	for _, r := range st.running {
 		if !r.finished {
-			r.out <- stepOutput{finished: true, err: errEngineClosed}
+			r.out.send(stepOutput{finished: true, err: errEngineClosed})
 		}
 	}
 }
@@ -324,13 +324,13 @@ func (e *Engine) advance(st *loopState, r *request) {
 		e.metrics.ttft.Observe(ttft.Seconds())
 		r.emitted = 1
 		e.metrics.generationTokens.Inc()
-		r.out <- stepOutput{
+		r.out.send(stepOutput{
 			tokens:       r.output[:1],
 			first:        true,
 			cachedTokens: r.hitBlocks * bs,
 			queueTime:    e.model(r.scheduledAt.Sub(r.arrival)),
 			ttft:         ttft,
-		}
+		})
 	} else {
 		// This step computes the previous token and samples the next one.
 		computed := len(r.prompt) + r.emitted
@@ -338,7 +338,7 @@ func (e *Engine) advance(st *loopState, r *request) {
 			e.allocateBlock(st, r)
 		}
 		e.cacheComputed(st, r, computed)
-		r.out <- stepOutput{tokens: r.output[r.emitted : r.emitted+1]}
+		r.out.send(stepOutput{tokens: r.output[r.emitted : r.emitted+1]})
 		r.emitted++
 		e.metrics.generationTokens.Inc()
 	}
@@ -391,7 +391,7 @@ func (e *Engine) finishRequest(st *loopState, r *request, reason string) {
 		return
 	}
 	e.metrics.requestSuccess.WithLabelValues(reason).Inc()
-	r.out <- stepOutput{finished: true, finishReason: reason, kvTransferParams: params}
+	r.out.send(stepOutput{finished: true, finishReason: reason, kvTransferParams: params})
 }
 
 // kvTransferParams is what vLLM's NixlConnector returns from a prefill
@@ -493,7 +493,7 @@ func (e *Engine) newRequest(ctx context.Context, id string, prompt []uint32, ext
 		maxTokens: maxTokens,
 		output:    syntheticOutput(prompt, e.outVocab, maxTokens),
 		arrival:   time.Now(),
-		out:       make(chan stepOutput, maxTokens+3),
+		out:       newOutbox(),
 		ctx:       ctx,
 	}
 	for _, b := range e.hasher.AppendBlocks(nil, prompt, extra) {

@@ -58,35 +58,46 @@ type Profile struct {
 var profiles = []Profile{
 	{
 		Name:        "llama3-8b-h100",
-		Description: "Llama-3.1-8B-Instruct, BF16, one H100-80GB SXM (TP1)",
+		Description: "Llama-3.1-8B-Instruct, BF16, one H100-80GB SXM",
 		Perf: StepPerf{
 			StepFloorS:           0.0060,
-			PrefillSPerToken:     0.000030,
-			DecodeSPerSeq:        0.000030,
-			AttnSPerContextToken: 0.000000045,
+			PrefillSPerToken:     0.000020,
+			DecodeSPerSeq:        0.000015,
+			AttnSPerContextToken: 0.000000045, // 128 KiB of KV per token read at ~2.9 TB/s
 		},
-		NumGPUBlocks: 27000,
-		MaxNumSeqs:   1024,
+		NumGPUBlocks: 27000, // ~430k tokens: 72 GB less 16 GB of weights and activations, 128 KiB per token
+		MaxNumSeqs:   1024,  // vLLM's default on a >= 70 GiB GPU
 	},
 	{
-		Name:        "qwen2.5-32b-h100-tp2",
-		Description: "Qwen2.5-32B-Instruct, BF16, two H100-80GB SXM (TP2)",
+		Name:        "codellama-34b-h100-tp2",
+		Description: "CodeLlama-34B-Instruct, BF16, two H100-80GB SXM (tensor parallel 2)",
 		Perf: StepPerf{
-			StepFloorS:           0.0140,
-			PrefillSPerToken:     0.000065,
-			DecodeSPerSeq:        0.000060,
-			AttnSPerContextToken: 0.000000050,
+			StepFloorS:           0.0135,
+			PrefillSPerToken:     0.000050,
+			DecodeSPerSeq:        0.000020,
+			AttnSPerContextToken: 0.000000035, // 192 KiB of KV per token, half on each GPU
 		},
-		NumGPUBlocks: 11000,
+		NumGPUBlocks: 22000, // ~350k tokens: 34 GB per GPU left after 34 GB of weights, 96 KiB per token per GPU
 		MaxNumSeqs:   1024,
 	},
+}
+
+// profileAliases are earlier names of profiles, kept so configurations
+// written against them keep working: the first ~32B profile was named after
+// Qwen2.5-32B before its calibration settled on CodeLlama-34B, the ~32B
+// model Vidur measured on H100.
+var profileAliases = map[string]string{
+	"qwen2.5-32b-h100-tp2": "codellama-34b-h100-tp2",
 }
 
 // Profiles lists the named performance profiles (not "simple").
 func Profiles() []Profile { return slices.Clone(profiles) }
 
-// LookupProfile returns the profile called name.
+// LookupProfile returns the profile called name (or an alias of it).
 func LookupProfile(name string) (Profile, bool) {
+	if canonical, ok := profileAliases[name]; ok {
+		name = canonical
+	}
 	for _, p := range profiles {
 		if p.Name == name {
 			return p, true

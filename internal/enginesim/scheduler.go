@@ -24,6 +24,11 @@ import (
 // The step then takes its modelled time; when it ends, every request whose
 // known tokens are all computed samples one token.
 
+// maxStepLateness bounds how far back a step may start: a wake-up later than
+// this after the previous step's end means the engine sat idle, and the next
+// step starts now.
+const maxStepLateness = 2 * time.Millisecond
+
 // scheduled is one request's share of a step.
 type scheduled struct {
 	r         *request
@@ -52,19 +57,13 @@ func (e *Engine) runStepped() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var inFlight *stepPlan
-	var lastEnd time.Time
 	for {
 		select {
 		case <-e.closing:
 			e.shutdownLoop(st)
 			return
 		case r := <-e.submit:
-			if len(st.waiting) >= e.cfg.MaxWaiting {
-				r.out <- stepOutput{finished: true, err: errQueueFull}
-				break
-			}
-			r.out <- stepOutput{accepted: true}
-			st.waiting = append(st.waiting, r)
+			e.queueSubmitted(st, r)
 		case r := <-e.abort:
 			e.abortStepped(st, r)
 		case id := <-e.releaseLease:
@@ -77,6 +76,7 @@ func (e *Engine) runStepped() {
 		case <-timer.C:
 		}
 		now := time.Now()
+		var lastEnd time.Time
 		if inFlight != nil && !inFlight.end.After(now) {
 			e.completeStep(st, inFlight)
 			lastEnd = inFlight.end
@@ -86,9 +86,9 @@ func (e *Engine) runStepped() {
 		if inFlight == nil {
 			// A busy engine starts its next step when the last one ends;
 			// timer lateness on a loaded machine must not add up across
-			// steps, so a late wake-up starts from the previous end.
+			// steps, so a slightly late wake-up starts from the previous end.
 			start := now
-			if !lastEnd.IsZero() && now.Sub(lastEnd) < 2*time.Millisecond {
+			if !lastEnd.IsZero() && now.Sub(lastEnd) < maxStepLateness {
 				start = lastEnd
 			}
 			inFlight = e.scheduleStep(st, start)
@@ -96,26 +96,49 @@ func (e *Engine) runStepped() {
 		e.publishStep(st.pool.takeEvents(), now)
 		e.updateGauges(st)
 
-		var next time.Time
-		if inFlight != nil {
-			next = inFlight.end
+		rearm(timer, nextWake(st, inFlight))
+	}
+}
+
+// queueSubmitted queues a submitted request, or refuses it when the waiting queue is
+// full.
+func (e *Engine) queueSubmitted(st *loopState, r *request) {
+	if len(st.waiting) >= e.cfg.MaxWaiting {
+		r.out.send(stepOutput{finished: true, err: errQueueFull})
+		return
+	}
+	r.out.send(stepOutput{accepted: true})
+	st.waiting = append(st.waiting, r)
+}
+
+// nextWake is when the loop must run again without any message: the end of
+// the step in flight or the earliest lease expiry (zero: neither).
+func nextWake(st *loopState, inFlight *stepPlan) time.Time {
+	var next time.Time
+	if inFlight != nil {
+		next = inFlight.end
+	}
+	for _, l := range st.leases {
+		if next.IsZero() || l.expires.Before(next) {
+			next = l.expires
 		}
-		for _, l := range st.leases {
-			if next.IsZero() || l.expires.Before(next) {
-				next = l.expires
-			}
+	}
+	return next
+}
+
+// rearm resets timer to fire at next, or in an hour when next is zero (the
+// loop then waits for messages only).
+func rearm(timer *time.Timer, next time.Time) {
+	if !timer.Stop() {
+		select {
+		case <-timer.C:
+		default:
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		if next.IsZero() {
-			timer.Reset(time.Hour)
-		} else {
-			timer.Reset(max(time.Until(next), 0))
-		}
+	}
+	if next.IsZero() {
+		timer.Reset(time.Hour)
+	} else {
+		timer.Reset(max(time.Until(next), 0))
 	}
 }
 
@@ -309,15 +332,15 @@ func (e *Engine) completeStep(st *loopState, plan *stepPlan) {
 			e.metrics.ttft.Observe(ttft.Seconds())
 			r.emitted = 1
 			e.metrics.generationTokens.Inc()
-			r.out <- stepOutput{
+			r.out.send(stepOutput{
 				tokens:       r.output[:1],
 				first:        true,
 				cachedTokens: r.hitBlocks * e.cfg.BlockSize,
 				queueTime:    e.model(r.scheduledAt.Sub(r.arrival)),
 				ttft:         ttft,
-			}
+			})
 		} else {
-			r.out <- stepOutput{tokens: r.output[r.emitted : r.emitted+1]}
+			r.out.send(stepOutput{tokens: r.output[r.emitted : r.emitted+1]})
 			r.emitted++
 			e.metrics.generationTokens.Inc()
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,14 +15,15 @@ import (
 // with no goroutine and no wall clock: scheduleStep plans a step and
 // completeStep ends it at its modelled end.
 type schedHarness struct {
-	t   *testing.T
-	e   *Engine
-	st  *loopState
-	now time.Time
-	n   int
+	t      testing.TB
+	e      *Engine
+	st     *loopState
+	now    time.Time
+	n      int
+	events [][]poolEvent // each step's batch, as it would be published
 }
 
-func newSchedHarness(t *testing.T, cfg Config) *schedHarness {
+func newSchedHarness(t testing.TB, cfg Config) *schedHarness {
 	t.Helper()
 	if cfg.PerfModel == "" {
 		cfg.PerfModel = DefaultPerfModel
@@ -65,7 +67,9 @@ func (h *schedHarness) step() *stepPlan {
 	}
 	h.now = plan.end
 	h.e.completeStep(h.st, plan)
-	h.st.pool.takeEvents()
+	if ev := h.st.pool.takeEvents(); len(ev) > 0 && len(h.events) < 10000 {
+		h.events = append(h.events, ev)
+	}
 	return plan
 }
 
@@ -98,16 +102,12 @@ func (p *stepPlan) total() int {
 
 // drain returns the tokens a request has sent so far.
 func drain(r *request) (tokens []uint32, first bool, finished bool) {
-	for {
-		select {
-		case out := <-r.out:
-			tokens = append(tokens, out.tokens...)
-			first = first || out.first
-			finished = finished || out.finished
-		default:
-			return
-		}
+	for _, out := range r.out.take() {
+		tokens = append(tokens, out.tokens...)
+		first = first || out.first
+		finished = finished || out.finished
 	}
+	return
 }
 
 func TestSchedulerChunkedPrefillBudget(t *testing.T) {
@@ -293,5 +293,206 @@ func TestStepTimeGrowsWithBatch(t *testing.T) {
 				t.Fatalf("decode step times %v do not grow with the batch", steps)
 			}
 		})
+	}
+}
+
+// TestConcurrentPrefillsQueue: prompts that arrive together share the step
+// budget, so the later ones wait for the earlier ones' chunks (under the
+// simple model each had its own full-speed prefill).
+func TestConcurrentPrefillsQueue(t *testing.T) {
+	h := newSchedHarness(t, Config{})
+	start := h.now
+	var reqs []*request
+	for i := range 4 {
+		reqs = append(reqs, h.submit(seqIDs(100000*(i+1), 8000), 2))
+	}
+	var ttft []time.Duration
+	for range 20 {
+		h.step()
+		for len(ttft) < len(reqs) && reqs[len(ttft)].emitted > 0 {
+			ttft = append(ttft, h.now.Sub(start))
+		}
+		if len(ttft) == len(reqs) {
+			break
+		}
+	}
+	if len(ttft) != 4 {
+		t.Fatalf("only %d of 4 got a first token", len(ttft))
+	}
+	alone := h.e.cfg.Step.ColdTTFT(8000, h.e.cfg.MaxNumBatchedTokens)
+	for i, d := range ttft {
+		// The i-th prompt's first token comes after about i+1 prompts' worth of prefill.
+		lo, hi := time.Duration(float64(alone)*(float64(i)+0.8)), time.Duration(float64(alone)*(float64(i)+1.3))
+		if d < lo || d > hi {
+			t.Errorf("prompt %d: TTFT %v, want %v..%v (alone %v)", i, d, lo, hi, alone)
+		}
+	}
+}
+
+func TestPerfModelConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string
+		check   func(Config) bool
+	}{
+		{"zero is simple", Config{}, "", func(c Config) bool {
+			return c.PerfModel == PerfModelSimple && c.MaxNumSeqs == DefaultMaxNumSeqs && c.NumGPUBlocks == DefaultNumGPUBlocks
+		}},
+		{"profile defaults", Config{PerfModel: "codellama-34b-h100-tp2"}, "", func(c Config) bool {
+			p, _ := LookupProfile("codellama-34b-h100-tp2")
+			return c.Step == p.Perf && c.NumGPUBlocks == p.NumGPUBlocks && c.MaxNumSeqs == 1024 && c.MaxNumBatchedTokens == 8192 && c.TimeScale == 1
+		}},
+		{"alias", Config{PerfModel: "qwen2.5-32b-h100-tp2"}, "", func(c Config) bool { return c.PerfModel == "codellama-34b-h100-tp2" }},
+		{"overrides kept", Config{PerfModel: DefaultPerfModel, NumGPUBlocks: 500, MaxNumSeqs: 8, Step: StepPerf{StepFloorS: 0.001}}, "", func(c Config) bool {
+			return c.NumGPUBlocks == 500 && c.MaxNumSeqs == 8 && c.Step == StepPerf{StepFloorS: 0.001}
+		}},
+		{"half speed", Config{PerfModel: DefaultPerfModel}.WithSpeed(0.5), "", func(c Config) bool {
+			p, _ := LookupProfile(DefaultPerfModel)
+			return c.Step.StepFloorS == 2*p.Perf.StepFloorS && c.Step.PrefillSPerToken == 2*p.Perf.PrefillSPerToken
+		}},
+		{"unknown model", Config{PerfModel: "gpt-9"}, `perf-model "gpt-9": want one of simple, llama3-8b-h100, codellama-34b-h100-tp2`, nil},
+		{"negative cost", Config{PerfModel: DefaultPerfModel, Step: StepPerf{DecodeSPerSeq: -1}}, "step costs must be finite", nil},
+		{"zero speed", Config{PerfModel: DefaultPerfModel}.WithSpeed(0), "step costs must be finite", nil},
+		{"budget", Config{PerfModel: DefaultPerfModel, MaxNumBatchedTokens: -5}, "max-num-batched-tokens -5", nil},
+		{"no chunking needs a budget of max-model-len", Config{PerfModel: DefaultPerfModel, DisableChunkedPrefill: true}, "smaller than max-model-len", nil},
+		{"time scale", Config{TimeScale: -1}, "time-scale -1", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.cfg.withDefaults()
+			err := c.validate()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !tc.check(c) {
+				t.Fatalf("err %v, config %+v", err, c)
+			}
+		})
+	}
+}
+
+// TestSchedulerRemotePrefill: a decode engine given a prefill engine's KV
+// computes only the last prompt token, as vLLM with NixlConnector does, and
+// still caches the prompt's blocks.
+func TestSchedulerRemotePrefill(t *testing.T) {
+	h := newSchedHarness(t, Config{Role: RoleDecode})
+	r := h.submit(seqIDs(500, 100), 3)
+	r.remote = &remoteKV{engineID: "p", requestID: "x"}
+	plan := h.step()
+	if n, _ := plan.tokensOf(r); n != 1 || plan.load.prefillTokens != 1 {
+		t.Fatalf("scheduled %d tokens, want only the last prompt token", n)
+	}
+	if r.emitted != 1 || h.st.pool.cachedBlocks() != 6 {
+		t.Fatalf("emitted %d, cached blocks %d; want the first token and floor(100/16) = 6 blocks", r.emitted, h.st.pool.cachedBlocks())
+	}
+}
+
+// TestSteppedPrefillDecodeRoles runs the NixlConnector hand-off between two
+// engines on the step model.
+func TestSteppedPrefillDecodeRoles(t *testing.T) {
+	p := startEngine(t, Config{Role: RolePrefill, PerfModel: DefaultPerfModel, TimeScale: 0.01, Model: "m"})
+	d := startEngine(t, Config{Role: RoleDecode, PerfModel: DefaultPerfModel, TimeScale: 0.01, Model: "m"})
+	prompt := seqIDs(900, 100)
+	stub := map[string]any{"do_remote_decode": true}
+	pr := decodeCompletion(t, post(t, p.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1, "kv_transfer_params": stub}))
+	if ids, _ := pr.KVTransferParams["remote_block_ids"].([]any); len(ids) != 7 {
+		t.Fatalf("kv_transfer_params %v, want 7 remote blocks", pr.KVTransferParams)
+	}
+	dr := post(t, d.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 4, "kv_transfer_params": pr.KVTransferParams})
+	if c := decodeCompletion(t, dr); c.Usage.CompletionTokens != 4 {
+		t.Fatalf("decode usage %+v", c.Usage)
+	}
+	if m := scrape(t, d); !strings.Contains(m, `vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 99`) {
+		t.Errorf("decoder did not count 99 external hit tokens:\n%s", m)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, _ := p.Stats(context.Background())
+		if s.UsedBlocks == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prefill engine still pins %d blocks after the decoder read them", s.UsedBlocks)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSchedulerChunkedEvents: with chunks that end inside a block, every
+// prompt block is stored exactly once, in order, each BlockStored naming the
+// block before it as parent, in the step that computes it.
+func TestSchedulerChunkedEvents(t *testing.T) {
+	h := newSchedHarness(t, Config{MaxNumBatchedTokens: 100})
+	h.submit(seqIDs(100000, 10), 40) // two decoders take 2 tokens of every step's budget
+	h.submit(seqIDs(200000, 10), 40)
+	h.step()
+	long := h.submit(seqIDs(7, 250), 2)
+	h.events = nil
+	for long.emitted == 0 {
+		h.step()
+	}
+	mine := map[uint64]bool{}
+	for _, b := range long.chain {
+		mine[b.Wire] = true
+	}
+	var stored []uint64
+	var parents []uint64
+	for _, batch := range h.events {
+		for _, ev := range batch {
+			if ev.kind != eventStored || !mine[ev.hashes[0]] {
+				continue // the decoders' blocks
+			}
+			if len(stored) > 0 && (!ev.hasParent || ev.parent != stored[len(stored)-1]) {
+				t.Fatalf("BlockStored after %d blocks has parent %v/%x, want %x", len(stored), ev.hasParent, ev.parent, stored[len(stored)-1])
+			}
+			parents = append(parents, ev.parent)
+			stored = append(stored, ev.hashes...)
+		}
+	}
+	want := make([]uint64, 0, len(long.chain))
+	for _, b := range long.chain[:250/16] {
+		want = append(want, b.Wire)
+	}
+	if !slices.Equal(stored, want) {
+		t.Fatalf("stored %d blocks %x, want the prompt's %d full blocks %x", len(stored), stored, len(want), want)
+	}
+	if len(parents) < 3 {
+		t.Fatalf("%d BlockStored events for three chunks", len(parents))
+	}
+}
+
+// TestDebugSnapshot: pending_prefill_tokens counts the uncached tokens of
+// waiting requests (as a hit would be counted now) and the rest of running
+// prefills; the 1k-token TTFT prediction grows with the decoders beside it.
+func TestDebugSnapshot(t *testing.T) {
+	h := newSchedHarness(t, Config{MaxNumBatchedTokens: 100})
+	warm := seqIDs(1, 64)
+	h.submit(warm, 1)
+	h.runUntilIdle(10) // 64 tokens cached: 3 blocks count as a hit for a 64-token prompt
+	idle := h.e.debugSnapshot(h.st, h.now).PredictedTTFTPer1k
+
+	dec := h.submit(seqIDs(5000, 10), 50)
+	h.step() // dec prefills and decodes from now on
+	long := h.submit(seqIDs(9000, 250), 2)
+	h.step()                       // long gets 99 of its 250 tokens
+	h.submit(warm, 1)              // waiting: 64 - 48 cached = 16 tokens to prefill
+	h.submit(seqIDs(20000, 30), 1) // waiting: 30
+	ds := h.e.debugSnapshot(h.st, h.now)
+	if got, want := ds.PendingPrefillTokens, (250-long.numComputed)+16+30; got != want {
+		t.Fatalf("pending_prefill_tokens %d, want %d", got, want)
+	}
+	if ds.Running != 2 || ds.Waiting != 2 || dec.prefilling {
+		t.Fatalf("running %d waiting %d", ds.Running, ds.Waiting)
+	}
+	if !(ds.PredictedTTFTPer1k > idle) {
+		t.Fatalf("prediction %v with a decoder beside it, %v idle", ds.PredictedTTFTPer1k, idle)
+	}
+	p := h.e.cfg.Step
+	if a, b, c := p.secondsPer1kNewTokens(8192, 0, 0), p.secondsPer1kNewTokens(8192, 64, 64000), p.secondsPer1kNewTokens(8192, 512, 512000); !(a < b && b < c) {
+		t.Fatalf("prediction does not grow with decoders: %v %v %v", a, b, c)
 	}
 }

@@ -33,7 +33,7 @@ const notifyPath = "/enginesim/kv_transfer_done"
 // can run in one process; each has its own sockets and metric registry.
 type Engine struct {
 	cfg        Config
-	hasher     *kvhash.Hasher
+	hasher     *groupHasher
 	pool       *blockPool
 	metrics    *engineMetrics
 	pub        *publisher
@@ -106,7 +106,7 @@ func New(cfg Config) (*Engine, error) {
 		e.cfg.ID = net.JoinHostPort(cfg.Host, strconv.Itoa(port))
 	}
 	if cfg.KVEventsEndpoint != "none" {
-		e.pub, err = newPublisher(cfg.Logger, cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.EventTopic, cfg.ReplayBuffer)
+		e.pub, err = newPublisher(cfg.Logger, cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.EventTopic, cfg.ReplayBuffer, cfg.ReplayLayout)
 		if err != nil {
 			e.ln.Close()
 			return nil, fmt.Errorf("enginesim: %w", err)
@@ -134,7 +134,7 @@ func New(cfg Config) (*Engine, error) {
 
 // newHasher builds the block hasher; with the xxhash algorithms and
 // PYTHONHASHSEED unset it draws a random NONE_HASH seed as vLLM does.
-func newHasher(cfg Config) (*kvhash.Hasher, error) {
+func newHasher(cfg Config) (*groupHasher, error) {
 	algo, err := kvhash.ParseAlgo(cfg.HashAlgo)
 	if err != nil {
 		return nil, fmt.Errorf("enginesim: prefix-caching-hash-algo: %w", err)
@@ -143,16 +143,20 @@ func newHasher(cfg Config) (*kvhash.Hasher, error) {
 	if cfg.HashSeedSet {
 		seed = kvhash.SeedOf(cfg.PythonHashSeed)
 	}
-	h, err := kvhash.New(kvhash.Contract{Algo: algo, BlockSize: cfg.BlockSize, Seed: seed})
+	hb := cfg.HashBlockSize
+	if hb == 0 {
+		hb = cfg.BlockSize
+	}
+	h, err := kvhash.New(kvhash.Contract{Algo: algo, BlockSize: hb, Seed: seed})
 	if errors.Is(err, kvhash.ErrUnsetSeed) {
 		// vLLM: NONE_HASH = hash_fn(os.urandom(32).hex()).
 		cfg.Logger.Warn("PYTHONHASHSEED is unset with an xxhash algorithm: NONE_HASH is random, so no router can reproduce this engine's block hashes (parity is impossible); set PYTHONHASHSEED", "algo", algo)
-		h, err = kvhash.New(kvhash.Contract{Algo: algo, BlockSize: cfg.BlockSize, Seed: kvhash.SeedOf(randomHex(32))})
+		h, err = kvhash.New(kvhash.Contract{Algo: algo, BlockSize: hb, Seed: kvhash.SeedOf(randomHex(32))})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("enginesim: block hasher: %w", err)
 	}
-	return h, nil
+	return newGroupHasher(h, cfg.BlockSize, hb)
 }
 
 func randomHex(n int) string {
@@ -491,33 +495,29 @@ func (e *Engine) generate(w http.ResponseWriter, hr *http.Request, p genParams) 
 		return
 	}
 	resp := responder{e: e, w: w, p: p, id: publicID, created: time.Now().Unix()}
-	// The loop answers a submit at once: queued, or refused (queue full,
-	// shutting down) while the status can still say so.
-	select {
-	case out := <-req.out:
-		if !out.accepted {
-			resp.handle(req, out)
-			return
-		}
-	case <-ctx.Done():
-		e.cancel(req)
-		return
-	}
-	if p.stream {
-		// vLLM's server returns a StreamingResponse as soon as the request
-		// is queued, so the status and headers reach the client now and the
-		// first token later: TTFT is the first body byte after the head.
-		resp.startStream()
-	}
 	for {
 		select {
-		case out := <-req.out:
-			if done := resp.handle(req, out); done {
-				return
-			}
+		case <-req.out.signal:
 		case <-ctx.Done():
 			e.cancel(req)
 			return
+		}
+		for _, out := range req.out.take() {
+			if out.accepted {
+				// The loop answers a submit at once, so a refusal (queue
+				// full, shutting down) still gets its status. vLLM's server
+				// returns a StreamingResponse as soon as the request is
+				// queued: the status and headers reach the client now and
+				// the first token later, so TTFT is the first body byte
+				// after the head.
+				if p.stream {
+					resp.startStream()
+				}
+				continue
+			}
+			if done := resp.handle(req, out); done {
+				return
+			}
 		}
 	}
 }
@@ -631,31 +631,7 @@ func (rs *responder) handle(req *request, out stepOutput) bool {
 	}
 	rs.tokens = append(rs.tokens, out.tokens...)
 	if rs.p.stream {
-		if !rs.started {
-			rs.startStream()
-		}
-		if out.first && rs.p.kind == "chatcmpl" {
-			// vLLM sends the role chunk with the first output, not with the head.
-			rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model,
-				Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: ""}}}})
-		}
-		if len(out.tokens) > 0 {
-			rs.sseText(rs.delta(), nil)
-		}
-		if out.finished {
-			reason := out.finishReason
-			rs.sseText("", &reason)
-			if rs.p.includeUsage {
-				if rs.p.kind == "chatcmpl" {
-					rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model, Choices: []chatStreamChoice{}, Usage: rs.usage()})
-				} else {
-					rs.sse(completionStreamChunk{ID: rs.id, Object: "text_completion", Created: rs.created, Model: rs.e.cfg.Model, Choices: []completionChoice{}, Usage: rs.usage()})
-				}
-			}
-			rs.sseDone()
-			return true
-		}
-		return false
+		return rs.handleStream(out)
 	}
 	if !out.finished {
 		return false
@@ -676,6 +652,36 @@ func (rs *responder) handle(req *request, out stepOutput) bool {
 		})
 	}
 	return true
+}
+
+// handleStream sends one output of a streamed response as SSE chunks; it
+// returns true when the stream is done.
+func (rs *responder) handleStream(out stepOutput) bool {
+	if !rs.started {
+		rs.startStream()
+	}
+	if out.first && rs.p.kind == "chatcmpl" {
+		// vLLM sends the role chunk with the first output, not with the head.
+		rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model,
+			Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: ""}}}})
+	}
+	if len(out.tokens) > 0 {
+		rs.sseText(rs.delta(), nil)
+	}
+	if out.finished {
+		reason := out.finishReason
+		rs.sseText("", &reason)
+		if rs.p.includeUsage {
+			if rs.p.kind == "chatcmpl" {
+				rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model, Choices: []chatStreamChoice{}, Usage: rs.usage()})
+			} else {
+				rs.sse(completionStreamChunk{ID: rs.id, Object: "text_completion", Created: rs.created, Model: rs.e.cfg.Model, Choices: []completionChoice{}, Usage: rs.usage()})
+			}
+		}
+		rs.sseDone()
+		return true
+	}
+	return false
 }
 
 // delta is vLLM's incremental detokenization: decode a short window and emit

@@ -13,9 +13,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// eventVectors mirrors testdata/vllm_event_vectors.json, a verbatim copy of
-// /work/shared/vectors/vllm_event_vectors.json (payloads written by msgspec
-// from vLLM's own struct definitions).
+// eventVectors mirrors testdata/vllm_event_vectors.json, the project's vLLM
+// event vectors copied verbatim (payloads written by msgspec from vLLM's own
+// struct definitions; docs/parity.md).
 type eventVectors struct {
 	TS       float64 `json:"ts"`
 	Payloads []struct {
@@ -386,7 +386,8 @@ func TestZMQExchangeVectors(t *testing.T) {
 			}
 		}
 	}
-	// DEALER view: replies then the end marker.
+	// DEALER view: replies then the end marker. The vectors were recorded
+	// from a vLLM before replies carried the topic (the legacy layout).
 	for i, frames := range v.ZMQ.ReplayDEALER {
 		raw := make([][]byte, len(frames))
 		for j, f := range frames {
@@ -402,9 +403,9 @@ func TestZMQExchangeVectors(t *testing.T) {
 		}
 		var want [][]byte
 		if last {
-			want = ReplayEnd()
+			want = ReplayEnd(ReplayLayoutLegacy)
 		} else {
-			want = ReplayReply(seq, payload)
+			want = ReplayReply(ReplayLayoutLegacy, nil, seq, payload)
 			if err := d.Decode(payload, &b); err != nil {
 				t.Errorf("reply %d payload: %v", i, err)
 			}

@@ -24,13 +24,14 @@ func (m *Metrics) scopes() *scoped {
 		s := &scoped{}
 		svcIdx := []partialDeleter{m.Tier15Hits, m.Tier15Spills, m.Tier15ColdSeeds, m.KVBlocks, m.KVBlocksOtherMedium,
 			m.EPInfo, m.Requests, m.RequestDuration, m.Inflight, m.ConnectFailures, m.PDCBFlips, m.CBState,
-			m.ProbeUp, m.ProbeTransitions, m.AdminDown, m.EngineQueued, m.EngineCapacity}
+			m.ProbeUp, m.ProbeTransitions, m.AdminDown, m.EngineQueued, m.EngineCapacity,
+			m.ParityChecked, m.ParityUnchecked, m.ParityMismatch, m.ParityState}
 		svcEP := []partialDeleter{m.SubscriberConnected, m.SubscriberReconnects, m.SubscriberRecvErrors, m.InvCapEvictions,
 			m.RankConnected, m.SubscriberGaps, m.SubscriberClears, m.SubscriberReplays, m.ReplayedBatches, m.EventBatches}
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
-			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration}
+			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration, m.KVSkips}
 		s.byEPIdx = svcIdx
 		s.bySubscriber = svcEP
 		s.byService = append(append(append([]partialDeleter{}, svcIdx...), svcEP...), svcOnly...)
@@ -41,7 +42,7 @@ func (m *Metrics) scopes() *scoped {
 
 // InitRule pre-creates a rule's series at 0: the nine miss reasons, the
 // fallthrough counter and the tier-1 hit counters, so that rate() and the
-// spec's §9 assertions work before the first request. Calling it again for
+// go/no-go assertions of docs/deploy.md work before the first request. Calling it again for
 // the same rule is harmless.
 func (m *Metrics) InitRule(service int) {
 	s := itoa(service)
@@ -179,6 +180,13 @@ func (m *Metrics) SubscriberClear(service, epIdx int, reason string) {
 	m.SubscriberClears.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
 }
 
+// KVSkip counts a request whose KV tier was skipped for a named cause:
+// block_size (guard reason hashes), or a request-side bound (reason
+// tokenize; docs/tokenizer.md, Bounds).
+func (m *Metrics) KVSkip(service int, cause string) {
+	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
+}
+
 // SubscriberReplay counts a replay request; outcome is ok, error or unavailable.
 func (m *Metrics) SubscriberReplay(service, epIdx int, outcome string) {
 	m.SubscriberReplays.WithLabelValues(itoa(service), itoa(epIdx), outcome).Inc()
@@ -218,6 +226,11 @@ func (m *Metrics) SetInflight(service, epIdx, n int) {
 // ConnectFailure counts a failed backend dial.
 func (m *Metrics) ConnectFailure(service, epIdx int) {
 	m.ConnectFailures.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
+}
+
+// BrokenResponse counts a response the backend cut before its body's end.
+func (m *Metrics) BrokenResponse(service, epIdx int) {
+	m.BrokenResponses.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
 }
 
 // ObserveStage records one decision stage's latency (DecisionStages).
@@ -378,3 +391,28 @@ func (s *splicedBytes) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v), p)
 	}
 }
+
+// Parity self-check (docs/parity.md).
+
+// ParityCheckedInc counts one checked BlockStored of (service, epIdx).
+func (m *Metrics) ParityCheckedInc(service, epIdx int) {
+	m.ParityChecked.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
+}
+
+// ParityUncheckedInc counts one BlockStored that could not be checked.
+func (m *Metrics) ParityUncheckedInc(service, epIdx int, cause string) {
+	m.ParityUnchecked.WithLabelValues(itoa(service), itoa(epIdx), cause).Inc()
+}
+
+// ParityMismatchInc counts one BlockStored whose hashes differ, by reason.
+func (m *Metrics) ParityMismatchInc(service, epIdx int, reason string) {
+	m.ParityMismatch.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
+}
+
+// SetParityState sets kvgate_kv_parity_state (-1, 0 or 1).
+func (m *Metrics) SetParityState(service, epIdx, state int) {
+	m.ParityState.WithLabelValues(itoa(service), itoa(epIdx)).Set(float64(state))
+}
+
+// Panicked implements recovery.Observer: kvgate_panics_total{where}.
+func (m *Metrics) Panicked(where string) { m.Panics.WithLabelValues(where).Inc() }

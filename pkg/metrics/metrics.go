@@ -2,10 +2,10 @@
 // kvgate, registered against one *prometheus.Registry that the management API
 // serves on GET /netlox/v1/metrics and /metrics.
 //
-// Names and labels follow the spec (§10.2) and the reference gateway
-// (LOXILB_REFERENCE.md §3), so dashboards and the spec's §9 go/no-go checks
-// work unchanged. Where kvgate adds a label to a reference series it says so;
-// series of kvgate's own use the kvgate_ prefix.
+// Names and labels are LoxiLB's (the table in docs/api.md), so dashboards
+// and the go/no-go checks of docs/deploy.md work unchanged. Where kvgate
+// adds a label to a LoxiLB series it says so; series of kvgate's own use the
+// kvgate_ prefix.
 //
 // Other packages do not import this one: each defines a small observer
 // interface, and the daemon adapts *Metrics to it with the helper methods
@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -42,7 +43,7 @@ type Options struct {
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	// KV tier (spec §10.2; reference §3.1). kvgate adds the service label to
+	// KV tier (docs/selection.md). kvgate adds the service label to
 	// the hit, miss, fallthrough, spill and cold-seed counters so that several
 	// rules do not collide; queries by ep_idx or reason keep working.
 	Tier15Hits        *prometheus.CounterVec // loxilb_pd_kv_tier15_hits_total{service,ep_idx}
@@ -54,7 +55,7 @@ type Metrics struct {
 	Tier1SessionHits  *prometheus.CounterVec // kvgate_tier1_session_hits_total{service}
 	Tier1TrieHits     *prometheus.CounterVec // kvgate_tier1_trie_hits_total{service}
 
-	// Inventory and subscribers (reference §3.1, plus kvgate's own).
+	// Inventory and subscribers (LoxiLB's, plus kvgate's own; docs/ingest.md).
 	KVBlocks             *prometheus.GaugeVec   // loxilb_pd_kv_blocks{service,ep_idx}
 	KVBlocksOtherMedium  *prometheus.GaugeVec   // kvgate_kv_blocks_other_medium{service,ep_idx}
 	EPInfo               *prometheus.GaugeVec   // loxilb_pd_ep_info{service,ep_idx,ep,addr}
@@ -65,16 +66,23 @@ type Metrics struct {
 	RankConnected        *prometheus.GaugeVec   // kvgate_kv_subscriber_rank_connected{service,ep,rank}
 	SubscriberGaps       *prometheus.CounterVec // kvgate_kv_subscriber_gaps_total{service,ep,kind}
 	SubscriberClears     *prometheus.CounterVec // kvgate_kv_subscriber_clears_total{service,ep,reason}
+	KVSkips              *prometheus.CounterVec // kvgate_kv_skip_total{service,cause}
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
+	// Live parity self-check (docs/parity.md).
+	ParityChecked   *prometheus.CounterVec // kvgate_kv_parity_checked_total{service,ep_idx}
+	ParityUnchecked *prometheus.CounterVec // kvgate_kv_parity_unchecked_total{service,ep_idx,cause}
+	ParityMismatch  *prometheus.CounterVec // kvgate_kv_parity_mismatch_total{service,ep_idx,reason}
+	ParityState     *prometheus.GaugeVec   // kvgate_kv_parity_state{service,ep_idx}
 
-	// Proxy (issue 8).
+	// Proxy (docs/dataplane.md).
 	TTFB             *prometheus.HistogramVec // loxilb_proxy_http_ttfb_seconds{service}
 	Requests         *prometheus.CounterVec   // kvgate_requests_total{service,ep_idx,outcome}
 	RequestDuration  *prometheus.HistogramVec // kvgate_request_duration_seconds{service,ep_idx,outcome}
 	Inflight         *prometheus.GaugeVec     // kvgate_endpoint_inflight{service,ep_idx}
 	ConnectFailures  *prometheus.CounterVec   // kvgate_backend_connect_failures_total{service,ep_idx}
+	BrokenResponses  *prometheus.CounterVec   // kvgate_backend_broken_responses_total{service,ep_idx}
 	DecisionStage    *prometheus.HistogramVec // kvgate_decision_stage_seconds{service,stage}
 	DecisionTier     *prometheus.CounterVec   // kvgate_decisions_total{service,tier}
 	SelectFailures   *prometheus.CounterVec   // loxilb_lb_select_failure_shutdown_total{service}
@@ -82,7 +90,7 @@ type Metrics struct {
 	AIRequestSeconds *prometheus.HistogramVec // loxilb_ai_request_duration_seconds{model,tenant}
 	AIActiveStreams  *prometheus.GaugeVec     // loxilb_ai_active_streams{model}
 
-	// P/D (issue 9; reference §3.2 and §3.3).
+	// P/D, circuit breaker and admission (LoxiLB's names; docs/pd.md).
 	PDSessionsActive   *prometheus.GaugeVec     // loxilb_pd_sessions_active{service}
 	PDTrieNodes        *prometheus.GaugeVec     // loxilb_pd_trie_nodes{service}
 	PDCBFlips          *prometheus.CounterVec   // loxilb_pd_cb_flips_total{service,ep_idx}
@@ -105,16 +113,19 @@ type Metrics struct {
 	AIPDKVParamsMiss   *prometheus.CounterVec   // loxilb_ai_pd_kv_params_missing_total{model}
 	AIPDSessionHits    *prometheus.CounterVec   // loxilb_ai_pd_session_hits_total{model}
 
-	// Health (issue 9).
+	// Health (docs/health.md).
 	ProbeUp          *prometheus.GaugeVec   // kvgate_endpoint_probe_up{service,ep_idx}
 	ProbeTransitions *prometheus.CounterVec // kvgate_endpoint_probe_transitions_total{service,ep_idx,to}
 	AdminDown        *prometheus.GaugeVec   // kvgate_endpoint_admin_down{service,ep_idx}
 	EngineQueued     *prometheus.GaugeVec   // kvgate_endpoint_engine_waiting{service,ep_idx}
 	EngineCapacity   *prometheus.GaugeVec   // kvgate_endpoint_capacity_blocks{service,ep_idx}
 
-	// Data path (issue 10).
+	// Data path (docs/body-leg.md).
 	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
 	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
+
+	// Reliability: recovered panics.
+	Panics *prometheus.CounterVec // kvgate_panics_total{where}
 
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
@@ -169,8 +180,13 @@ func New(opts Options) *Metrics {
 	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
 	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
 	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
+	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
+	m.ParityChecked = f.counter("kvgate_kv_parity_checked_total", "BlockStored events whose hashes kvgate recomputed under the rule's contract (match or mismatch).", "service", "ep_idx")
+	m.ParityUnchecked = f.counter("kvgate_kv_parity_unchecked_total", "BlockStored events the parity check could not verify (cause no_token_ids, parent_unknown, sampled_out).", "service", "ep_idx", "cause")
+	m.ParityMismatch = f.counter("kvgate_kv_parity_mismatch_total", "BlockStored events whose hashes differ from kvgate's, by what differs (reason seed, algo, block_size, granularity, lora, unknown).", "service", "ep_idx", "reason")
+	m.ParityState = f.gauge("kvgate_kv_parity_state", "Live parity of the endpoint's block hashes: -1 after 3 consecutive mismatches, 1 after a match with no mismatch for 60 s, 0 otherwise.", "service", "ep_idx")
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
 
 	m.TTFB = f.histogram("loxilb_proxy_http_ttfb_seconds", "Time from forwarding the request to the backend's first response byte.", ttfbBuckets, "service")
@@ -178,6 +194,7 @@ func New(opts Options) *Metrics {
 	m.RequestDuration = f.histogram("kvgate_request_duration_seconds", "Proxied request duration, from the request head to the end of the response.", requestBuckets, "service", "ep_idx", "outcome")
 	m.Inflight = f.gauge("kvgate_endpoint_inflight", "In-flight requests on the endpoint (the bounded-load cap's input).", "service", "ep_idx")
 	m.ConnectFailures = f.counter("kvgate_backend_connect_failures_total", "Backend connect failures (each re-enters selection with the endpoint excluded).", "service", "ep_idx")
+	m.BrokenResponses = f.counter("kvgate_backend_broken_responses_total", "Responses the backend cut before their body's end (chunked without its last chunk, Content-Length short); the client connection was closed.", "service", "ep_idx")
 	m.DecisionStage = f.histogram("kvgate_decision_stage_seconds", "Time spent per routing-decision stage (extract, tokenize, hash, score, select).", stageBuckets, "service", "stage")
 	m.DecisionTier = f.counter("kvgate_decisions_total", "Routing decisions by the tier that made them (1-session, 1-trie, 1.5, 2, selector, decode-only).", "service", "tier")
 	m.SelectFailures = f.counter("loxilb_lb_select_failure_shutdown_total", "Client connections closed because no endpoint could be selected.", "service")
@@ -216,6 +233,11 @@ func New(opts Options) *Metrics {
 	m.DatapathInfo = f.gauge("kvgate_datapath_info", "Always 1 for the response body path in use (sockmap or userspace).", "path")
 	m.spliced = newSplicedBytes()
 	reg.MustRegister(m.spliced)
+
+	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
+	for _, w := range recovery.Wheres {
+		m.Panics.WithLabelValues(w)
+	}
 
 	m.Rules = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_rules", Help: "Load-balancer rules configured."})
 	reg.MustRegister(m.Rules)

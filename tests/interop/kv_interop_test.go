@@ -136,9 +136,9 @@ type pyPublisher struct {
 	out *bufio.Reader
 }
 
-func startPython(t *testing.T, pubEP, replayEP string) *pyPublisher {
+func startPython(t *testing.T, pubEP, replayEP string, args ...string) *pyPublisher {
 	t.Helper()
-	cmd := exec.Command(testpy.Python, "kv_publisher.py", pubEP, replayEP)
+	cmd := exec.Command(testpy.Python, append([]string{"kv_publisher.py", pubEP, replayEP}, args...)...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -316,7 +316,6 @@ func TestLibzmqPublisherGoldenPayloads(t *testing.T) {
 	if got := ix.MediumBlocks(0)["CPU"]; got != 1 {
 		t.Errorf("CPU blocks = %d, want 1", got)
 	}
-	seq++
 
 	// Finally the engine restarts: the captured PUB frames (seq 0 and 1,
 	// topic "kv-events") go out after the replay buffer is reset.

@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/selector"
 )
 
 // Profile is one engine fleet: how many engines, which enginesim
@@ -185,12 +186,16 @@ func (f *Front) Close() {
 // tests/e2e do) with a kvExactMode 3 rule over the fleet and waits until it
 // follows every engine's KV events. The data path is the userspace copy, the
 // same hop the bench proxy makes.
-func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb config.LBMode) (*Front, error) {
+//
+// lb is a LOXILB_KV_LB_MODE value; "" is kvgate's default.
+func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb string) (*Front, error) {
 	settings := config.DefaultSettings()
 	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
-	if lb != "" {
-		settings.LBMode = lb
+	mode, err := selector.ParseLBMode(lb)
+	if err != nil {
+		return nil, fmt.Errorf("kvgate: %w", err)
 	}
+	settings.LBMode = mode
 	g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: env.StagingDir, Datapath: "userspace", DecisionHeader: true,
 		Logger: env.Log, ShutdownGrace: 2 * time.Second})
 	if err != nil {
@@ -272,8 +277,7 @@ var Policies = []string{"kvgate", "kvgate-off", "kvgate-soft", "kvgate-adaptive"
 // StartFront starts policy name in front of the fleet.
 func StartFront(ctx context.Context, env *Env, f *Fleet, p Profile, name string) (*Front, error) {
 	if lb, ok := strings.CutPrefix(name, "kvgate"); ok {
-		mode := config.LBMode(strings.TrimPrefix(lb, "-"))
-		return StartKVGate(ctx, env, f, mode)
+		return StartKVGate(ctx, env, f, strings.TrimPrefix(lb, "-"))
 	}
 	urls := f.URLs()
 	var pol Policy
