@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	pb "github.com/kvgate/kvgate/pkg/aictrl/aictrlpb"
 	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/internal/testnet"
+	pb "github.com/kvgate/kvgate/pkg/aictrl/aictrlpb"
 )
 
 func startEngine(t *testing.T, host string, blocks int) *enginesim.Engine {
