@@ -1,0 +1,107 @@
+package selector
+
+import (
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/epset"
+)
+
+func setOf(eps ...int) epset.Set {
+	var s epset.Set
+	for _, e := range eps {
+		s.Add(e)
+	}
+	return s
+}
+
+func TestAdviceCapacity(t *testing.T) {
+	e := newEnv(t, poolRule(3, 0), noSeed())
+	for ep := range 3 {
+		e.engine.blocks[ep] = 1000
+	}
+	cases := []struct {
+		name string
+		adv  *Advice
+		want [3]int64
+	}{
+		{"static", nil, [3]int64{1000, 1000, 1000}},
+		{"weights multiply; 0 floors to 1; absent is static", &Advice{Weight: map[int]int{0: 50, 1: 0}}, [3]int64{500, 1, 1000}},
+		{"out of range is clamped", &Advice{Weight: map[int]int{0: 250, 1: -3, 9: 10}}, [3]int64{1000, 1, 1000}},
+		{"dropped", nil, [3]int64{1000, 1000, 1000}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e.sel.SetAdvice(c.adv)
+			cc := e.sel.rule.Load()
+			for ep, want := range c.want {
+				if got := e.sel.capacity(cc, ep); got != want {
+					t.Fatalf("capacity(%d) = %d want %d", ep, got, want)
+				}
+			}
+		})
+	}
+	// A rule update keeps the advice in force.
+	e.sel.SetAdvice(&Advice{Weight: map[int]int{2: 10}})
+	if err := e.sel.SetRule(poolRule(3, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.sel.capacity(e.sel.rule.Load(), 2); got != 100 {
+		t.Fatalf("after SetRule capacity %d want 100", got)
+	}
+}
+
+func TestAdviceStates(t *testing.T) {
+	cases := []struct {
+		name      string
+		rule      Rule
+		down      epset.Set
+		adv       *Advice
+		session   bool // route an established session
+		wantNot   int  // the endpoint new traffic must avoid, -1 none
+		wantExact int  // the endpoint every decision must pick, -1 any
+	}{
+		{"pool draining", poolRule(2, 0), epset.Set{}, &Advice{Draining: setOf(0)}, false, 0, 1},
+		{"pool disabled", poolRule(2, 0), epset.Set{}, &Advice{Disabled: setOf(1)}, false, 1, 0},
+		{"pool all draining still serves", poolRule(2, 0), epset.Set{}, &Advice{Draining: setOf(0, 1)}, false, -1, -1},
+		{"local health wins", poolRule(2, 0), setOf(1), &Advice{Draining: setOf(0), Weight: map[int]int{1: 100}}, false, 1, 0},
+		{"pd draining keeps sessions", pdRule([]int{0, 1}, []int{2}), epset.Set{}, &Advice{Draining: setOf(0)}, true, -1, 0},
+		{"pd draining moves new sessions", pdRule([]int{0, 1}, []int{2}), epset.Set{}, &Advice{Draining: setOf(0)}, false, 0, 1},
+		{"pd disabled breaks sessions", pdRule([]int{0, 1}, []int{2}), epset.Set{}, &Advice{Disabled: setOf(0)}, true, 0, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, c.rule, noSeed())
+			if c.session {
+				// Pin a session on endpoint 0 before the advice: ep 1 is busier.
+				e.loads.l[1] = 5
+				_, o := e.route(&Request{SessionKey: "s", Model: "m"})
+				if o.Endpoint != 0 {
+					t.Fatalf("session pinned on %d", o.Endpoint)
+				}
+				e.loads.l[1] = 0
+			}
+			e.states.st.ProbeDown = c.down
+			e.sel.SetAdvice(c.adv)
+			for i := range 8 {
+				req := &Request{Model: "m"}
+				if c.session {
+					req.SessionKey = "s"
+				}
+				d, _ := e.route(req)
+				if d.Endpoint < 0 || d.Endpoint == c.wantNot || (c.wantExact >= 0 && d.Endpoint != c.wantExact) {
+					t.Fatalf("decision %d: endpoint %d (tier %v), want %d and not %d", i, d.Endpoint, d.Tier, c.wantExact, c.wantNot)
+				}
+			}
+			e.sel.SetAdvice(nil)
+			e.states.st.ProbeDown = epset.Set{}
+			seen := map[int]bool{}
+			for range 8 {
+				d, _ := e.route(&Request{Model: "m"})
+				seen[d.Endpoint] = true
+			}
+			if len(c.rule.Endpoints) > 0 && c.rule.PD == false && len(seen) < 2 {
+				t.Fatalf("after the advice is dropped only %v serve", seen)
+			}
+		})
+	}
+}
