@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents"
@@ -133,6 +134,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Observer receives metrics (default: none).
 	Observer Observer
+	// Guard recovers a panic in a rank's goroutines; nil still recovers.
+	Guard *recovery.Guard
 }
 
 func (o Options) withDefaults() Options {
@@ -341,10 +344,13 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 	}
 	for _, rs := range e.ranks {
 		e.wg.Add(1)
-		go func() {
+		opts.Guard.Go(recovery.Subscriber, func() {
 			defer e.wg.Done()
-			rs.run(ctx)
-		}()
+			// A recovered panic restarts the rank (after a pause) rather
+			// than leaving the endpoint silently unsubscribed.
+			for opts.Guard.Run(recovery.Subscriber, func() { rs.run(ctx) }) && sleepCtx(ctx, time.Second) {
+			}
+		})
 	}
 	return e
 }
@@ -591,25 +597,31 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
-		for {
-			msg, err := sock.Recv()
-			if err != nil {
-				recvErr <- err
-				close(queue)
-				return
+		panicked := r.opts.Guard.Run(recovery.Subscriber, func() {
+			for {
+				msg, err := sock.Recv()
+				if err != nil {
+					recvErr <- err
+					close(queue)
+					return
+				}
+				var size int64
+				for _, f := range msg.Frames {
+					size += int64(len(f))
+				}
+				if !budget.acquire(size, done) {
+					return
+				}
+				select {
+				case queue <- liveMsg{frames: msg.Frames, size: size}:
+				case <-done:
+					return
+				}
 			}
-			var size int64
-			for _, f := range msg.Frames {
-				size += int64(len(f))
-			}
-			if !budget.acquire(size, done) {
-				return
-			}
-			select {
-			case queue <- liveMsg{frames: msg.Frames, size: size}:
-			case <-done:
-				return
-			}
+		})
+		if panicked { // in Recv, before either send: the rank rebuilds its socket
+			recvErr <- errors.New("kv subscriber: receive panicked")
+			close(queue)
 		}
 	}()
 	if !r.bootstrapped {
