@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/kvgate/kvgate/pkg/aictrl/aictrlpb"
 	"github.com/kvgate/kvgate/pkg/epset"
@@ -295,4 +296,24 @@ func TestConfigFromEnv(t *testing.T) {
 	if _, ok, err := ConfigFromEnv(env("LOXILB_AI_CTRL_ADDR", "10.1.2.3:18856", "LOXILB_AI_CTRL_INSECURE", "1")); !ok || err != nil {
 		t.Fatalf("explicit insecure refused: %v", err)
 	}
+}
+
+// Whatever bytes arrive as a snapshot, Handle answers without a panic and a
+// rejected snapshot changes nothing.
+func FuzzHandle(f *testing.F) {
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	good, _ := proto.Marshal(snap(c, "b", 1))
+	f.Add(good)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var s pb.Snapshot
+		if proto.Unmarshal(data, &s) != nil {
+			return
+		}
+		a, r, _ := newApplier(t, Config{})
+		st, _, ok := a.Handle(&s)
+		if ok && st == pb.AckStatus_ACK_STATUS_REJECTED && r.sets != 0 {
+			t.Fatal("rejected snapshot partly applied")
+		}
+	})
 }

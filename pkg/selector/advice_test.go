@@ -105,3 +105,29 @@ func TestAdviceStates(t *testing.T) {
 		})
 	}
 }
+
+// Decisions race with advice and rule swaps; run under -race.
+func TestAdviceConcurrent(t *testing.T) {
+	e := newEnv(t, poolRule(4, 0), noSeed())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 500 {
+			if i%2 == 0 {
+				e.sel.SetAdvice(&Advice{Weight: map[int]int{0: i % 101}, Draining: setOf(i % 4)})
+			} else {
+				e.sel.SetAdvice(nil)
+			}
+			if i%50 == 0 {
+				_ = e.sel.SetRule(poolRule(4, 0))
+			}
+		}
+	}()
+	for range 2000 {
+		a := e.sel.Begin(&Request{Model: "m"})
+		if d := a.Decide(); d.Endpoint < 0 {
+			t.Fatalf("no endpoint: %+v", d)
+		}
+	}
+	<-done
+}
