@@ -315,7 +315,6 @@ func (a *Applier) validate(snap *pb.Snapshot) (plan, error) {
 		return nil, fmt.Errorf("services: %d: at most %d", len(snap.GetServices()), maxServices)
 	}
 	p := plan{}
-	var problems []string
 	for _, svc := range snap.GetServices() {
 		key, err := CanonicalServiceKey(svc.GetServiceKey())
 		if err != nil {
@@ -328,41 +327,48 @@ func (a *Applier) validate(snap *pb.Snapshot) (plan, error) {
 		if !ok {
 			return nil, fmt.Errorf("service_key %q: no such rule on this gateway", svc.GetServiceKey())
 		}
-		if len(svc.GetEps()) > epset.Max {
-			return nil, fmt.Errorf("service %s: %d eps: at most %d", key, len(svc.GetEps()), epset.Max)
+		if p[key], err = validateService(key, svc.GetEps(), have); err != nil {
+			return nil, err
 		}
-		eps := map[int]*pb.EpEntry{}
-		for _, e := range svc.GetEps() {
-			idx := int(e.GetEpIdx())
-			if e.GetEpIdx() >= epset.Max {
-				return nil, fmt.Errorf("service %s: ep_idx %d: out of range", key, e.GetEpIdx())
-			}
-			if _, dup := eps[idx]; dup {
-				return nil, fmt.Errorf("service %s: ep_idx %d: twice", key, idx)
-			}
-			if e.GetWeight() > 100 {
-				return nil, fmt.Errorf("service %s: ep_idx %d: weight %d: want 0..100", key, idx, e.GetWeight())
-			}
-			if e.GetState() > pb.EpState_EP_STATE_DISABLED {
-				return nil, fmt.Errorf("service %s: ep_idx %d: state %d unknown", key, idx, e.GetState())
-			}
-			want, ok := have[idx]
-			got, gerr := canonicalAddr(e.GetEpAddr())
-			switch {
-			case !ok:
-				problems = append(problems, fmt.Sprintf("ep_idx %d (%s): no such endpoint", idx, e.GetEpAddr()))
-			case gerr != nil || got != want:
-				problems = append(problems, fmt.Sprintf("ep_idx %d: ep_addr %s, expected %s", idx, e.GetEpAddr(), want))
-			}
-			eps[idx] = e
-		}
-		if len(problems) > 0 {
-			return nil, fmt.Errorf("service %s: %s; kvgate numbers ep_idx in the order endpoints were posted: %s",
-				key, strings.Join(problems, "; "), describe(have))
-		}
-		p[key] = eps
 	}
 	return p, nil
+}
+
+// validateService checks one service's entries against the rule's
+// endpoints; every ep_addr mismatch is listed, with what kvgate expected.
+func validateService(key string, entries []*pb.EpEntry, have map[int]string) (map[int]*pb.EpEntry, error) {
+	if len(entries) > epset.Max {
+		return nil, fmt.Errorf("service %s: %d eps: at most %d", key, len(entries), epset.Max)
+	}
+	var problems []string
+	eps := map[int]*pb.EpEntry{}
+	for _, e := range entries {
+		idx := int(e.GetEpIdx())
+		switch {
+		case e.GetEpIdx() >= epset.Max:
+			return nil, fmt.Errorf("service %s: ep_idx %d: out of range", key, e.GetEpIdx())
+		case eps[idx] != nil:
+			return nil, fmt.Errorf("service %s: ep_idx %d: twice", key, idx)
+		case e.GetWeight() > 100:
+			return nil, fmt.Errorf("service %s: ep_idx %d: weight %d: want 0..100", key, idx, e.GetWeight())
+		case e.GetState() > pb.EpState_EP_STATE_DISABLED:
+			return nil, fmt.Errorf("service %s: ep_idx %d: state %d unknown", key, idx, e.GetState())
+		}
+		want, ok := have[idx]
+		got, gerr := canonicalAddr(e.GetEpAddr())
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("ep_idx %d (%s): no such endpoint", idx, e.GetEpAddr()))
+		case gerr != nil || got != want:
+			problems = append(problems, fmt.Sprintf("ep_idx %d: ep_addr %s, expected %s", idx, e.GetEpAddr(), want))
+		}
+		eps[idx] = e
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("service %s: %s; kvgate numbers ep_idx in the order endpoints were posted: %s",
+			key, strings.Join(problems, "; "), describe(have))
+	}
+	return eps, nil
 }
 
 // describe lists a rule's ep_idx → ep_addr, so a NACK tells the operator
@@ -393,22 +399,7 @@ func (a *Applier) apply(snap *pb.Snapshot, p plan) {
 		adv := &selector.Advice{Weight: map[int]int{}}
 		down := a.target.Unavailable(key)
 		for idx, e := range eps {
-			st := e.GetState()
-			if st == pb.EpState_EP_STATE_UNSPECIFIED {
-				st = pb.EpState_EP_STATE_ACTIVE
-			}
-			ea := &epAdvice{weight: int(e.GetWeight()), state: st, pending: st, pendingSince: now}
-			if old, ok := prev[idx]; ok && a.mode == ModeAdvised {
-				// Hysteresis: a state change takes effect once it has been
-				// advised for the whole window.
-				ea.state, ea.pending, ea.pendingSince = old.state, old.pending, old.pendingSince
-				if st != old.pending {
-					ea.pending, ea.pendingSince = st, now
-				}
-				if ea.pending != ea.state && now.Sub(ea.pendingSince) >= a.cfg.Hysteresis {
-					ea.state = ea.pending
-				}
-			}
+			ea := a.next(e, prev[idx], now)
 			cur[idx] = ea
 			adv.Weight[idx] = ea.weight
 			switch ea.state {
@@ -448,6 +439,27 @@ func (a *Applier) apply(snap *pb.Snapshot, p plan) {
 	a.m.alpha.Set(1)
 	a.m.applied.Inc()
 	a.m.overrides.Add(float64(overrides))
+}
+
+// next is an endpoint's advice after this snapshot. Hysteresis: a state
+// change takes effect once it has been advised for the whole window.
+func (a *Applier) next(e *pb.EpEntry, old *epAdvice, now time.Time) *epAdvice {
+	st := e.GetState()
+	if st == pb.EpState_EP_STATE_UNSPECIFIED {
+		st = pb.EpState_EP_STATE_ACTIVE
+	}
+	ea := &epAdvice{weight: int(e.GetWeight()), state: st, pending: st, pendingSince: now}
+	if old == nil || a.mode != ModeAdvised {
+		return ea
+	}
+	ea.state, ea.pending, ea.pendingSince = old.state, old.pending, old.pendingSince
+	if st != old.pending {
+		ea.pending, ea.pendingSince = st, now
+	}
+	if ea.pending != ea.state && now.Sub(ea.pendingSince) >= a.cfg.Hysteresis {
+		ea.state = ea.pending
+	}
+	return ea
 }
 
 // expiry enforces the deadline once a second.

@@ -144,59 +144,71 @@ func (r *Registry) validate() error {
 	seen := map[int]string{}
 	for _, ip := range r.HostIPs() {
 		h := r.Hosts[ip]
-		at := "hosts." + ip
-		a, err := netip.ParseAddr(ip)
-		if err != nil || a.Zone() != "" {
-			return fmt.Errorf("%s: the key must be the endpoint's IP address", at)
-		}
-		if strings.TrimSpace(h.GPUModel) == "" {
-			return fmt.Errorf("%s.gpu_model: must be non-empty", at)
-		}
-		if h.HBMGB < 0 {
-			return fmt.Errorf("%s.hbm_gb: %v: must not be negative", at, h.HBMGB)
-		}
-		if h.Role != "prefill" && h.Role != "decode" {
-			return fmt.Errorf("%s.role: %q: want prefill or decode", at, h.Role)
-		}
-		if h.Port < 1 || h.Port > 65535 {
-			return fmt.Errorf("%s.port: %d: want 1..65535", at, h.Port)
-		}
-		if h.EpIdx == nil {
-			return fmt.Errorf("%s.ep_idx: required", at)
-		}
-		if *h.EpIdx < 0 || *h.EpIdx >= epset.Max {
-			return fmt.Errorf("%s.ep_idx: %d: want 0..%d", at, *h.EpIdx, epset.Max-1)
+		if err := validateHost(ip, &h); err != nil {
+			return err
 		}
 		if other, dup := seen[*h.EpIdx]; dup {
-			return fmt.Errorf("%s.ep_idx: %d is also hosts.%s's", at, *h.EpIdx, other)
+			return fmt.Errorf("hosts.%s.ep_idx: %d is also hosts.%s's", ip, *h.EpIdx, other)
 		}
 		seen[*h.EpIdx] = ip
-		if h.ExpectedNumGPUBlocks <= 0 {
-			return fmt.Errorf("%s.expected_num_gpu_blocks: %d: must be > 0", at, h.ExpectedNumGPUBlocks)
-		}
-		if !(h.ServingThroughputPrior > 0) || h.ServingThroughputPrior > 1e9 {
-			return fmt.Errorf("%s.serving_throughput_prior: %v: must be > 0", at, h.ServingThroughputPrior)
-		}
-		switch h.State {
-		case "", "active", "draining", "disabled":
-		default:
-			return fmt.Errorf("%s.state: %q: want active, draining or disabled", at, h.State)
-		}
-		if c := h.Calibration; c != nil {
-			if !(c.ThroughputTokensPerSec > 0) {
-				return fmt.Errorf("%s.calibration.throughput_tokens_per_sec: %v: must be > 0", at, c.ThroughputTokensPerSec)
-			}
-			if !(c.ThroughputRatio > 0) {
-				return fmt.Errorf("%s.calibration.throughput_ratio: %v: must be > 0", at, c.ThroughputRatio)
-			}
-			if want := Fingerprint(c.FingerprintFields); c.Fingerprint != want {
-				return fmt.Errorf("%s.calibration.fingerprint: %q does not match fingerprint_fields (want %s)", at, c.Fingerprint, want)
-			}
-			if v, ok := c.FingerprintFields["num_gpu_blocks"]; ok {
-				if _, err := strconv.ParseInt(v, 10, 64); err != nil {
-					return fmt.Errorf("%s.calibration.fingerprint_fields.num_gpu_blocks: %q: not an integer", at, v)
-				}
-			}
+	}
+	return nil
+}
+
+func validateHost(ip string, h *Host) error {
+	at := "hosts." + ip
+	a, err := netip.ParseAddr(ip)
+	if err != nil || a.Zone() != "" {
+		return fmt.Errorf("%s: the key must be the endpoint's IP address", at)
+	}
+	if strings.TrimSpace(h.GPUModel) == "" {
+		return fmt.Errorf("%s.gpu_model: must be non-empty", at)
+	}
+	if h.HBMGB < 0 {
+		return fmt.Errorf("%s.hbm_gb: %v: must not be negative", at, h.HBMGB)
+	}
+	if h.Role != "prefill" && h.Role != "decode" {
+		return fmt.Errorf("%s.role: %q: want prefill or decode", at, h.Role)
+	}
+	if h.Port < 1 || h.Port > 65535 {
+		return fmt.Errorf("%s.port: %d: want 1..65535", at, h.Port)
+	}
+	if h.EpIdx == nil {
+		return fmt.Errorf("%s.ep_idx: required", at)
+	}
+	if *h.EpIdx < 0 || *h.EpIdx >= epset.Max {
+		return fmt.Errorf("%s.ep_idx: %d: want 0..%d", at, *h.EpIdx, epset.Max-1)
+	}
+	if h.ExpectedNumGPUBlocks <= 0 {
+		return fmt.Errorf("%s.expected_num_gpu_blocks: %d: must be > 0", at, h.ExpectedNumGPUBlocks)
+	}
+	if !(h.ServingThroughputPrior > 0) || h.ServingThroughputPrior > 1e9 {
+		return fmt.Errorf("%s.serving_throughput_prior: %v: must be > 0", at, h.ServingThroughputPrior)
+	}
+	switch h.State {
+	case "", "active", "draining", "disabled":
+	default:
+		return fmt.Errorf("%s.state: %q: want active, draining or disabled", at, h.State)
+	}
+	if h.Calibration != nil {
+		return validateCalibration(at+".calibration", h.Calibration)
+	}
+	return nil
+}
+
+func validateCalibration(at string, c *Calibration) error {
+	if !(c.ThroughputTokensPerSec > 0) {
+		return fmt.Errorf("%s.throughput_tokens_per_sec: %v: must be > 0", at, c.ThroughputTokensPerSec)
+	}
+	if !(c.ThroughputRatio > 0) {
+		return fmt.Errorf("%s.throughput_ratio: %v: must be > 0", at, c.ThroughputRatio)
+	}
+	if want := Fingerprint(c.FingerprintFields); c.Fingerprint != want {
+		return fmt.Errorf("%s.fingerprint: %q does not match fingerprint_fields (want %s)", at, c.Fingerprint, want)
+	}
+	if v, ok := c.FingerprintFields["num_gpu_blocks"]; ok {
+		if _, err := strconv.ParseInt(v, 10, 64); err != nil {
+			return fmt.Errorf("%s.fingerprint_fields.num_gpu_blocks: %q: not an integer", at, v)
 		}
 	}
 	return nil
