@@ -44,7 +44,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (flags, 
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":18856", "AiCtrl gRPC listen address")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":18857", "Prometheus /metrics listen address")
 	fs.StringVar(&f.registry, "registry", "/etc/loxilb/ai-controller.yaml", "registry YAML (strict; SIGHUP reloads it)")
-	fs.IntVar(&f.epochSec, "epoch-period-sec", 10, "seconds between snapshots; the staleness deadline is 3 epochs")
+	fs.IntVar(&f.epochSec, "epoch-period-sec", 10, "seconds between snapshots, overriding the registry's epoch_period_sec; the staleness deadline is 3 epochs")
 	fs.IntVar(&f.scrapeSec, "scrape-interval-sec", 5, "seconds between scrapes of each host's /metrics")
 	fs.IntVar(&f.staleSec, "stale-budget-sec", 15, "a host not scraped for this long is stale")
 	fs.Float64Var(&f.alpha, "ewma-alpha", 0.3, "EWMA weight of each epoch's raw weight, (0,1]")
@@ -62,6 +62,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (flags, 
 			if err := fl.Value.Set(v); err != nil {
 				envErr = fmt.Errorf("%s=%q: %w", name, v, err)
 			}
+			f.epochSet = f.epochSet || fl.Name == "epoch-period-sec"
 		}
 	})
 	if envErr != nil {
@@ -70,6 +71,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (flags, 
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
+	f.epochSet = f.epochSet || fs.Changed("epoch-period-sec")
 	if f.epochSec < 1 || f.epochSec > 3600 {
 		return f, fmt.Errorf("--epoch-period-sec %d: want 1..3600", f.epochSec)
 	}
@@ -122,8 +124,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	preg := prometheus.NewRegistry()
 	preg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	epoch := time.Duration(reg.EpochPeriodSec) * time.Second
+	if f.epochSet {
+		epoch = time.Duration(f.epochSec) * time.Second
+	}
 	c, err := controller.New(reg, controller.Options{
-		EpochPeriod:    time.Duration(f.epochSec) * time.Second,
+		EpochPeriod:    epoch,
 		ScrapeInterval: time.Duration(f.scrapeSec) * time.Second,
 		StaleBudget:    time.Duration(f.staleSec) * time.Second,
 		Law:            controller.Law{Alpha: f.alpha, DeadBand: f.deadBand, MaxStep: f.maxStep},
@@ -154,7 +160,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	log.Info("kvgate-controller started", "grpc", gln.Addr().String(), "metrics", mln.Addr().String(),
-		"boot_id", c.BootID(), "service", reg.Service.Key, "hosts", len(reg.Hosts), "tls", tlsState != nil)
+		"boot_id", c.BootID(), "service", reg.Service.Key, "hosts", len(reg.Hosts), "epoch", epoch, "tls", tlsState != nil)
 	for {
 		select {
 		case <-ctx.Done():

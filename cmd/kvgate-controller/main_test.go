@@ -15,9 +15,12 @@ func TestParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.epochSec != 3 || f.alpha != 0.5 || f.deadBand != 2 || f.grpcAddr != ":18856" || f.metricsAddr != ":18857" ||
+	if f.epochSec != 3 || !f.epochSet || f.alpha != 0.5 || f.deadBand != 2 || f.grpcAddr != ":18856" || f.metricsAddr != ":18857" ||
 		f.registry != "/etc/loxilb/ai-controller.yaml" || f.scrapeSec != 5 || f.staleSec != 15 || f.maxStep != 20 {
 		t.Fatalf("%+v", f)
+	}
+	if f, _ := parse(nil, func(string) string { return "" }, io.Discard); f.epochSet {
+		t.Fatal("epoch marked set without flag or variable: the registry's period must apply")
 	}
 	// A flag beats its variable.
 	if f, _ := parse([]string{"--epoch-period-sec", "7"}, func(k string) string { return env[k] }, io.Discard); f.epochSec != 7 {
