@@ -35,6 +35,9 @@ type flags struct {
 	alpha, deadBand, maxStep          float64
 	tlsCert, tlsKey, clientCA, logLvl string
 	insecure                          bool
+	// epochSet: --epoch-period-sec or its variable was given; otherwise
+	// the registry's epoch_period_sec is the period.
+	epochSet bool
 }
 
 func parse(args []string, getenv func(string) string, stderr io.Writer) (flags, error) {
