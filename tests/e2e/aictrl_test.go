@@ -232,6 +232,9 @@ func TestAIControllerEndToEnd(t *testing.T) {
 	// A restarted controller has a new boot_id and counts epochs from 1
 	// again: kvgate accepts it.
 	applied := tg.metric(t, "loxilb_pd_ctrl_snapshots_applied_total", nil)
+	// A snapshot that arrived before the rule was posted was NACKed (no
+	// such rule); count only what the new controller gets.
+	nacks := tg.metric(t, "loxilb_pd_ctrl_nacks_total", nil)
 	if err := os.WriteFile(reg, []byte(ctrlRegistry(vip, vport, hosts, eport, false)), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +245,7 @@ func TestAIControllerEndToEnd(t *testing.T) {
 	if e := tg.metric(t, "loxilb_pd_ctrl_applied_epoch", map[string]string{"service": svc}); e > 10 {
 		t.Fatalf("applied epoch %v: the new boot's low epochs were not accepted%s", e, diag())
 	}
-	if n := tg.metric(t, "loxilb_pd_ctrl_nacks_total", nil); n != 0 {
-		t.Fatalf("%v NACKs%s", n, diag())
+	if n := tg.metric(t, "loxilb_pd_ctrl_nacks_total", nil); n != nacks {
+		t.Fatalf("%v NACKs of the restarted controller's snapshots%s", n-nacks, diag())
 	}
 }
