@@ -150,7 +150,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		gln.Close()
 		return fmt.Errorf("--metrics-addr: %w", err)
 	}
-	gs := grpc.NewServer(grpc.Creds(creds), grpc.MaxRecvMsgSize(64<<10))
+	gs := grpc.NewServer(grpc.Creds(creds), grpc.MaxRecvMsgSize(64<<10), grpc.KeepaliveEnforcementPolicy(aictrl.KeepaliveEnforcement()))
 	pb.RegisterAiCtrlServer(gs, controller.NewServer(c))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(preg, promhttp.HandlerOpts{}))

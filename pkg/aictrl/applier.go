@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	pb "github.com/kvgate/kvgate/pkg/aictrl/aictrlpb"
 	"github.com/kvgate/kvgate/pkg/epset"
@@ -41,6 +42,15 @@ const (
 	minBackoff    = 200 * time.Millisecond
 	maxDetailSize = 4096
 )
+
+// KeepaliveTime is how often an idle gateway connection is pinged.
+const KeepaliveTime = 10 * time.Second
+
+// KeepaliveEnforcement is the controller's policy that admits the
+// gateways' pings (gRPC's default refuses pings more often than 5 min).
+func KeepaliveEnforcement() keepalive.EnforcementPolicy {
+	return keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true}
+}
 
 // Target is the gateway as the applier sees it.
 type Target interface {
@@ -196,8 +206,12 @@ func (a *Applier) Mode() int {
 // Run watches the controller until ctx ends, reconnecting with capped
 // exponential backoff; the deadline is enforced whether connected or not.
 func (a *Applier) Run(ctx context.Context) error {
+	// Keepalive pings notice a controller that vanished without closing
+	// the connection (a partition), so the stream is redialled; the
+	// controller permits them (KeepaliveEnforcement).
 	conn, err := grpc.NewClient(a.cfg.Addr, grpc.WithTransportCredentials(a.creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxSnapshot)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxSnapshot)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: 5 * time.Second}))
 	if err != nil {
 		return fmt.Errorf("ai controller %s: %w", a.cfg.Addr, err)
 	}
