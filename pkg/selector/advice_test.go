@@ -131,3 +131,40 @@ func TestAdviceConcurrent(t *testing.T) {
 	}
 	<-done
 }
+
+// TestAdviceBlend: the weight moves tier-1.5 decisions through ĉ in the
+// hard arm (single pool, relief and seeding off). Overlaps {0: 5, 1: 3},
+// loads {3, 1} (L = 4), 1000 blocks each.
+func TestAdviceBlend(t *testing.T) {
+	cases := []struct {
+		name    string
+		adv     *Advice
+		want    int
+		spilled bool
+	}{
+		// Σĉ = 2000: cap0 = ceil(175·4·1000/200000) = 4 > 3 → the argmax keeps it.
+		{"static", nil, 0, false},
+		// ĉ0 = 500, Σĉ = 1500: cap0 = ceil(2.33) = 3, load 3 is not under; cap1 = 5 → ep1.
+		{"weight 50 spills", &Advice{Weight: map[int]int{0: 50}}, 1, true},
+		// ĉ0 floors to 1: cap0 = 1 → ep1.
+		{"weight 0 floors capacity to 1", &Advice{Weight: map[int]int{0: 0}}, 1, true},
+		{"weight 100 is static", &Advice{Weight: map[int]int{0: 100, 1: 100}}, 0, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := noSeed()
+			opts.LBMode, opts.SpillRelief = LBHard, ReliefOff
+			e := newEnv(t, poolRule(2, 0), opts)
+			prompt := seq(0, 8)
+			e.inv.add(0, prompt[:5]...)
+			e.inv.add(1, prompt[:3]...)
+			e.loads.l[0], e.loads.l[1] = 3, 1
+			e.engine.blocks[0], e.engine.blocks[1] = 1000, 1000
+			e.sel.SetAdvice(c.adv)
+			d := e.decide(kvReq(prompt))
+			if d.Tier != TierKV || d.Endpoint != c.want || d.Spilled != c.spilled {
+				t.Fatalf("got ep %d spilled %v (%+v), want ep %d spilled %v", d.Endpoint, d.Spilled, d, c.want, c.spilled)
+			}
+		})
+	}
+}
