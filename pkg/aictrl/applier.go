@@ -41,6 +41,9 @@ const (
 	maxBackoff    = 10 * time.Second
 	minBackoff    = 200 * time.Millisecond
 	maxDetailSize = 4096
+	// maxDeadline bounds how far ahead a snapshot may hold: a controller
+	// bug cannot pin advice (or a jitter wait) for longer.
+	maxDeadline = time.Hour
 )
 
 // KeepaliveTime is how often an idle gateway connection is pinged.
@@ -276,7 +279,7 @@ func (a *Applier) jitter(ctx context.Context, snap *pb.Snapshot) {
 		return
 	}
 	left := time.UnixMilli(int64(min(snap.GetStalenessDeadlineUnixMs(), 1<<62))).Sub(a.now())
-	span := left / 3 * time.Duration(a.cfg.JitterPct) / 100
+	span := min(left, maxDeadline) / 3 * time.Duration(a.cfg.JitterPct) / 100
 	if span <= 0 {
 		return
 	}
@@ -324,6 +327,8 @@ func (a *Applier) validate(snap *pb.Snapshot) (plan, error) {
 	}
 	if dl := snap.GetStalenessDeadlineUnixMs(); dl > 1<<62 || !a.now().Before(time.UnixMilli(int64(dl))) {
 		return nil, fmt.Errorf("staleness_deadline_unix_ms %d: already past", dl)
+	} else if time.UnixMilli(int64(dl)).Sub(a.now()) > maxDeadline {
+		return nil, fmt.Errorf("staleness_deadline_unix_ms %d: more than %s ahead", dl, maxDeadline)
 	}
 	if len(snap.GetServices()) > maxServices {
 		return nil, fmt.Errorf("services: %d: at most %d", len(snap.GetServices()), maxServices)

@@ -137,6 +137,7 @@ func TestNack(t *testing.T) {
 		{"malformed service key", func(s *pb.Snapshot) { s.Services[0].ServiceKey = "vip" }, "want vip:port:proto"},
 		{"service twice", func(s *pb.Snapshot) { s.Services = append(s.Services, s.Services[0]) }, "twice in one snapshot"},
 		{"past deadline", func(s *pb.Snapshot) { s.StalenessDeadlineUnixMs = 1 }, "already past"},
+		{"deadline too far ahead", func(s *pb.Snapshot) { s.StalenessDeadlineUnixMs = 1 << 50 }, "ahead"},
 		{"newer applier needed", func(s *pb.Snapshot) { s.MinApplierVersion = 2 }, "min_applier_version 2"},
 		{"no boot_id", func(s *pb.Snapshot) { s.BootId = "" }, "boot_id"},
 	}
