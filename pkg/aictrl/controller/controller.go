@@ -285,10 +285,16 @@ func (c *Controller) offer(w *watcher, snap *pb.Snapshot) {
 	}
 }
 
+// maxWatchers bounds the streams one controller serves.
+const maxWatchers = 1024
+
 func (c *Controller) addWatcher(gateway string) *watcher {
 	w := &watcher{gateway: gateway, ch: make(chan *pb.Snapshot, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(c.watchers) >= maxWatchers {
+		return nil
+	}
 	c.watchers[w] = struct{}{}
 	c.m.watchers.Set(float64(len(c.watchers)))
 	if c.last != nil && c.opts.Now().UnixMilli() < int64(c.last.StalenessDeadlineUnixMs) {

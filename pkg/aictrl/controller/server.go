@@ -57,6 +57,9 @@ func (s *Server) WatchSnapshots(req *pb.WatchRequest, stream pb.AiCtrl_WatchSnap
 		return err
 	}
 	w := s.c.addWatcher(s.label(req.GetGatewayId()))
+	if w == nil {
+		return status.Errorf(codes.ResourceExhausted, "at most %d gateways may watch", maxWatchers)
+	}
 	defer s.c.removeWatcher(w)
 	s.c.log.Info("gateway watching", "gateway", req.GetGatewayId(), "applier_version", req.GetApplierVersion())
 	for {
