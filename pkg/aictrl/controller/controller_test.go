@@ -193,3 +193,22 @@ func TestServerStreamsAndCountsAcks(t *testing.T) {
 		t.Fatalf("aictrl_watchers_connected %v", v)
 	}
 }
+
+func TestWatcherBound(t *testing.T) {
+	reg, err := ParseRegistry([]byte(goodRegistry(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(reg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxWatchers {
+		if c.addWatcher(fmt.Sprint(i)) == nil {
+			t.Fatalf("watcher %d refused", i)
+		}
+	}
+	if c.addWatcher("one too many") != nil {
+		t.Fatal("watcher beyond the bound accepted")
+	}
+}
