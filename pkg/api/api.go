@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/recovery"
@@ -119,6 +120,8 @@ type Options struct {
 	Middleware func(http.Handler) http.Handler
 	// Readiness answers GET /readyz; nil means always ready.
 	Readiness Readiness
+	// Preflight runs POST /netlox/v1/config/ai/kv/preflight; nil answers 503.
+	Preflight PreflightRunner
 	// HostAddrs reports the host's local and broadcast addresses for the
 	// address checks (config.CheckAddresses); nil means config.HostAddrs.
 	HostAddrs func() (local, broadcast func(netip.Addr) bool)
@@ -140,6 +143,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	rules map[config.RuleKey]*config.Rule
+	// preflightBusy lets one preflight run at a time: each sends probe
+	// requests and scrapes every engine.
+	preflightBusy atomic.Bool
 	// apiAddr is where Serve listens, so a rule cannot point back at the API.
 	apiAddr netip.AddrPort
 
@@ -546,6 +552,7 @@ func (s *Server) routeTable() []route {
 		f("GET", lb+"/id/{id}", s.handleGetByID),
 		f("DELETE", lb+"/name/{name}", s.handleDeleteByName),
 		{Route: Route{"GET", BasePath + "/config/ai/kv/inventory"}, handler: http.HandlerFunc(s.handleInventory), anyMethod: true},
+		f("POST", BasePath+"/config/ai/kv/preflight", s.handlePreflight),
 		{Route: Route{"GET", BasePath + "/metrics"}, handler: metrics},
 		{Route: Route{"GET", "/metrics"}, handler: metrics},
 		f("GET", BasePath+"/openapi.json", s.handleOpenAPI),

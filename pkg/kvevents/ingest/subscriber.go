@@ -39,6 +39,9 @@ type Target struct {
 	// Granularity, when set, is the rule's: the endpoint's ranks report the
 	// block size their engine publishes (see Granularity).
 	Granularity *Granularity
+	// Parity, when set, is the rule's live parity self-check: the ranks
+	// check their BlockStored events against the rule's contract.
+	Parity *Parity
 }
 
 // Key is the target's stable identity: service and ip:port, never its position.
@@ -339,6 +342,7 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 			digestSeed: maphash.MakeSeed(),
 			verifyReq:  make(chan struct{}, 1),
 		}
+		rs.ingest.EnableParity(t.Parity, e.ref)
 		e.ranks = append(e.ranks, rs)
 		e.obs.RankConnected(e.ref, r, false)
 	}
@@ -371,6 +375,9 @@ func (e *endpointSub) stop(forget bool) {
 		e.obs.Blocks(e.ref, e.target.Inventory.Blocks(e.target.EPIdx))
 		if e.target.Granularity != nil {
 			e.target.Granularity.forget(e.target.EPIdx)
+		}
+		if e.target.Parity != nil {
+			e.target.Parity.forget(e.target.EPIdx)
 		}
 		e.obs.EndpointGone(e.ref)
 	}
@@ -485,6 +492,7 @@ func (r *rankSub) run(ctx context.Context) {
 			r.log.Info("kv subscriber: connected")
 		}
 		everConnected = true
+		r.ingest.Connected()
 		r.setConnected(true)
 		got, err := r.receive(ctx, sock, everConnectedBefore)
 		_ = sock.Close()
