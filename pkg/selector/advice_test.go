@@ -168,3 +168,20 @@ func TestAdviceBlend(t *testing.T) {
 		})
 	}
 }
+
+// A parked request is never granted a draining endpoint.
+func TestAdviceParkable(t *testing.T) {
+	e := newEnv(t, pdRule([]int{0, 1}, []int{2}), noSeed())
+	e.sel.SetAdvice(&Advice{Draining: setOf(0)})
+	a := e.sel.Begin(&Request{Model: "m"})
+	a.Decide()
+	if p := a.Parkable(); p.Has(0) || !p.Has(1) {
+		t.Fatalf("parkable %v", p)
+	}
+	e.sel.SetAdvice(&Advice{Draining: setOf(0, 1)})
+	a = e.sel.Begin(&Request{Model: "m"})
+	a.Decide()
+	if p := a.Parkable(); !p.Has(0) || !p.Has(1) {
+		t.Fatalf("every prefill draining: parkable %v, want both", p)
+	}
+}

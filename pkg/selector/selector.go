@@ -454,7 +454,7 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 	st := s.states.States()
 	down := st.Unavailable().Or(a.excluded).Or(c.disabled)
 	prefE := c.prefill.AndNot(down)
-	a.parkable = prefE
+	a.parkable = undrained(prefE, c.draining) // a parked request waits for an endpoint that takes new work
 	saturated := prefE.And(st.Saturated)
 	prefE = prefE.AndNot(st.Saturated)
 	decE := c.decode.AndNot(st.Unavailable().Or(a.excludedDecode).Or(c.disabled))
