@@ -324,13 +324,7 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 		}
 		r.ServiceID = old.ServiceID
 		r.AssignIndices(old)
-		for i := range r.Endpoints {
-			if adminGiven != nil && !adminGiven(i) {
-				if prev, ok := old.EndpointByKey(r.Endpoints[i].Key()); ok {
-					r.Endpoints[i].AdminDown = prev.AdminDown
-				}
-			}
-		}
+		keepAdminState(r, old, adminGiven)
 	} else {
 		if len(s.rules) >= MaxRules {
 			return 0, &apiError{http.StatusBadRequest, fmt.Sprintf("rule table full: at most %d rules", MaxRules)}
@@ -342,6 +336,22 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 		return 0, err
 	}
 	return r.ServiceID, nil
+}
+
+// keepAdminState copies old's admin state onto every endpoint of r that was
+// posted without an admin field (adminGiven(i) false; nil: all were given).
+func keepAdminState(r, old *config.Rule, adminGiven func(i int) bool) {
+	if adminGiven == nil {
+		return
+	}
+	for i := range r.Endpoints {
+		if adminGiven(i) {
+			continue
+		}
+		if prev, ok := old.EndpointByKey(r.Endpoints[i].Key()); ok {
+			r.Endpoints[i].AdminDown = prev.AdminDown
+		}
+	}
 }
 
 // listenersLocked describes kvgate's own listeners for the address checks of
@@ -367,35 +377,57 @@ func (s *Server) listenersLocked(key config.RuleKey) config.Listeners {
 // commitLocked tells the sink, persists, and installs updated (nil deletes).
 // old is the rule installed under key now (nil: none).
 func (s *Server) commitLocked(key config.RuleKey, old, updated *config.Rule) error {
-	if s.opts.Sink != nil {
-		if err := s.opts.Sink.RuleChanged(cloneRule(old), cloneRule(updated)); err != nil {
-			if updated == nil {
-				s.log.Error("rule teardown reported an error; the rule is removed", "rule", key.String(), "err", err)
-			} else {
-				var ce *config.ConflictError
-				if errors.As(err, &ce) {
-					return err
-				}
-				return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not applied: %v", key, err)}
-			}
-		}
+	if err := s.tellSinkLocked(key, old, updated); err != nil {
+		return err
 	}
 	s.installLocked(key, updated)
-	if s.opts.Store != nil {
-		if err := s.opts.Store.Save(s.snapshotLocked()); err != nil {
-			// Undo in memory and in the daemon: the API never answers
-			// success for a change that would be lost at restart.
-			s.installLocked(key, old)
-			if s.opts.Sink != nil {
-				if rerr := s.opts.Sink.RuleChanged(cloneRule(updated), cloneRule(old)); rerr != nil {
-					s.log.Error("could not revert the daemon after a failed save", "rule", key.String(), "err", rerr)
-				}
-			}
-			return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not saved: %v", key, err)}
-		}
+	if err := s.saveLocked(key, old, updated); err != nil {
+		return err
 	}
 	s.metricsChanged(old, updated)
 	return nil
+}
+
+// tellSinkLocked hands the change old → updated to the sink, if any. A
+// teardown (updated nil) that the sink reports as failed is only logged: the
+// rule goes anyway.
+func (s *Server) tellSinkLocked(key config.RuleKey, old, updated *config.Rule) error {
+	if s.opts.Sink == nil {
+		return nil
+	}
+	err := s.opts.Sink.RuleChanged(cloneRule(old), cloneRule(updated))
+	if err == nil {
+		return nil
+	}
+	if updated == nil {
+		s.log.Error("rule teardown reported an error; the rule is removed", "rule", key.String(), "err", err)
+		return nil
+	}
+	var ce *config.ConflictError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not applied: %v", key, err)}
+}
+
+// saveLocked persists the installed rules, if there is a store. When the save
+// fails it undoes the change in memory and in the daemon: the API never
+// answers success for a change that would be lost at restart.
+func (s *Server) saveLocked(key config.RuleKey, old, updated *config.Rule) error {
+	if s.opts.Store == nil {
+		return nil
+	}
+	err := s.opts.Store.Save(s.snapshotLocked())
+	if err == nil {
+		return nil
+	}
+	s.installLocked(key, old)
+	if s.opts.Sink != nil {
+		if rerr := s.opts.Sink.RuleChanged(cloneRule(updated), cloneRule(old)); rerr != nil {
+			s.log.Error("could not revert the daemon after a failed save", "rule", key.String(), "err", rerr)
+		}
+	}
+	return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not saved: %v", key, err)}
 }
 
 // installLocked puts r under key; nil removes the rule.
