@@ -7,9 +7,8 @@ import (
 )
 
 // SGLangConfig are the SGLang router's cache-aware knobs. The defaults are
-// the router's command-line defaults (RouterArgs in
-// sgl-router/py_src/sglang_router/router_args.py); docs/routing-benchmark.md
-// cites the commit.
+// the router's command-line defaults; docs/routing-benchmark.md ("The SGLang
+// router port") names the sources and commits.
 type SGLangConfig struct {
 	CacheThreshold      float64 // match rate above which the best-matching worker wins
 	BalanceAbsThreshold int     // imbalanced when max−min load exceeds this …
@@ -42,10 +41,10 @@ func SGLangScaled(cacheChars int) SGLangConfig {
 	return c
 }
 
-// sglangPolicy is a Go port of the SGLang router's cache_aware policy
-// (sgl-router/src/policies/cache_aware.rs) over its approximate
-// multi-tenant character radix tree (sgl-router/src/policies/tree.rs): it
-// decides on the text the router saw, not on the engines' real caches.
+// sglangPolicy is a Go port of the SGLang router's cache-aware policy over
+// its approximate multi-tenant character radix tree
+// (docs/routing-benchmark.md, "The SGLang router port"): it decides on the
+// text the router saw, not on the engines' real caches.
 type sglangPolicy struct {
 	name string
 	cfg  SGLangConfig
@@ -205,9 +204,10 @@ func (t *radixTree) insert(text []rune, tenant int) {
 
 // prefixMatch returns how many characters of text the tree holds and the
 // tenant of the deepest node reached (a partially matched node counts), as
-// tree.rs does. Where tree.rs takes the node's first tenant in hash-map
-// order, this takes the lowest-numbered one: a fixed arbitrary order all the
-// same. It refreshes that tenant's access times up to the root.
+// the router's tree does. Where the router takes the node's first tenant in
+// hash-map order, this takes the lowest-numbered one: a fixed arbitrary
+// order all the same. It refreshes that tenant's access times up to the
+// root.
 func (t *radixTree) prefixMatch(text []rune) (int, int) {
 	cur := t.root
 	i := 0

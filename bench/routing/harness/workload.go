@@ -118,7 +118,7 @@ func (g *gen) capacity(n int) []Request {
 	out := make([]Request, 0, n)
 	for i := 0; i < n; i++ {
 		// Groups are drawn uniformly, so every group recurs and the working
-		// set is all groups at once (llm-d draws its groups the same way).
+		// set is all groups at once.
 		p := sys[g.rng.IntN(groups)] + "\n\nQuestion: " + prose(g.rng, g.s.QuestionWords) + "?\nAnswer:"
 		out = append(out, g.completion("capacity", p))
 	}
