@@ -120,7 +120,7 @@ func plotGrid(as []agg, ylabel string, y func(Result) float64, logY bool, path s
 			}
 		}
 	}
-	img := vgimg.New(vg.Points(float64(cols)*300), vg.Points(float64(rows)*230))
+	img := vgimg.New(vg.Points(float64(cols)*260), vg.Points(float64(rows)*200))
 	dc := draw.New(img)
 	t := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Points(6), PadY: vg.Points(6)}
 	canvases := plot.Align(plots, t, dc)
