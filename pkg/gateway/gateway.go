@@ -298,14 +298,15 @@ func (g *Gateway) create(rule *config.Rule) error {
 	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
 	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id)}
 	rt.router.state.Store(st)
-	if _, err := rh.newFlow(rule, rt.router); err != nil {
+	handler, err := rh.handler(rule, rt.router)
+	if err != nil {
 		return err
 	}
 
 	addr := net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port))
 	srv, err := fullproxy.Listen(fullproxy.Config{
-		Service: strconv.Itoa(id), Addr: addr, Router: rh.router(rt.router), Leg: g.leg, Loads: loads,
-		Observer: rh.observer(&proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}), Limits: g.opts.Limits, PD: rh.pdHandler(),
+		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
+		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
 	})
 	if err != nil {

@@ -49,8 +49,11 @@ type router struct {
 	log     *slog.Logger
 }
 
-// scratch is the per-request state kept across connect-failure retries.
-type scratch struct {
+// plan is one request's routing state, prepared once and kept by the
+// handler serving the request (the plain forward's fullproxy.RoutePlan, or
+// the P/D flow's pd.Plan) across retries.
+type plan struct {
+	r       *router
 	selReq  selector.Request
 	attempt selector.Attempt
 	facts   reqfacts.Facts
@@ -58,14 +61,16 @@ type scratch struct {
 	stages  []fullproxy.Stage
 }
 
-// Route implements fullproxy.Router.
-func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset.Set) (fullproxy.Decision, error) {
+// Plan implements fullproxy.Router.
+func (r *router) Plan(_ context.Context, req *fullproxy.Request) fullproxy.RoutePlan {
+	return r.prepare(r.state.Load(), req)
+}
+
+// Route implements fullproxy.RoutePlan: one pass of the ladder with the
+// endpoints the forward's tries failed on excluded.
+func (sc *plan) Route(_ context.Context, excluded epset.Set) (fullproxy.Decision, error) {
+	r := sc.r
 	st := r.state.Load()
-	sc, _ := req.Scratch.(*scratch)
-	if sc == nil {
-		sc = r.prepare(st, req)
-		req.Scratch = sc
-	}
 	for ep := excluded.Next(0); ep >= 0; ep = excluded.Next(ep + 1) {
 		if !sc.attempt.Excluded().Has(ep) {
 			sc.attempt.Exclude(ep)
@@ -92,7 +97,7 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 		r.m.Tier15FallthroughInc(r.service)
 	}
 	out := fullproxy.Decision{
-		Endpoint: d.Endpoint, Decode: d.Decode, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
+		Endpoint: d.Endpoint, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
 		Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes),
 		Stages: stages,
 	}
@@ -103,9 +108,6 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 		return out, fullproxy.ErrNoBackend
 	}
 	out.Addr, out.EndpointID = st.addrs[d.Endpoint], st.ids[d.Endpoint]
-	if d.Decode >= 0 && d.Decode < len(st.addrs) {
-		out.DecodeAddr = st.addrs[d.Decode]
-	}
 	if out.Addr == "" {
 		return out, fmt.Errorf("selector chose ep_idx %d, which the rule no longer has: %w", d.Endpoint, fullproxy.ErrNoBackend)
 	}
@@ -119,13 +121,10 @@ func reasonLabel(d selector.Decision) string {
 	return d.Reason.String()
 }
 
-// Finish implements fullproxy.Router: the routed decision is committed once,
-// so a request counts as one hit at most across retries.
-func (r *router) Finish(req *fullproxy.Request, d fullproxy.Decision, connected bool) {
-	sc, _ := req.Scratch.(*scratch)
-	if sc == nil {
-		return
-	}
+// Finish implements fullproxy.RoutePlan: the routed decision is committed
+// once, so a request counts as one hit at most across retries.
+func (sc *plan) Finish(d fullproxy.Decision, connected bool) {
+	r := sc.r
 	observeStages(r.m, r.service, d.Stages)
 	if !connected {
 		return
@@ -157,8 +156,8 @@ func recordOutcome(m *metrics.Metrics, service int, o selector.Outcome) {
 // prepare extracts the request facts, tokenizes and hashes the prompt, and
 // begins the selector attempt. Failures become the guard reason the selector
 // reports (text_empty, model_empty, tokenize, hashes).
-func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
-	sc := &scratch{}
+func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
+	sc := &plan{r: r}
 	sr := &sc.selReq
 	if ap, err := netip.ParseAddrPort(req.RemoteAddr.String()); err == nil {
 		sr.Client = ap.Addr().Unmap()

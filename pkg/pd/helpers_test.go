@@ -159,10 +159,11 @@ func (p *proxyObs) ConnectFailed(_ string, ep int) {
 // fixedRouter is the plain path: always the first prefill endpoint.
 type fixedRouter struct{ addr string }
 
-func (r fixedRouter) Route(context.Context, *fullproxy.Request, epset.Set) (fullproxy.Decision, error) {
+func (r fixedRouter) Plan(context.Context, *fullproxy.Request) fullproxy.RoutePlan { return r }
+func (r fixedRouter) Route(context.Context, epset.Set) (fullproxy.Decision, error) {
 	return fullproxy.Decision{Endpoint: 0, Addr: r.addr, Tier: "2"}, nil
 }
-func (fixedRouter) Finish(*fullproxy.Request, fullproxy.Decision, bool) {}
+func (fixedRouter) Finish(fullproxy.Decision, bool) {}
 
 // rig is a P/D rule on loopback: EP0 and EP2 prefill, EP1 decode (spec §4).
 type rig struct {
@@ -232,6 +233,7 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 		a := sel.Begin(sr)
 		return Plan{Attempt: &a, Model: "m"}
 	}
+	cfg.Plain = fullproxy.NewForward(fixedRouter{addr: net.JoinHostPort(r.eps[0].host, strconv.Itoa(r.eps[0].port))}, nil)
 	r.flow, err = New(cfg, top)
 	if err != nil {
 		t.Fatal(err)
@@ -240,9 +242,8 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 	if limits.ConnectTimeout == 0 {
 		limits.ConnectTimeout = time.Second
 	}
-	r.srv, err = fullproxy.Listen(fullproxy.Config{Service: "7", Addr: "127.0.0.1:0", PD: r.flow, Loads: r.loads,
-		Router: fixedRouter{addr: net.JoinHostPort(r.eps[0].host, strconv.Itoa(r.eps[0].port))}, Observer: r.pobs,
-		DecisionHeader: true, Limits: limits})
+	r.srv, err = fullproxy.Listen(fullproxy.Config{Service: "7", Addr: "127.0.0.1:0", Handler: r.flow, Loads: r.loads,
+		Observer: r.pobs, DecisionHeader: true, Limits: limits})
 	if err != nil {
 		t.Fatal(err)
 	}
