@@ -5,7 +5,7 @@ TESTFLAGS ?= -count=1 -timeout 15m
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: all build test bench generate lint fmt demo clean
+.PHONY: all build test race fuzz bench generate lint fmt demo clean
 
 all: build
 
@@ -15,6 +15,16 @@ build:
 
 test:
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# The race detector over the library packages (CI runs it; see docs/benchmarks.md for its cost).
+RACEPKGS  ?= ./pkg/...
+race:
+	$(GO) test -race -count=1 -timeout 20m $(RACEPKGS)
+
+# Every fuzz target in turn for FUZZTIME each (CI: 10s; the long runs are benchmarks).
+FUZZTIME  ?= 10s
+fuzz:
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)

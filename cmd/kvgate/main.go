@@ -72,6 +72,8 @@ type daemonFlags struct {
 	decisionHeader bool
 	accessLog      string
 	logLevel       string
+	vipDev         string
+	vipGARP        bool
 }
 
 func newRoot() *cobra.Command {
@@ -110,6 +112,8 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to FILE ('-' or the bare flag: stdout)")
 	fl.Lookup("access-log").NoOptDefVal = "-"
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
+	fl.StringVar(&f.vipDev, "vip-dev", "", "add each rule's VIP to this device (/32 or /128) while the rule exists, and remove the ones kvgate added at exit (off by default; see docs/vip.md)")
+	fl.BoolVar(&f.vipGARP, "vip-garp", false, "with --vip-dev, send a gratuitous ARP for each IPv4 VIP added (for VIPs one host owns at a time; not for ECMP replicas)")
 
 	root.AddCommand(newDemo(), &cobra.Command{
 		Use:   "version",
@@ -179,14 +183,35 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		defer fh.Close()
 		access = fh
 	}
-	g, err := gateway.New(gateway.Options{
+	vips, vipObs, err := openVIPs(f, log)
+	if err != nil {
+		return err
+	}
+	gopts := gateway.Options{
 		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
 		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log,
-	})
+	}
+	if vips != nil {
+		gopts.VIPs = vips
+		defer func() {
+			if err := vips.Close(); err != nil {
+				log.Warn("removing VIPs at exit", "err", err)
+			}
+		}()
+	}
+	g, err := gateway.New(gopts)
 	if err != nil {
 		return err
+	}
+	if vips != nil {
+		vipObs.m.Store(g.Metrics)
+		// The persisted rules have claimed their VIPs again: what the record
+		// still holds belongs to rules deleted while kvgate was down.
+		if err := vips.Prune(); err != nil {
+			log.Warn("removing VIPs of deleted rules", "err", err)
+		}
 	}
 	ln, err := net.Listen("tcp", f.api)
 	if err != nil {

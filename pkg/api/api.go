@@ -110,6 +110,10 @@ type Server struct {
 
 	mu    sync.Mutex
 	rules map[config.RuleKey]*config.Rule
+
+	openAPIOnce sync.Once
+	openAPI     []byte
+	openAPIErr  error
 }
 
 // New returns a server with an empty rule table.
@@ -419,27 +423,69 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// Handler is the API's HTTP handler.
-func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
+// Route is one method and path pattern the API serves (net/http ServeMux
+// syntax). docs/openapi.yaml documents exactly these; tests/openapi diffs the
+// two.
+type Route struct {
+	Method, Pattern string
+}
+
+type route struct {
+	Route
+	handler http.Handler
+	// anyMethod registers the pattern for every method: the handler answers
+	// other methods itself, in the reference's own shape.
+	anyMethod bool
+}
+
+func (s *Server) routeTable() []route {
 	lb := BasePath + "/config/loadbalancer"
 	byKey := lb + "/externalipaddress/{ip}/port/{port}/protocol/{proto}"
-	mux.HandleFunc("POST "+lb, s.handlePost)
-	mux.HandleFunc("GET "+lb+"/all", s.handleList)
-	mux.HandleFunc("DELETE "+lb+"/all", s.handleDeleteAll)
-	mux.HandleFunc("GET "+byKey, s.handleGet)
-	mux.HandleFunc("DELETE "+byKey, s.handleDelete)
-	mux.HandleFunc("PATCH "+byKey, s.handlePatch)
-	mux.HandleFunc("PUT "+byKey+"/endpoint", s.handleSetEndpoint)
-	mux.HandleFunc("GET "+lb+"/id/{id}", s.handleGetByID)
-	mux.HandleFunc("DELETE "+lb+"/name/{name}", s.handleDeleteByName)
-	mux.HandleFunc(BasePath+"/config/ai/kv/inventory", s.handleInventory)
 	var metrics http.Handler = http.NotFoundHandler()
 	if s.opts.Gatherer != nil {
 		metrics = promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{ErrorLog: slogPromLogger{s.log}})
 	}
-	mux.Handle("GET "+BasePath+"/metrics", metrics)
-	mux.Handle("GET /metrics", metrics)
+	f := func(method, pattern string, h http.HandlerFunc) route {
+		return route{Route: Route{method, pattern}, handler: h}
+	}
+	return []route{
+		f("POST", lb, s.handlePost),
+		f("GET", lb+"/all", s.handleList),
+		f("DELETE", lb+"/all", s.handleDeleteAll),
+		f("GET", byKey, s.handleGet),
+		f("DELETE", byKey, s.handleDelete),
+		f("PATCH", byKey, s.handlePatch),
+		f("PUT", byKey+"/endpoint", s.handleSetEndpoint),
+		f("GET", lb+"/id/{id}", s.handleGetByID),
+		f("DELETE", lb+"/name/{name}", s.handleDeleteByName),
+		{Route: Route{"GET", BasePath + "/config/ai/kv/inventory"}, handler: http.HandlerFunc(s.handleInventory), anyMethod: true},
+		{Route: Route{"GET", BasePath + "/metrics"}, handler: metrics},
+		{Route: Route{"GET", "/metrics"}, handler: metrics},
+		f("GET", BasePath+"/openapi.json", s.handleOpenAPI),
+	}
+}
+
+// Routes lists every method and path the API serves.
+func Routes() []Route {
+	var s Server
+	table := s.routeTable()
+	out := make([]Route, len(table))
+	for i, r := range table {
+		out[i] = r.Route
+	}
+	return out
+}
+
+// Handler is the API's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	for _, r := range s.routeTable() {
+		if r.anyMethod {
+			mux.Handle(r.Pattern, r.handler)
+		} else {
+			mux.Handle(r.Method+" "+r.Pattern, r.handler)
+		}
+	}
 	return mux
 }
 

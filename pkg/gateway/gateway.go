@@ -62,6 +62,9 @@ type Options struct {
 	Logger            *slog.Logger
 	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
 	SubscriberOptions ingest.Options
+	// VIPs, when set, puts each rule's VIP on a device while the rule exists
+	// (--vip-dev, package vip); nil leaves addresses to the operator.
+	VIPs VIPPlumber
 }
 
 // Gateway is the running daemon minus its flags.
@@ -317,6 +320,11 @@ func (g *Gateway) create(rule *config.Rule) error {
 		_ = srv.Close()
 		return err
 	}
+	if err := g.claimVIP(rule); err != nil {
+		rh.close()
+		_ = srv.Close()
+		return err
+	}
 	go func() {
 		defer close(rt.served)
 		if err := srv.Serve(); err != nil {
@@ -394,6 +402,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 	}
 	g.unregisterEndpoints(rule)
 	g.reconcile()
+	g.releaseVIP(rule)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)
 		defer cancel()

@@ -119,6 +119,9 @@ type Metrics struct {
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
 	BuildInfo *prometheus.GaugeVec
+	// VIPAddresses counts rule VIPs on the --vip-dev device by owner
+	// (kvgate: added by kvgate; host: already there when claimed).
+	VIPAddresses *prometheus.GaugeVec // kvgate_vip_addresses{owner}
 
 	models    modelLabels
 	rulesMu   sync.Mutex
@@ -213,6 +216,7 @@ func New(opts Options) *Metrics {
 	reg.MustRegister(m.Rules)
 	m.BuildInfo = f.gauge("kvgate_build_info", "Always 1: the running kvgate build.", "version", "revision", "goversion")
 	m.BuildInfo.WithLabelValues(orUnknown(opts.Version), orUnknown(opts.Revision), runtime.Version()).Set(1)
+	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
 
 	if !opts.NoProcessCollectors {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
