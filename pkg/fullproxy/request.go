@@ -69,7 +69,3 @@ func (r *Request) Path() string {
 	}
 	return r.Target
 }
-
-// BodyDone reports whether the client's body has been read to its end, so
-// the connection can carry another request.
-func (r *Request) BodyDone() bool { return r.bodyDone }
