@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/attempt"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
@@ -143,11 +144,24 @@ func (o *recObserver) DecodeOnly()                        { o.inc("decode_only")
 func (o *recObserver) KVParams(_ string, found bool)      { o.inc("kv_params:" + strconv.FormatBool(found)) }
 func (o *recObserver) Request(_, phase, status string)    { o.inc("request:" + phase + ":" + status) }
 
-// proxyObs counts the proxy's connect failures.
+// proxyObs counts the proxy's connect failures and keeps its records.
 type proxyObs struct {
 	fullproxy.NopObserver
 	mu       sync.Mutex
 	connFail []int
+	records  []fullproxy.Record
+}
+
+func (p *proxyObs) Done(r *fullproxy.Record) {
+	p.mu.Lock()
+	p.records = append(p.records, *r)
+	p.mu.Unlock()
+}
+
+func (p *proxyObs) all() []fullproxy.Record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]fullproxy.Record(nil), p.records...)
 }
 
 func (p *proxyObs) ConnectFailed(_ string, ep int) {
@@ -186,6 +200,9 @@ type rigOptions struct {
 	receipt   bool
 	nixlPorts map[int]int
 	limits    fullproxy.Limits // zero: ConnectTimeout 1 s
+	// plainBreaker puts the plain forward under the rule's breaker, as the
+	// gateway wires it.
+	plainBreaker bool
 }
 
 func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, seen), roles []selector.Role, o rigOptions) *rig {
@@ -233,7 +250,11 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 		a := sel.Begin(sr)
 		return Plan{Attempt: &a, Model: "m"}
 	}
-	cfg.Plain = fullproxy.NewForward(fixedRouter{addr: net.JoinHostPort(r.eps[0].host, strconv.Itoa(r.eps[0].port))}, nil)
+	var breaker attempt.Breaker
+	if o.plainBreaker {
+		breaker = r.tracker
+	}
+	cfg.Plain = fullproxy.NewForward(fixedRouter{addr: net.JoinHostPort(r.eps[0].host, strconv.Itoa(r.eps[0].port))}, breaker)
 	r.flow, err = New(cfg, top)
 	if err != nil {
 		t.Fatal(err)
