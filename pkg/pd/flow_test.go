@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -694,8 +695,10 @@ func TestRetriesCountedOnce(t *testing.T) {
 	r.pobs.mu.Lock()
 	fails := append([]int(nil), r.pobs.connFail...)
 	r.pobs.mu.Unlock()
-	if retried != 1 || len(fails) != 1 || fails[0] != 0 {
-		t.Fatalf("%d retried records, connect failures %v; want one retry and one failure on ep 0", retried, fails)
+	// Round-robin may try EP0 for either request or both: each retry is one
+	// connect failure, on EP0.
+	if retried == 0 || len(fails) != retried || slices.ContainsFunc(fails, func(ep int) bool { return ep != 0 }) {
+		t.Fatalf("%d retried records, connect failures %v; want one failure on ep 0 per retry", retried, fails)
 	}
 }
 
