@@ -99,6 +99,7 @@ func (f *forward) Serve(ctx context.Context, x *Exchange) bool {
 				plan.Finish(d, false)
 				return x.Failf(502, "backend_unreachable", "no endpoint accepted a connection (tried %v)", rec.ConnectErr)
 			}
+			x.s.log.Debug("no backend", "err", err)
 			return x.Fail(503, "no_healthy_backend", "no eligible endpoint for this request")
 		}
 		if !loop.Admit(nd.Endpoint) {
