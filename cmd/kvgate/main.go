@@ -113,7 +113,7 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.Lookup("access-log").NoOptDefVal = "-"
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug|info|warn|error")
 	fl.StringVar(&f.vipDev, "vip-dev", "", "add each rule's VIP to this device (/32 or /128) while the rule exists, and remove the ones kvgate added at exit (off by default; see docs/vip.md)")
-	fl.BoolVar(&f.vipGARP, "vip-garp", false, "with --vip-dev, send a gratuitous ARP for each IPv4 VIP added (for VIPs one host owns at a time; not for ECMP replicas)")
+	fl.BoolVar(&f.vipGARP, "vip-garp", false, "with --vip-dev, announce each VIP added: gratuitous ARP (IPv4), unsolicited neighbour advertisement (IPv6); for VIPs one host owns at a time, not for ECMP replicas")
 
 	root.AddCommand(newDemo(), &cobra.Command{
 		Use:   "version",

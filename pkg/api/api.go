@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/status"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -89,6 +90,11 @@ type RuleMetrics interface {
 	SetAdminDown(serviceID, epIdx int, down bool)
 }
 
+// StatusSource builds the fleet view (*status.Collector implements it).
+type StatusSource interface {
+	Snapshot() status.Status
+}
+
 // Options configure a Server. Every interface may be nil.
 type Options struct {
 	// Settings are the process settings (the hash seed matters to validation).
@@ -100,7 +106,10 @@ type Options struct {
 	Metrics   RuleMetrics
 	// Gatherer is served on /netlox/v1/metrics and /metrics.
 	Gatherer prometheus.Gatherer
-	Log      *slog.Logger
+	// Status builds the fleet view of GET /netlox/v1/status and the page at
+	// GET / (package status); nil answers 503.
+	Status StatusSource
+	Log    *slog.Logger
 }
 
 // Server is the management API and the owner of the rule table.
@@ -462,6 +471,8 @@ func (s *Server) routeTable() []route {
 		{Route: Route{"GET", BasePath + "/metrics"}, handler: metrics},
 		{Route: Route{"GET", "/metrics"}, handler: metrics},
 		f("GET", BasePath+"/openapi.json", s.handleOpenAPI),
+		f("GET", BasePath+"/status", s.handleStatus),
+		f("GET", "/{$}", s.handleStatusPage),
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
+	"github.com/kvgate/kvgate/pkg/status"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
@@ -82,6 +83,7 @@ type Gateway struct {
 	selOpts selector.Options
 	access  *slog.Logger
 	store   *state.Store
+	status  *status.Collector
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -151,7 +153,8 @@ func New(opts Options) (*Gateway, error) {
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)
 
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Log: g.log}
+	g.status = g.newStatus()
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -180,6 +183,7 @@ func New(opts Options) (*Gateway, error) {
 func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- g.API.Serve(ctx, apiLn) }()
+	go g.status.Run(ctx)
 	var err error
 	select {
 	case <-ctx.Done():

@@ -14,7 +14,7 @@
 // persisted rules claim their VIPs again, and Prune removes the recorded
 // addresses that no rule claimed. docs/vip.md has the operator's view.
 //
-// Knobs: --vip-dev (off by default), --vip-garp (announce IPv4 VIPs with a
-// gratuitous ARP when added). Metrics: kvgate_vip_addresses{owner} through the
+// Knobs: --vip-dev (off by default), --vip-garp (announce each VIP when
+// added: gratuitous ARP for IPv4, unsolicited neighbour advertisement for IPv6). Metrics: kvgate_vip_addresses{owner} through the
 // Observer.
 package vip

@@ -11,10 +11,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,8 +44,12 @@ type Options struct {
 	Device   string // the link to add VIPs to, e.g. "lo" or "eth0"
 	StateDir string // where vips.json lives; "" keeps the record in memory only
 	// Handle is the netlink handle to use; nil means the daemon's own network
-	// namespace. Tests pass a handle into a namespace they made.
+	// namespace. Tests pass a handle into a namespace they made, and then
+	// must pass that namespace as Namespace too.
 	Handle *netlink.Handle
+	// Namespace is the network namespace Handle works in, where announcements
+	// are sent from; nil means the calling thread's own.
+	Namespace *netns.NsHandle
 	// Announce sends a gratuitous ARP for each IPv4 VIP added (for VIPs that
 	// one host owns at a time; ECMP replicas leave it off).
 	Announce bool
@@ -157,8 +163,8 @@ func (p *Plumber) Claim(addr netip.Addr) error {
 	p.claims[addr] = 1
 	p.claimedSinceOpen[addr] = true
 	p.opts.Logger.Info("VIP added", "vip", addr, "dev", p.opts.Device)
-	if p.opts.Announce && addr.Is4() {
-		if err := announce(p.link, addr); err != nil {
+	if p.opts.Announce {
+		if err := inNamespace(p.opts.Namespace, func() error { return announce(p.link, addr) }); err != nil {
 			p.opts.Logger.Warn("gratuitous ARP failed", "vip", addr, "dev", p.opts.Device, "err", err)
 		}
 	}
@@ -268,6 +274,26 @@ func (p *Plumber) deviceAddrs() (map[netip.Addr]bool, error) {
 		}
 	}
 	return out, nil
+}
+
+// inNamespace runs fn on a thread inside ns (nil: where it is), so sockets
+// fn makes belong to the namespace whose link they send on.
+func inNamespace(ns *netns.NsHandle, fn func() error) error {
+	if ns == nil {
+		return fn()
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("current namespace: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(*ns); err != nil {
+		return fmt.Errorf("enter namespace: %w", err)
+	}
+	defer func() { _ = netns.Set(orig) }()
+	return fn()
 }
 
 func hostAddr(a netip.Addr) *netlink.Addr {

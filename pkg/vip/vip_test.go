@@ -13,15 +13,60 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // testLink makes a network namespace of the test's own with a veth pair
 // "kvgvip0"/"kvgvip1" in it (this kernel has no dummy links), and returns a netlink handle into that namespace. Nothing
 // outside the namespace is touched, and it vanishes when the handle closes.
 func testLink(t *testing.T) *netlink.Handle {
+	t.Helper()
+	h, ns := testNS(t)
+	lastNS[h] = ns
+	t.Cleanup(func() { delete(lastNS, h) })
+	return h
+}
+
+// lastNS maps a test's handle to its namespace (tests in this package do not
+// run in parallel).
+var lastNS = map[*netlink.Handle]netns.NsHandle{}
+
+// peerCapture opens a packet socket on ifindex inside ns, with a short
+// receive timeout, for reading what arrives on the veth peer.
+func peerCapture(t *testing.T, ns netns.NsHandle, ifindex int) int {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = netns.Set(orig) }()
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifindex}); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval((200 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// testNS makes the namespace and its veth pair.
+func testNS(t *testing.T) (*netlink.Handle, netns.NsHandle) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("KVGATE_REQUIRE_BPF") != "" {
@@ -60,7 +105,7 @@ func testLink(t *testing.T) *netlink.Handle {
 	if err := h.LinkSetUp(link); err != nil {
 		t.Fatal(err)
 	}
-	return h
+	return h, ns
 }
 
 func onDevice(t *testing.T, h *netlink.Handle) []string {
@@ -98,7 +143,8 @@ func addByHand(t *testing.T, h *netlink.Handle, cidr string) {
 
 func mustOpen(t *testing.T, h *netlink.Handle, dir string) *Plumber {
 	t.Helper()
-	p, err := Open(Options{Device: "kvgvip0", StateDir: dir, Handle: h, Announce: true})
+	ns := lastNS[h]
+	p, err := Open(Options{Device: "kvgvip0", StateDir: dir, Handle: h, Namespace: &ns, Announce: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,5 +337,72 @@ func TestGARPFrame(t *testing.T) {
 		"020000000001" + "0ad50764" + "000000000000" + "0ad50764") // sender = target = VIP
 	if !bytes.Equal(got, want) {
 		t.Fatalf("frame\n got %x\nwant %x", got, want)
+	}
+}
+
+func TestUnsolicitedNA(t *testing.T) {
+	mac, _ := net.ParseMAC("02:00:00:00:00:01")
+	got := unsolicitedNA(mac, netip.MustParseAddr("fd00:213::100"))
+	want, _ := hex.DecodeString("88000000" + "20000000" + "fd000213000000000000000000000100" + "0201" + "020000000001")
+	if !bytes.Equal(got, want) {
+		t.Fatalf("message\n got %x\nwant %x", got, want)
+	}
+}
+
+// TestAnnounceReachesThePeer claims an IPv4 and an IPv6 VIP with Announce on
+// and reads, on the veth peer, the gratuitous ARP and the neighbour
+// advertisement that arrive.
+func TestAnnounceReachesThePeer(t *testing.T) {
+	h := testLink(t)
+	peer, err := h.LinkByName("kvgvip1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(peer); err != nil {
+		t.Fatal(err)
+	}
+	fd := peerCapture(t, lastNS[h], peer.Attrs().Index)
+	// A neighbour advertisement needs a source: wait until the link-local
+	// address has passed duplicate address detection, as on any long-up link.
+	link, _ := h.LinkByName("kvgvip0")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		addrs, _ := h.AddrList(link, netlink.FAMILY_V6)
+		ready := false
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				ready = true
+			}
+		}
+		if ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the link-local address stayed tentative")
+		}
+	}
+	p := mustOpen(t, h, t.TempDir())
+	for _, a := range []netip.Addr{vipA, vip6} {
+		if err := p.Claim(a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var sawARP, sawNA bool
+	buf := make([]byte, 2048)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && !(sawARP && sawNA); {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			continue // the receive timeout: look again until the deadline
+		}
+		f := buf[:n]
+		switch {
+		case len(f) >= 42 && f[12] == 0x08 && f[13] == 0x06 && bytes.Equal(f[28:32], vipA.AsSlice()) && bytes.Equal(f[38:42], vipA.AsSlice()):
+			sawARP = true
+		case len(f) >= 14+40+24 && f[12] == 0x86 && f[13] == 0xdd && f[14+6] == 58 && f[14+40] == 136 &&
+			bytes.Equal(f[14+40+8:14+40+24], vip6.AsSlice()):
+			sawNA = true
+		}
+	}
+	if !sawARP || !sawNA {
+		t.Fatalf("on the peer: gratuitous ARP %v, neighbour advertisement %v", sawARP, sawNA)
 	}
 }
