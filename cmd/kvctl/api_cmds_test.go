@@ -196,6 +196,13 @@ func TestKvctlAgainstRunningAPI(t *testing.T) {
 		"--kv-lora-adapters=sql-lora"); !strings.Contains(msg, "API error 400") || !strings.Contains(msg, "kvLoraAdapters") {
 		t.Errorf("adapters on a non-KV rule: %s", msg)
 	}
+	if msg := run(1, "create", "lb", "0.0.0.0", "--tcp=81:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy"); !strings.Contains(msg, "API error 400") || !strings.Contains(msg, "wildcardVip") {
+		t.Errorf("wildcard VIP without --wildcard-vip: %s", msg)
+	}
+	run(0, "create", "lb", "0.0.0.0", "--tcp=81:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy", "--wildcard-vip")
+	if s := getAll(t, ts.URL); !strings.Contains(s, `"wildcardVip":true`) {
+		t.Errorf("--wildcard-vip not posted: %s", s)
+	}
 	run(0, "delete", "lb", "--all")
 	if s := getAll(t, ts.URL); strings.TrimSpace(s) != `{"lbAttr":[]}` {
 		t.Errorf("delete --all left %s", s)

@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/spf13/cobra"
@@ -39,7 +38,7 @@ func newAPICommands() []*cobra.Command {
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return badInput("%s: name what to %s; see kvctl %s --help", use, use, use)
 			}}
-		c.PersistentFlags().String("api-server", envOr("KVCTL_API_SERVER", defaultAPIServer), "kvgate management API base URL (env KVCTL_API_SERVER)")
+		addAPIFlags(c.PersistentFlags())
 		c.AddCommand(subs...)
 		return c
 	}
@@ -60,20 +59,9 @@ func envOr(name, def string) string {
 
 // apiClient talks to kvgate's management API.
 type apiClient struct {
-	base string
-	http *http.Client
-}
-
-func newAPIClient(cmd *cobra.Command) (*apiClient, error) {
-	base := defaultAPIServer
-	if f := cmd.Flag("api-server"); f != nil {
-		base = f.Value.String()
-	}
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, badInput("--api-server %q: want a URL such as %s", base, defaultAPIServer)
-	}
-	return &apiClient{base: strings.TrimRight(base, "/"), http: &http.Client{Timeout: 60 * time.Second}}, nil
+	base  string
+	http  *http.Client
+	token string // sent as Authorization: Bearer when set
 }
 
 // callAPI sends one request to the API server the command names and
@@ -93,7 +81,7 @@ type apiError struct {
 }
 
 func (e *apiError) Error() string {
-	return fmt.Sprintf("API error %d %s: %s", e.status, http.StatusText(e.status), e.msg)
+	return fmt.Sprintf("API error %d %s: %s%s", e.status, http.StatusText(e.status), e.msg, authHint(e.status))
 }
 
 // do sends a request and returns the body of a 2xx answer.
@@ -113,9 +101,12 @@ func (c *apiClient) do(method, path string, body any) ([]byte, error) {
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach the kvgate API at %s (is kvgate running? see --api-server): %w", c.base, err)
+		return nil, explainTransport(c.base, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
@@ -304,6 +295,7 @@ func newCreateLBCmd() *cobra.Command {
 		chwblLevel, chwblFlags, chwblFactor, chwblRepl                 int
 		probePort, probeTimeout, probeRetries, probeInterval           int
 		pdDisagg, pdCacheAware, cbEnable, chwblSalt, pdReceipt, asJSON bool
+		wildcardVIP                                                    bool
 	)
 	c := &cobra.Command{
 		Use:     "lb EXTERNAL-IP --tcp=PORT:TARGETPORT --endpoints=IP:WEIGHT,...",
@@ -336,7 +328,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 				return err
 			}
 			rule := lbRule{Endpoints: eps, ServiceArguments: lbArgs{ServiceArguments: config.ServiceArguments{
-				ExternalIP: ip, Port: port, Protocol: "tcp", Sel: s, Mode: m, Name: name,
+				ExternalIP: ip, Port: port, Protocol: "tcp", Sel: s, Mode: m, Name: name, WildcardVIP: wildcardVIP,
 				KVExactMode: kvExact, KVZmqPort: kvZmq, KVHashAlgo: kvHashAlgo, KVBlockSize: kvBlock, KVWarmupSec: kvWarmup,
 				KVEngineType: kvEngine, KVDpRankCount: kvRanks, KVReplayPort: kvReplay,
 				PDBootstrapPort: pdBootstrap, PDDisaggMode: pdDisagg, PDCacheAwareMode: pdCacheAware, PDSessionTTLSec: pdTTL,
@@ -375,7 +367,8 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 	f.StringVar(&endpoints, "endpoints", "", "endpoints as IP:WEIGHT,... (IPv6 as [IP]:WEIGHT)")
 	f.StringVar(&mode, "mode", "default", "LB mode: default|onearm|fullnat|dsr|fullproxy|hostonearm; KV and P/D rules need fullproxy")
 	f.StringVar(&sel, "select", "rr", "endpoint selector (mode-3 fallback): rr|hash|priority|persist|lc|n2|n3|chwbl|gpuaware|wrr-hash")
-	f.StringVar(&name, "name", "", "rule name")
+	f.StringVar(&name, "name", "", "rule name (1-256 printable ASCII characters)")
+	f.BoolVar(&wildcardVIP, "wildcard-vip", false, "allow EXTERNAL-IP 0.0.0.0 or ::, which listens on every interface of the host")
 	f.IntVar(&kvExact, "kv-exact-mode", 0, "KV-exact mode: 0 off, 1 P/D pool (prefill endpoints scored), 3 single pool")
 	f.IntVar(&kvZmq, "kv-zmq-port", 0, "workers' KV-event PUB port (0 = 5557); rank r uses port+r")
 	f.StringVar(&kvHashAlgo, "kv-hash-algo", "", "block-hash algorithm: sha256_cbor|xxhash_cbor|sha256|xxhash (default from the engine: sha256_cbor)")

@@ -81,7 +81,7 @@ inventory blocks, subscriber state, last-event age, hits and a hit-rate spark li
 			}
 		},
 	}
-	c.Flags().String("api-server", envOr("KVCTL_API_SERVER", defaultAPIServer), "kvgate management API base URL (env KVCTL_API_SERVER)")
+	addAPIFlags(c.Flags())
 	c.Flags().BoolVar(&asJSON, "json", false, "print the API's JSON")
 	c.Flags().BoolVarP(&watch, "watch", "w", false, "redraw every --interval until interrupted")
 	c.Flags().DurationVar(&interval, "interval", 2*time.Second, "with --watch, time between redraws")
@@ -167,7 +167,9 @@ func misses(m map[string]float64) string {
 	for r := range m {
 		reasons = append(reasons, r)
 	}
-	sort.Slice(reasons, func(i, j int) bool { return m[reasons[i]] > m[reasons[j]] || (m[reasons[i]] == m[reasons[j]] && reasons[i] < reasons[j]) })
+	sort.Slice(reasons, func(i, j int) bool {
+		return m[reasons[i]] > m[reasons[j]] || (m[reasons[i]] == m[reasons[j]] && reasons[i] < reasons[j])
+	})
 	parts := make([]string, len(reasons))
 	for i, r := range reasons {
 		parts[i] = r + " " + num(m[r])

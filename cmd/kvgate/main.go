@@ -74,6 +74,13 @@ type daemonFlags struct {
 	logLevel       string
 	vipDev         string
 	vipGARP        bool
+	apiTLSCert     string
+	apiTLSKey      string
+	apiClientCA    string
+	apiTokenFile   string
+	apiInsecure    bool
+	metricsAddr    string
+	endpointCIDRs  string
 }
 
 func newRoot() *cobra.Command {
@@ -102,7 +109,14 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 		RunE:          func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), f) },
 	}
 	fl := root.Flags()
-	fl.StringVar(&f.api, "api", api.DefaultAddr, "management API listen address (no auth or TLS yet: keep it on loopback)")
+	fl.StringVar(&f.api, "api", api.DefaultAddr, "management API listen address; beyond loopback it needs --api-tls-cert, --api-tls-key and --api-token-file (or --api-insecure)")
+	fl.StringVar(&f.apiTLSCert, "api-tls-cert", "", "serve the management API over TLS 1.2+ with this certificate (PEM; reloads when the file changes)")
+	fl.StringVar(&f.apiTLSKey, "api-tls-key", "", "the --api-tls-cert key (PEM; mode 0600 or 0400, owned by kvgate's user or root)")
+	fl.StringVar(&f.apiClientCA, "api-client-ca", "", "require API clients to present a certificate signed by this CA (mTLS; reloads)")
+	fl.StringVar(&f.apiTokenFile, "api-token-file", "", "require Authorization: Bearer tokens from this file: '<name> <admin|read> <token>' per line; mode 0600 or 0400 (reloads)")
+	fl.BoolVar(&f.apiInsecure, "api-insecure", false, "allow a management API beyond loopback without TLS and tokens (logged, and kvgate_api_insecure 1)")
+	fl.StringVar(&f.endpointCIDRs, "endpoint-cidrs", "", "only allow rule endpoints in these comma-separated CIDRs (their KV-event and replay ports too); default: any address")
+	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
 	fl.StringVar(&f.datapath, "datapath", "auto", "response body path: auto|sockmap|userspace (sockmap: eBPF splice, needs root/CAP_BPF; auto picks what the benchmark favours for token streams, see docs/datapath.md)")
@@ -183,6 +197,14 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		defer fh.Close()
 		access = fh
 	}
+	sec, err := openAPISecurity(f, log)
+	if err != nil {
+		return err
+	}
+	cidrs, err := config.ParseCIDRs(f.endpointCIDRs)
+	if err != nil {
+		return fmt.Errorf("--endpoint-cidrs: %w", err)
+	}
 	vips, vipObs, err := openVIPs(f, log)
 	if err != nil {
 		return err
@@ -191,7 +213,7 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
 		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
-		Version: version, Revision: revision(), Logger: log,
+		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
 	}
 	if vips != nil {
 		gopts.VIPs = vips
@@ -213,22 +235,31 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 			log.Warn("removing VIPs of deleted rules", "err", err)
 		}
 	}
+	sec.bind(g.Metrics)
 	ln, err := net.Listen("tcp", f.api)
 	if err != nil {
 		g.Shutdown()
 		return fmt.Errorf("--api %s: %w", f.api, err)
 	}
-	if host, _, _ := net.SplitHostPort(f.api); host == "" || host == "0.0.0.0" || host == "::" {
-		log.Warn("the management API has no authentication or TLS yet; it is reachable from the network", "api", f.api)
-	}
-	log.Info("kvgate started", "version", version, "api", ln.Addr().String(), "tokenizer_dir", f.tokenizerDir,
-		"state_dir", f.stateDir, "datapath", f.datapath)
+	ln = sec.listen(ln)
 
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	sec.run(ctx)
+	if f.metricsAddr != "" {
+		maddr, err := serveMetrics(ctx, f.metricsAddr, g.Metrics, log)
+		if err != nil {
+			_ = ln.Close()
+			g.Shutdown()
+			return err
+		}
+		log.Info("metrics listener", "addr", maddr.String())
+	}
+	log.Info("kvgate started", "version", version, "api", ln.Addr().String(), "api_tls", sec.tls != nil,
+		"api_tokens", sec.guard.Enabled(), "tokenizer_dir", f.tokenizerDir, "state_dir", f.stateDir, "datapath", f.datapath)
 	err = g.Run(ctx, ln)
 	if errors.Is(err, context.Canceled) {
 		err = nil

@@ -29,7 +29,9 @@ func openVIPs(f daemonFlags, log *slog.Logger) (*vip.Plumber, *vipMetrics, error
 // vipMetrics forwards the plumber's counts to kvgate_vip_addresses once the
 // gateway's metrics exist (the plumber is opened before the gateway, which
 // restores persisted rules and so claims their VIPs).
-type vipMetrics struct{ m atomic.Pointer[metrics.Metrics] }
+type vipMetrics struct {
+	m atomic.Pointer[metrics.Metrics]
+}
 
 func (o *vipMetrics) Addresses(owner string, n int) {
 	if m := o.m.Load(); m != nil {

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
@@ -109,7 +110,24 @@ type Options struct {
 	// Status builds the fleet view of GET /netlox/v1/status and the page at
 	// GET / (package status); nil answers 503.
 	Status StatusSource
-	Log    *slog.Logger
+	// EndpointCIDRs, when set, are the only ranges rule endpoints may be in
+	// (--endpoint-cidrs).
+	EndpointCIDRs []netip.Prefix
+	// Middleware wraps the whole API handler when serving: authentication
+	// and audit (package apiauth). nil serves it bare.
+	Middleware func(http.Handler) http.Handler
+	// Readiness answers GET /readyz; nil means always ready.
+	Readiness Readiness
+	// HostAddrs reports the host's local and broadcast addresses for the
+	// address checks (config.CheckAddresses); nil means config.HostAddrs.
+	HostAddrs func() (local, broadcast func(netip.Addr) bool)
+	Log       *slog.Logger
+}
+
+// Readiness reports whether the daemon is ready for traffic and, if not,
+// what it still waits for (the staged tokenizers still loading).
+type Readiness interface {
+	Ready() (ready bool, pending []string)
 }
 
 // Server is the management API and the owner of the rule table.
@@ -119,6 +137,8 @@ type Server struct {
 
 	mu    sync.Mutex
 	rules map[config.RuleKey]*config.Rule
+	// apiAddr is where Serve listens, so a rule cannot point back at the API.
+	apiAddr netip.AddrPort
 
 	openAPIOnce sync.Once
 	openAPI     []byte
@@ -156,6 +176,11 @@ func (s *Server) Restore(rules []config.Rule) error {
 	}
 	for _, r := range s.sortedLocked() {
 		s.metricsChanged(nil, r)
+		if err := s.restoreCheckLocked(r); err != nil {
+			s.log.Error("restored rule fails the address checks; it is kept but not started: fix it with PATCH or delete it",
+				"rule", r.Key().String(), "service_id", r.ServiceID, "err", err)
+			continue
+		}
 		if s.opts.Sink != nil {
 			if err := s.opts.Sink.RuleChanged(nil, r.Clone()); err != nil {
 				s.log.Error("restored rule could not be started; it is kept", "rule", r.Key().String(), "service_id", r.ServiceID, "err", err)
@@ -163,6 +188,21 @@ func (s *Server) Restore(rules []config.Rule) error {
 		}
 	}
 	return nil
+}
+
+// restoreCheckLocked applies the address checks to a restored rule, which
+// may predate them: a rule that would loop into kvgate or reach no engine is
+// not started. A wildcard VIP saved before wildcardVip existed was the
+// operator's choice then and still starts.
+func (s *Server) restoreCheckLocked(r *config.Rule) error {
+	c := r.Clone()
+	if config.WildcardVIP(c.Args.ExternalIP) {
+		c.Args.WildcardVIP = true
+	}
+	if err := config.CheckAddresses(c, s.listenersLocked(c.Key())); err != nil {
+		return err
+	}
+	return config.CheckEndpointCIDRs(c, s.opts.EndpointCIDRs)
 }
 
 // Rules returns copies of the rules, ordered by service_id.
@@ -262,6 +302,12 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := r.Key()
+	if err := config.CheckAddresses(r, s.listenersLocked(key)); err != nil {
+		return 0, err
+	}
+	if err := config.CheckEndpointCIDRs(r, s.opts.EndpointCIDRs); err != nil {
+		return 0, err
+	}
 	old := s.rules[key]
 	if old != nil {
 		if err := config.CheckUpdate(old, r); err != nil {
@@ -287,6 +333,26 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 		return 0, err
 	}
 	return r.ServiceID, nil
+}
+
+// listenersLocked describes kvgate's own listeners for the address checks of
+// the rule under key: the API and every other rule's VIP.
+func (s *Server) listenersLocked(key config.RuleKey) config.Listeners {
+	hostAddrs := s.opts.HostAddrs
+	if hostAddrs == nil {
+		hostAddrs = config.HostAddrs
+	}
+	l := config.Listeners{API: s.apiAddr}
+	l.Local, l.Broadcast = hostAddrs()
+	for k, r := range s.rules {
+		if k == key {
+			continue
+		}
+		if a, err := netip.ParseAddr(k.ExternalIP); err == nil {
+			l.VIPs = append(l.VIPs, netip.AddrPortFrom(a.Unmap(), uint16(r.Args.Port)))
+		}
+	}
+	return l
 }
 
 // commitLocked tells the sink, persists, and installs updated (nil deletes).
@@ -410,8 +476,17 @@ func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
 // Serve serves the API on ln until ctx ends, then shuts down gracefully
 // (bounded by 5 s).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+		s.mu.Lock()
+		s.apiAddr = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		s.mu.Unlock()
+	}
+	var h http.Handler = s.Handler()
+	if s.opts.Middleware != nil {
+		h = s.opts.Middleware(h)
+	}
 	srv := &http.Server{
-		Handler:           s.Handler(),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      5 * time.Minute, // a large inventory takes a while to stream
@@ -473,6 +548,8 @@ func (s *Server) routeTable() []route {
 		f("GET", BasePath+"/openapi.json", s.handleOpenAPI),
 		f("GET", BasePath+"/status", s.handleStatus),
 		f("GET", "/{$}", s.handleStatusPage),
+		f("GET", "/healthz", s.handleHealthz),
+		f("GET", "/readyz", s.handleReadyz),
 	}
 }
 

@@ -17,8 +17,10 @@ import (
 )
 
 // Known JSON keys, for the debug log of ignored ones. Migrated LoxiLB
-// scripts carry fields kvgate has no use for (secondaryIPs, allowedSources,
-// bgp, inactiveTimeOut, …); they are ignored, not rejected.
+// scripts carry fields kvgate has no use for (secondaryIPs, bgp,
+// inactiveTimeOut, …); they are ignored, not rejected. allowedSources is the
+// exception (unsupportedField): ignoring a source allow-list would open the
+// VIP to every client the operator meant to keep out.
 var (
 	knownTopKeys      = []string{"serviceArguments", "endpoints"}
 	knownArgKeys      = append(jsonKeys(reflect.TypeFor[config.ServiceArguments]()), "service_id")
@@ -185,6 +187,27 @@ func (s *Server) inspectKeys(body []byte) postedShape {
 	return p
 }
 
+// unsupportedField refuses a posted field whose meaning kvgate cannot honour
+// and must not ignore: a non-empty allowedSources (LoxiLB's per-rule source
+// allow-list), at the top level or in serviceArguments. Empty lists and null
+// are accepted, as they restrict nothing.
+func unsupportedField(p postedShape) error {
+	for _, c := range []struct {
+		field string
+		raw   json.RawMessage
+	}{{"allowedSources", p.Top["allowedSources"]}, {"serviceArguments.allowedSources", p.Args["allowedSources"]}} {
+		var list []json.RawMessage
+		if len(c.raw) == 0 || string(c.raw) == "null" {
+			continue
+		}
+		if err := json.Unmarshal(c.raw, &list); err == nil && len(list) == 0 {
+			continue
+		}
+		return &config.ValidationError{Field: c.field, Msg: c.field + ": source allow-lists are not supported yet, and kvgate will not ignore one (every client could reach the VIP); remove the field or filter sources in front of kvgate (docs/api.md)"}
+	}
+	return nil
+}
+
 func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
 	var rule config.Rule
 	body, err := decodeBody(w, r, &rule)
@@ -193,6 +216,10 @@ func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	shape := s.inspectKeys(body)
+	if err := unsupportedField(shape); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
 	adminGiven := func(i int) bool {
 		if i >= len(shape.Endpoints) {
 			return false

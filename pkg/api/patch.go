@@ -50,7 +50,10 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, badRequest("serviceArguments: PATCH cannot change externalIP, port or protocol (the rule's key); delete and recreate the rule"))
 		return
 	}
-	s.inspectKeys(merged)
+	if err := unsupportedField(s.inspectKeys(merged)); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
 	// Admin states come from the merged document: endpoints kept from the
 	// current rule carry their admin field.
 	id, err := s.Apply(&rule, nil)

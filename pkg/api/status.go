@@ -27,3 +27,11 @@ func (s *Server) handleStatusPage(w http.ResponseWriter, _ *http.Request) {
 	h.Set("Referrer-Policy", "no-referrer")
 	_, _ = w.Write(status.Page())
 }
+
+// handleHealthz answers liveness probes: the API is serving. It needs no
+// token (kubelet probes carry none).
+func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, struct {
+		Status string `json:"status"`
+	}{"ok"})
+}

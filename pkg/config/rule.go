@@ -108,6 +108,14 @@ type ServiceArguments struct {
 	Sel        int    `json:"sel"`
 	Mode       int    `json:"mode"`
 	Name       string `json:"name,omitempty"`
+	// WildcardVIP must be true for an externalIP of 0.0.0.0 or ::, which
+	// listens on every interface of the host. Ours (docs/api.md "Addresses").
+	WildcardVIP bool `json:"wildcardVip,omitempty"`
+	// Security is LoxiLB's TLS termination mode: 0 plain, 1 https (TLS to
+	// clients), 2 e2ehttps (TLS to clients and backends). kvgate serves plain
+	// HTTP only so far, so any other value is refused rather than silently
+	// served in the clear (docs/security.md).
+	Security int `json:"security,omitempty"`
 
 	KVExactMode   int    `json:"kvExactMode,omitempty"`
 	KVZmqPort     int    `json:"kvZmqPort,omitempty"`

@@ -57,6 +57,11 @@ func Validate(r *Rule, env Settings) error {
 	if len(a.Name) > maxNameLen {
 		return invalid("serviceArguments.name", "longer than %d bytes", maxNameLen)
 	}
+	// Names end up in logs, kvctl tables and the DELETE …/name/{name} path:
+	// control characters and NUL would forge log lines or break the path.
+	if i := strings.IndexFunc(a.Name, func(c rune) bool { return c < 0x20 || c > 0x7e }); i >= 0 {
+		return invalid("serviceArguments.name", "byte %d is not printable ASCII; allowed: 1-%d printable ASCII characters (0x20-0x7e)", i, maxNameLen)
+	}
 	if a.Mode < 0 || a.Mode > 5 {
 		return invalid("serviceArguments.mode", "%d is out of range; allowed 0-5 (4 = fullproxy)", a.Mode)
 	}
@@ -120,6 +125,9 @@ func Validate(r *Rule, env Settings) error {
 	}
 	if a.KVHashSeed != nil && len(*a.KVHashSeed) > maxSeedLen {
 		return invalid("serviceArguments.kvHashSeed", "longer than %d bytes", maxSeedLen)
+	}
+	if a.Security != 0 {
+		return invalid("serviceArguments.security", "%d: TLS termination (1 https, 2 e2ehttps) is not supported yet; allowed values: 0 (plain HTTP)", a.Security)
 	}
 	if err := validateLoraAdapters(r); err != nil {
 		return err

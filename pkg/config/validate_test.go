@@ -34,6 +34,8 @@ func TestValidateRejects(t *testing.T) {
 		{"kvExactMode 4", func(r *Rule) { r.Args.KVExactMode = 4 }, "kvExactMode", "0 off, 1 P/D, 3 single pool"},
 		{"kvExactMode -1", func(r *Rule) { r.Args.KVExactMode = -1 }, "kvExactMode", "allowed values"},
 		{"kvExactMode 2 reserved", func(r *Rule) { r.Args.KVExactMode = 2 }, "kvExactMode", "reserved"},
+		{"security 1 (https) not yet", func(r *Rule) { r.Args.Security = 1 }, "serviceArguments.security", "not supported yet"},
+		{"security 2 (e2ehttps) not yet", func(r *Rule) { r.Args.Security = 2 }, "serviceArguments.security", "not supported yet"},
 		{"kv needs mode 4", func(r *Rule) { r.Args.Mode = 0 }, "kvExactMode", "mode 4"},
 		{"kvBlockSize needs mode 4", func(r *Rule) { r.Args.Mode = 0; r.Args.KVExactMode = 0; r.Args.KVBlockSize = 16 }, "kvBlockSize", "mode 4"},
 		{"pd needs mode 4", func(r *Rule) { r.Args.Mode = 2; r.Args.KVExactMode = 0; r.Args.PDDisaggMode = true }, "pd_disagg_mode", "mode 4"},

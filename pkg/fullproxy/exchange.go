@@ -404,7 +404,8 @@ func (x *Exchange) Respond(status int, header []HeaderField, body []byte, decisi
 
 // Fail answers the client with kvgate's error shape
 // {"error":code,"detail":detail} plus extra headers (Retry-After), and
-// records code as the outcome unless one is set. The connection stays open
+// records code as the outcome unless one is set. Backend addresses in
+// detail are replaced (they stay in the log). The connection stays open
 // only when the request body was fully read.
 func (x *Exchange) Fail(status int, code, detail string, extra ...HeaderField) bool {
 	keep := x.keep()
@@ -412,6 +413,10 @@ func (x *Exchange) Fail(status int, code, detail string, extra ...HeaderField) b
 	rec.Status, rec.Code = status, code
 	if rec.Outcome == OutcomeNone {
 		rec.Outcome = OutcomeAnswered
+	}
+	if safe := redactAddrs(detail); safe != detail {
+		x.s.log.Info("request failed", "status", status, "code", code, "detail", detail)
+		detail = safe
 	}
 	if err := x.s.writeError(x.c.nc, status, code, detail, keep, extra...); err != nil {
 		return false

@@ -129,44 +129,64 @@ func (f *forward) Serve(ctx context.Context, x *Exchange) bool {
 		return x.Fail(503, "no_healthy_backend", "no eligible endpoint for this request")
 	}
 	plan.Finish(d, false)
-	return x.Failf(502, "backend_unreachable", "connect to %s failed: %v", d.Addr, dialErr)
+	x.s.log.Info("no endpoint accepted a connection", "ep", d.Endpoint, "addr", d.Addr, "err", dialErr)
+	return x.Failf(502, "backend_unreachable", "connect to endpoint %d failed", d.Endpoint)
 }
+
+// sentAnswerWait bounds the wait for a backend's answer after sending the
+// request to it failed: an engine that refused the body has answered already.
+const sentAnswerWait = 2 * time.Second
 
 // exchange sends the request on the connected bc and relays the answer.
 // The endpoint's breaker hears the status of every answer that arrived,
-// malformed heads included (an origin error), once the request ends.
+// malformed heads included (an origin error), once the request ends. Error
+// details name the endpoint by index; addresses go to the log only.
 func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop, d Decision, bc net.Conn) bool {
 	rec := x.Record
 	lim := x.Limits()
+	log := x.s.log
 	defer func() {
 		if rec.TTFB > 0 {
 			loop.Answered(d.Endpoint, rec.Status)
 		}
 	}()
 	sent := time.Now()
-	if err := x.Forward(bc); err != nil {
+	headWait := lim.ResponseHeaderTimeout
+	sendErr := x.Forward(bc)
+	if sendErr != nil {
 		var re *RequestError
 		switch {
-		case errors.As(err, &re): // the client's body broke its framing or limit
+		case errors.As(sendErr, &re): // the client's body broke its framing or limit
+			_ = bc.Close() // the backend must not take the partial body for a request
 			return x.Fail(re.Status(), re.Code(), re.Detail())
-		case x.ClientGone(err):
+		case x.ClientGone(sendErr):
 			rec.Outcome = OutcomeClientGone
 			return false
 		}
-		return x.Failf(502, "backend_error", "sending the request to %s failed: %v", d.Addr, err)
+		// An engine that refuses a streamed body (413) answers and closes
+		// before reading it: its answer is already on the socket, so relay it
+		// rather than the broken pipe. The client's body is not fully read,
+		// so the connection closes after it.
+		log.Debug("sending the request failed; looking for the backend's answer", "ep", d.Endpoint, "addr", d.Addr, "err", sendErr)
+		headWait = min(headWait, sentAnswerWait)
 	}
-	resp, err := x.ReadResponse(bc, time.Now().Add(lim.ResponseHeaderTimeout))
+	resp, err := x.ReadResponse(bc, time.Now().Add(headWait))
 	if err != nil {
 		var bad *BadResponseError
 		switch {
 		case errors.As(err, &bad):
 			rec.TTFB = bad.FirstByte.Sub(sent)
 			x.TTFB(d.Endpoint, rec.TTFB)
-			return x.Failf(502, "backend_bad_response", "%s sent a malformed response head: %v", d.Addr, bad.Err)
+			log.Info("backend sent a malformed response head", "ep", d.Endpoint, "addr", d.Addr, "err", bad.Err)
+			return x.Failf(502, "backend_bad_response", "endpoint %d sent a malformed response head: %v", d.Endpoint, bad.Err)
+		case sendErr != nil:
+			log.Info("sending the request to the backend failed", "ep", d.Endpoint, "addr", d.Addr, "err", sendErr)
+			return x.Failf(502, "backend_error", "sending the request to endpoint %d failed", d.Endpoint)
 		case IsTimeout(err):
-			return x.Failf(504, "backend_timeout", "%s sent no response within %s", d.Addr, lim.ResponseHeaderTimeout)
+			return x.Failf(504, "backend_timeout", "endpoint %d sent no response within %s", d.Endpoint, lim.ResponseHeaderTimeout)
 		}
-		return x.Failf(502, "backend_error", "%s closed without a response: %v", d.Addr, err)
+		log.Info("backend closed without a response", "ep", d.Endpoint, "addr", d.Addr, "err", err)
+		return x.Failf(502, "backend_error", "endpoint %d closed without a response", d.Endpoint)
 	}
 	rec.TTFB = resp.FirstByte.Sub(sent)
 	x.TTFB(d.Endpoint, rec.TTFB)

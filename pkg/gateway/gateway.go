@@ -14,6 +14,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -63,6 +65,12 @@ type Options struct {
 	Logger            *slog.Logger
 	// SubscriberOptions tune the KV-event subscribers (zero: defaults).
 	SubscriberOptions ingest.Options
+	// EndpointCIDRs restricts rule endpoints to these ranges (--endpoint-cidrs;
+	// empty: any address).
+	EndpointCIDRs []netip.Prefix
+	// APIMiddleware wraps the management API (authentication and audit,
+	// package apiauth); nil serves it bare.
+	APIMiddleware func(http.Handler) http.Handler
 	// VIPs, when set, puts each rule's VIP on a device while the rule exists
 	// (--vip-dev, package vip); nil leaves addresses to the operator.
 	VIPs VIPPlumber
@@ -75,6 +83,7 @@ type Gateway struct {
 	Metrics *metrics.Metrics
 	API     *api.Server
 	pool    *tokenizer.Pool
+	ready   *preloader
 	subs    *ingest.Manager
 	leg     *datapath.Selected
 	// slots keeps the BPF load map's endpoint registrations; nil when the
@@ -146,7 +155,17 @@ func New(opts Options) (*Gateway, error) {
 	if opts.AccessLog != nil {
 		g.access = slog.New(slog.NewJSONHandler(opts.AccessLog, nil))
 	}
-	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(g.log), tokenizer.WithObserver(poolObserver{g.log}))
+	// Tokenizer warnings are rate-limited: each unknown model in a request
+	// would otherwise log two WARN lines.
+	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
+	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
+	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady)
+	defer func() {
+		if !built {
+			g.ready.close()
+		}
+	}()
+	g.ready.scan()
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.Logger = g.log
@@ -154,7 +173,7 @@ func New(opts Options) (*Gateway, error) {
 	g.subs = ingest.NewManager(so)
 
 	g.status = g.newStatus()
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Log: g.log}
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -218,6 +237,7 @@ func (g *Gateway) Shutdown() {
 		}()
 	}
 	wg.Wait()
+	g.ready.close()
 	g.subs.Close()
 	if err := g.leg.Close(); err != nil {
 		g.log.Warn("closing the data path", "err", err)
@@ -345,6 +365,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	}
 	g.registerEndpoints(rule)
 	g.reconcile()
+	g.ready.ruleCreated(rule)
 	g.log.Info("rule started", "service", id, "listen", srv.Addr().String(), "kvExactMode", rule.Args.KVExactMode,
 		"endpoints", len(rule.Endpoints), "kv_endpoints", len(rule.KVEndpoints()))
 	return nil
@@ -393,6 +414,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	rt.rule = updated
 	g.mu.Unlock()
 	g.reconcile()
+	g.ready.ruleCreated(updated) // new LoRA base models, newly staged tokenizers
 	return nil
 }
 

@@ -22,7 +22,7 @@ import (
 const baseModel = "Qwen/Qwen3-0.6B"
 
 // stagedQwen3 stages the repository's Qwen3 tokenizer under the base model's slug.
-func stagedQwen3(t *testing.T) string {
+func stagedQwen3(t testing.TB) string {
 	t.Helper()
 	src, err := filepath.Abs("../tokenizer/testdata/qwen3")
 	if err != nil {

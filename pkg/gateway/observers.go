@@ -9,6 +9,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/metrics"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
 // proxyObserver feeds one rule's proxy measurements to pkg/metrics.
@@ -131,7 +132,7 @@ func (o poolObserver) TokenizerLoaded(model string, reload bool, d time.Duration
 	o.log.Info("tokenizer loaded", "model", model, "reload", reload, "took", d)
 }
 func (o poolObserver) TokenizerLoadFailed(model string, err error) {
-	o.log.Warn("tokenizer load failed; requests for this model take the fallback (reason tokenize)", "model", model, "err", err)
+	o.log.Warn("tokenizer load failed; requests for this model take the fallback (reason tokenize)", "model", model, "reason", tokenizer.ErrorReason(err), "err", err)
 }
 
 // healthObserver feeds pkg/health's counters to pkg/metrics.

@@ -312,6 +312,9 @@ func (m *Metrics) AddSplicedBytes(path string, n uint64) { m.spliced.add(path, n
 // monotonic and cheap; nil removes the source.
 func (m *Metrics) SetSplicedBytesSource(path string, fn func() uint64) { m.spliced.setSource(path, fn) }
 
+// SetReady sets kvgate_ready.
+func (m *Metrics) SetReady(ready bool) { m.Ready.Set(b2f(ready)) }
+
 func b2f(b bool) float64 {
 	if b {
 		return 1

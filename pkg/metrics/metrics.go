@@ -118,10 +118,15 @@ type Metrics struct {
 
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
+	Ready     prometheus.Gauge // kvgate_ready (docs/api.md "Readiness")
 	BuildInfo *prometheus.GaugeVec
 	// VIPAddresses counts rule VIPs on the --vip-dev device by owner
 	// (kvgate: added by kvgate; host: already there when claimed).
 	VIPAddresses *prometheus.GaugeVec // kvgate_vip_addresses{owner}
+	// The management API's guard (package apiauth).
+	APIInsecure     prometheus.Gauge       // kvgate_api_insecure
+	APIAuthFailures *prometheus.CounterVec // kvgate_api_auth_failures_total{reason}
+	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
 
 	models    modelLabels
 	rulesMu   sync.Mutex
@@ -214,8 +219,15 @@ func New(opts Options) *Metrics {
 
 	m.Rules = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_rules", Help: "Load-balancer rules configured."})
 	reg.MustRegister(m.Rules)
+	m.Ready = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_ready", Help: "1 when GET /readyz answers 200: every staged tokenizer has finished its first load."})
+	reg.MustRegister(m.Ready)
 	m.BuildInfo = f.gauge("kvgate_build_info", "Always 1: the running kvgate build.", "version", "revision", "goversion")
 	m.BuildInfo.WithLabelValues(orUnknown(opts.Version), orUnknown(opts.Revision), runtime.Version()).Set(1)
+	m.APIInsecure = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_api_insecure",
+		Help: "1 when the management API listens beyond loopback without TLS or tokens (--api-insecure)."})
+	reg.MustRegister(m.APIInsecure)
+	m.APIAuthFailures = f.counter("kvgate_api_auth_failures_total", "Management API requests refused: missing, invalid or forbidden (a read token on a mutating call).", "reason")
+	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
 
 	if !opts.NoProcessCollectors {

@@ -127,7 +127,9 @@ const (
 	mRequests  = "kvgate_requests_total"
 )
 
-func gaugeNames() []string { return []string{mProbeUp, mBreaker, mAdminDown, mInflight, mBlocks, mParity} }
+func gaugeNames() []string {
+	return []string{mProbeUp, mBreaker, mAdminDown, mInflight, mBlocks, mParity}
+}
 
 // Sample records one reading of the counters and the subscribers' sequence
 // numbers; the rates and histories come from these readings.

@@ -42,6 +42,7 @@ func EncodeRequestHead(o Outgoing) []byte {
 	b.WriteString(o.Target)
 	b.WriteString(" HTTP/1.1\r\n")
 	named := ConnectionNamed(o.Header)
+	delete(named, "host") // Host is end-to-end: a Connection header naming it must not strip it
 	hasHost := false
 	for _, h := range o.Header {
 		ln := strings.ToLower(h.Name)
