@@ -723,7 +723,13 @@ func TestDaemonSetShape(t *testing.T) {
 		args[name] = value
 	}
 	if args["api"] != "127.0.0.1:11111" {
-		t.Errorf("--api=%q: keep the unauthenticated API on loopback", args["api"])
+		t.Errorf("--api=%q: keep the API on loopback (beyond it kvgate needs TLS too)", args["api"])
+	}
+	if args["api-token-file"] == "" {
+		t.Errorf("no --api-token-file: the API must require tokens (docs/security.md)")
+	}
+	if m := args["metrics-addr"]; m == "" || !strings.HasPrefix(m, "127.0.0.1:") {
+		t.Errorf("--metrics-addr=%q: the unauthenticated metrics listener must stay on loopback behind the proxy", m)
 	}
 	mounts := map[string]string{} // mountPath -> volume name
 	for _, m := range get(kvgate, "volumeMounts").([]any) {
@@ -791,7 +797,7 @@ func TestDaemonSetShape(t *testing.T) {
 	}
 
 	// The scrape annotation points at the metrics proxy, which proxies /metrics
-	// to the API's address.
+	// to kvgate's loopback metrics listener (no token needed there).
 	ds := object(t, "kubernetes/base/daemonset.yaml", "DaemonSet", "kvgate")
 	ann := get(ds, "spec", "template", "metadata", "annotations")
 	proxy := container(t, podSpec, "metrics-proxy")
@@ -800,8 +806,19 @@ func TestDaemonSetShape(t *testing.T) {
 		t.Errorf("scrape annotations %v do not point at the metrics proxy port %v", ann, port)
 	}
 	conf, _ := get(object(t, "kubernetes/base/daemonset.yaml", "ConfigMap", "kvgate-metrics-proxy"), "data", "default.conf").(string)
-	if !strings.Contains(conf, fmt.Sprintf("listen %v;", port)) || !strings.Contains(conf, "proxy_pass http://"+args["api"]+"/metrics;") {
-		t.Errorf("metrics proxy config does not listen on %v and proxy to %s/metrics:\n%s", port, args["api"], conf)
+	if !strings.Contains(conf, fmt.Sprintf("listen %v;", port)) || !strings.Contains(conf, "proxy_pass http://"+args["metrics-addr"]+"/metrics;") {
+		t.Errorf("metrics proxy config does not listen on %v and proxy to %s/metrics:\n%s", port, args["metrics-addr"], conf)
+	}
+	// Every Secret that holds a token is mounted mode 0400; the probes need none.
+	for _, v := range get(podSpec, "volumes").([]any) {
+		if sec, ok := get(v, "secret").(map[string]any); ok && get(sec, "defaultMode") != 0o400 {
+			t.Errorf("secret volume %v: defaultMode %v, want 0400", get(v, "name"), get(sec, "defaultMode"))
+		}
+	}
+	for _, probe := range []string{"readinessProbe", "livenessProbe"} {
+		if p := get(kvgate, probe, "httpGet", "path"); p != "/readyz" && p != "/healthz" {
+			t.Errorf("%s path %v needs a token; use /readyz or /healthz", probe, p)
+		}
 	}
 }
 
@@ -1056,6 +1073,31 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 	}
 	apiAddr := ln.Addr().String()
 	ln.Close()
+	if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+	// The two Secrets as an operator creates them: the API's token file with
+	// the rules-sync sidecar's token as an admin, and that token alone.
+	const opsToken, syncToken = "ops-token-0123456789abcdef", "rules-sync-token-0123456789abcdef"
+	secrets := filepath.Join(dir, "secrets")
+	tokensFile := filepath.Join(secrets, "api", "tokens")
+	for path, content := range map[string]string{
+		tokensFile: "ops admin " + opsToken + "\nrules-sync admin " + syncToken + "\n",
+		filepath.Join(secrets, "rules-sync", "token"): syncToken + "\n",
+	} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sidecarTokens := filepath.Join(dir, "sidecar-tokens")
+	if err := os.MkdirAll(sidecarTokens, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	var args []string
 	var grace time.Duration
 	for _, a := range get(kvgate, "args").([]any) {
@@ -1070,6 +1112,10 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 			}
 		case "datapath":
 			value = "userspace"
+		case "api-token-file":
+			value = tokensFile
+		case "metrics-addr":
+			value = metricsAddr
 		case "shutdown-grace":
 			if grace, err = time.ParseDuration(value); err != nil {
 				t.Fatal(err)
@@ -1166,7 +1212,8 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 	localize := func(script string) string {
 		tmp := filepath.Join(dir, "tmp")
 		_ = os.MkdirAll(tmp, 0o700)
-		return strings.NewReplacer("http://127.0.0.1:11111", base, "/rules/", rulesDir+"/", "/tmp/", tmp+"/").Replace(script)
+		return strings.NewReplacer("http://127.0.0.1:11111", base, "/rules/", rulesDir+"/", "/tmp/", tmp+"/",
+			"/secrets/rules-sync/", filepath.Join(secrets, "rules-sync")+"/", "/run/kvgate-tokens/", sidecarTokens+"/").Replace(script)
 	}
 	script := func(c map[string]any) string {
 		cmd := get(c, "command").([]any)
@@ -1177,6 +1224,31 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 	}
 	_, curlErr := exec.LookPath("curl")
 	_, shaErr := exec.LookPath("sha256sum")
+	// The init step that gives the sidecar its own header file.
+	initScript := ""
+	for _, c := range get(podSpec, "initContainers").([]any) {
+		if get(c, "name") == "sidecar-tokens" {
+			initScript = script(c.(map[string]any))
+		}
+	}
+	if initScript == "" {
+		t.Fatal("no sidecar-tokens init container")
+	}
+	if os.Geteuid() != 0 {
+		initScript = strings.ReplaceAll(initScript, "chown 100:100", "true")
+	}
+	if out, err := exec.Command("sh", "-c", localize(initScript)).CombinedOutput(); err != nil {
+		t.Fatalf("sidecar-tokens: %v\n%s", err, out)
+	}
+	if fi, err := os.Stat(filepath.Join(sidecarTokens, "rules-sync.header")); err != nil || fi.Mode().Perm() != 0o400 {
+		t.Fatalf("rules-sync header: %v %v", fi, err)
+	}
+	// Without a token the API refuses; probes need none.
+	if resp, err := client.Get(base + "/netlox/v1/config/loadbalancer/all"); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the API without a token: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	if curlErr == nil && shaErr == nil {
 		// The rules-sync sidecar's loop, until it reports every rule applied.
 		sidecar := exec.Command("sh", "-c", localize(script(container(t, podSpec, "rules-sync"))))
@@ -1216,7 +1288,10 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 	} else {
 		t.Logf("curl or sha256sum missing: posting the rules from Go instead of running the sidecar and Job scripts")
 		for key, body := range bodies {
-			resp, err := client.Post(base+"/netlox/v1/config/loadbalancer", "application/json", strings.NewReader(body))
+			req, _ := http.NewRequest("POST", base+"/netlox/v1/config/loadbalancer", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+syncToken)
+			resp, err := client.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1228,8 +1303,8 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 		}
 	}
 
-	// The metrics proxy's upstream, and the series the dashboard starts from.
-	resp, err := client.Get(base + "/metrics")
+	// The metrics proxy's upstream (no token), and the series the dashboard starts from.
+	resp, err := client.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1244,7 +1319,7 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 		}
 	}
 
-	checkMetricsProxy(t, dir, base)
+	checkMetricsProxy(t, dir, "http://"+metricsAddr)
 
 	// SIGTERM: kvgate must exit (0) within the pod's termination grace period.
 	tgps, _ := get(podSpec, "terminationGracePeriodSeconds").(int)
@@ -1283,7 +1358,7 @@ func checkMetricsProxy(t *testing.T, dir, base string) {
 	}
 	proxyAddr := ln.Addr().String()
 	ln.Close()
-	server := strings.NewReplacer("listen 9111;", "listen "+proxyAddr+";", "http://127.0.0.1:11111", base).Replace(conf)
+	server := strings.NewReplacer("listen 9111;", "listen "+proxyAddr+";", "http://127.0.0.1:9112", base).Replace(conf)
 	prefix := filepath.Join(dir, "nginx")
 	for _, d := range []string{"logs", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(prefix, d), 0o755); err != nil {

@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -36,6 +38,12 @@ func newCommand() *cobra.Command {
 		role          string
 		logLevel      string
 		replicas      int
+		step          enginesim.StepPerf
+		stepFloor     time.Duration
+		promptDetails bool
+		chunked       bool
+		replicaBlocks []int
+		replicaSpeed  []float64
 	)
 	cmd := &cobra.Command{
 		Use:   "enginesim",
@@ -46,10 +54,21 @@ where a KV-cache-aware router looks: block hashes (PYTHONHASHSEED, --block-size,
 layout, sequence numbers, replay socket), usage.prompt_tokens_details.cached_tokens,
 vLLM's metric families, and NixlConnector's P/D kv_transfer_params.
 
-Output text is synthetic (deterministic words from the vocabulary). Timing model:
+Output text is synthetic (deterministic words from the vocabulary). Timing:
+--perf-model names a model/GPU profile (default ` + enginesim.DefaultPerfModel + `) run by vLLM V1's step
+loop: each step decodes one token of every running request and fills the rest
+of --max-num-batched-tokens with prefill chunks; waiting requests are admitted
+FIFO while --max-num-seqs and free KV blocks allow; prefix-cache hits skip their
+tokens; when blocks run out the newest request is preempted and recomputed.
+A step takes
+  --step-floor + --step-prefill-us-per-token × prefill tokens
+  + --step-decode-us-per-seq × decoding sequences
+  + --step-attn-ns-per-kv-token × KV tokens the batch attends to
+(the profile's constants unless a flag overrides them). --perf-model simple is
+the older per-request model:
   TTFT = queueing + --ttft-floor + --prefill-us-per-token × uncached prompt tokens
   inter-token time = 1 / --decode-tokens-per-s
-At most --max-num-seqs requests run; the rest wait in FIFO order (and for KV blocks).
+Profiles: ` + profileList() + `
 
 Environment: PYTHONHASHSEED (the NONE_HASH seed, exactly as vLLM reads it; unset
 means "vllm-none-hash" for sha256*, a random seed for xxhash*) and
@@ -57,9 +76,12 @@ VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1: 64-bit integer hashes in events;
 0: raw digest bytes, as vLLM).
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version.
-Every response carries x-engine-id; responses also carry the model's own figures
-in x-enginesim-ttft-us, x-enginesim-queue-us and x-enginesim-cached-tokens.
+GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version,
+and with --debug-state GET /debug/state and POST /debug/match (a benchmark
+oracle's view of the true queue and cache). Every response carries x-engine-id;
+responses also carry the model's own figures in x-enginesim-ttft-us,
+x-enginesim-queue-us and x-enginesim-cached-tokens (trailers on a stream, whose
+head is sent when the request is queued, before the first token, as vLLM does).
 
 Example (three engines on separate loopback addresses, same ports):
   for i in 11 12 13; do
@@ -70,6 +92,14 @@ Example (three engines on separate loopback addresses, same ports):
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
+			if err := checkExplicitZeros(cmd, cfg); err != nil {
+				return err
+			}
+			if err := applyPerfFlags(cmd, &cfg, step, stepFloor); err != nil {
+				return err
+			}
+			cfg.DisablePromptTokensDetails = !promptDetails
+			cfg.DisableChunkedPrefill = !chunked
 			for i, m := range cfg.LoRAModules {
 				// vLLM spells an adapter name=path; only the name matters here.
 				cfg.LoRAModules[i], _, _ = strings.Cut(strings.TrimSpace(m), "=")
@@ -101,14 +131,24 @@ Example (three engines on separate loopback addresses, same ports):
 			if replicas < 1 || replicas > 64 {
 				return errors.New("--replicas must be 1..64")
 			}
-			engines, err := startReplicas(cfg, replicas, cmd.Flags().Changed("kv-events-endpoint"))
+			if len(replicaBlocks) > 0 && len(replicaBlocks) != replicas {
+				return fmt.Errorf("--replica-num-gpu-blocks has %d values for %d replicas", len(replicaBlocks), replicas)
+			}
+			if len(replicaSpeed) > 0 && len(replicaSpeed) != replicas {
+				return fmt.Errorf("--replica-gpu-speed has %d values for %d replicas", len(replicaSpeed), replicas)
+			}
+			engines, err := startReplicas(cfg, replicas, cmd.Flags().Changed("kv-events-endpoint"), replicaBlocks, replicaSpeed)
 			if err != nil {
 				return err
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			got := <-sig
-			cfg.Logger.Info("shutting down", "signal", got.String())
+			select {
+			case got := <-sig:
+				cfg.Logger.Info("shutting down", "signal", got.String())
+			case <-cmd.Context().Done():
+				cfg.Logger.Info("shutting down", "reason", context.Cause(cmd.Context()))
+			}
 			for _, e := range engines {
 				if err := e.Close(); err != nil {
 					cfg.Logger.Warn("close", "id", e.ID(), "err", err)
@@ -127,19 +167,31 @@ Example (three engines on separate loopback addresses, same ports):
 	f.StringSliceVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapter names served on the model, name[,name] (vLLM's name=path is accepted; the path is ignored): requests naming one hash with its lora_name")
 	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")
 	f.IntVar(&cfg.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")
+	f.IntVar(&cfg.HashBlockSize, "hash-block-size", 0, "hash block size when --block-size is a multiple of it (hybrid models, prefix_match_unit): events carry every k-th hash of the finer chain (0 = --block-size)")
 	f.StringVar(&cfg.HashAlgo, "prefix-caching-hash-algo", def.HashAlgo, "block hash: sha256_cbor, xxhash_cbor, sha256 (pickle) or xxhash (pickle)")
-	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", def.NumGPUBlocks, "KV cache capacity in blocks (block 0 is reserved, as in vLLM)")
+	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", 0, "KV cache capacity in blocks, block 0 reserved as in vLLM (default: the profile's, 8192 with simple)")
 	f.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", `ZMQ PUB endpoint to bind (default "tcp://<host>:5557"; "none" disables events)`)
 	f.StringVar(&cfg.ReplayEndpoint, "kv-events-replay-endpoint", "", `ZMQ ROUTER for replay (default: PUB port + 1000 on the PUB host; "none" disables)`)
 	f.StringVar(&cfg.EventLayout, "event-layout", def.EventLayout, "KV-event payload layout: map (vLLM >= 0.26) or array (the last array layout, before 0.26)")
 	f.StringVar(&cfg.EventTopic, "kv-events-topic", "", `ZMQ topic frame (vLLM's default is "")`)
+	f.StringVar(&cfg.ReplayLayout, "replay-layout", "current", `replay reply shape: current (["", topic, seq, payload], vLLM today) or legacy (["", seq, payload])`)
 	f.IntVar(&cfg.ReplayBuffer, "kv-events-buffer-steps", def.ReplayBuffer, "batches kept for replay (vLLM buffer_steps)")
 	f.IntVar(&cfg.DataParallelRank, "data-parallel-rank", 0, "data_parallel_rank in event batches and the engine metric label")
 	f.StringVar(&role, "role", string(def.Role), "P/D role: both, prefill or decode (NixlConnector protocol)")
-	f.Float64Var(&cfg.PrefillUsPerToken, "prefill-us-per-token", def.PrefillUsPerToken, "prefill time per uncached prompt token, microseconds")
-	f.DurationVar(&cfg.TTFTFloor, "ttft-floor", def.TTFTFloor, "fixed part of every prefill (scheduling, launch)")
-	f.Float64Var(&cfg.DecodeTokensPerS, "decode-tokens-per-s", def.DecodeTokensPerS, "decode speed of one sequence, tokens/s (0 = instant)")
-	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", def.MaxNumSeqs, "running sequences; more wait in a FIFO queue")
+	f.StringVar(&cfg.PerfModel, "perf-model", def.PerfModel, "timing model: "+strings.Join(enginesim.PerfModelNames(), ", ")+" (simple: the per-request model of the three flags below)")
+	f.DurationVar(&stepFloor, "step-floor", 0, "step models: fixed cost of every engine step (default: the profile's)")
+	f.Float64Var(&step.PrefillSPerToken, "step-prefill-us-per-token", 0, "step models: cost of each prefill token in a step, microseconds (default: the profile's)")
+	f.Float64Var(&step.DecodeSPerSeq, "step-decode-us-per-seq", 0, "step models: cost of each decoding sequence in a step, microseconds (default: the profile's)")
+	f.Float64Var(&step.AttnSPerContextToken, "step-attn-ns-per-kv-token", 0, "step models: cost of each KV token the step's sequences attend to, nanoseconds (default: the profile's)")
+	f.IntVar(&cfg.MaxNumBatchedTokens, "max-num-batched-tokens", def.MaxNumBatchedTokens, "step models: tokens scheduled per step (vLLM's default on an 80 GB GPU)")
+	f.BoolVar(&chunked, "enable-chunked-prefill", true, "step models: split prompts longer than the step budget across steps, as vLLM V1 does")
+	f.Float64Var(&cfg.TimeScale, "time-scale", 1, "wall time per model second (0.1 runs 10x faster); reported figures stay model time")
+	f.Float64Var(&cfg.PrefillUsPerToken, "prefill-us-per-token", def.PrefillUsPerToken, "simple model: prefill time per uncached prompt token, microseconds")
+	f.DurationVar(&cfg.TTFTFloor, "ttft-floor", def.TTFTFloor, "simple model: fixed part of every prefill (scheduling, launch)")
+	f.Float64Var(&cfg.DecodeTokensPerS, "decode-tokens-per-s", def.DecodeTokensPerS, "simple model: decode speed of one sequence, tokens/s (0 = instant)")
+	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 0, "running sequences; more wait in a FIFO queue (default: the profile's, 64 with simple)")
+	f.BoolVar(&promptDetails, "enable-prompt-tokens-details", true, "report usage.prompt_tokens_details.cached_tokens (vLLM's flag; on here because the benchmarks read it)")
+	f.BoolVar(&cfg.DebugState, "debug-state", false, "serve GET /debug/state and POST /debug/match (true queue and cache, for a benchmark oracle)")
 	f.IntVar(&cfg.MaxWaiting, "max-waiting", def.MaxWaiting, "waiting-queue bound; beyond it requests get 503")
 	f.IntVar(&cfg.MaxModelLen, "max-model-len", def.MaxModelLen, "prompt + completion tokens per request")
 	f.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", def.DefaultMaxTokens, "completion length when a request sets no max_tokens")
@@ -147,14 +199,80 @@ Example (three engines on separate loopback addresses, same ports):
 	f.IntVar(&cfg.NixlSideChannelPort, "nixl-side-channel-port", def.NixlSideChannelPort, "remote_port a prefill engine reports (VLLM_NIXL_SIDE_CHANNEL_PORT)")
 	f.DurationVar(&cfg.KVTransferTimeout, "kv-transfer-timeout", def.KVTransferTimeout, "prefill role: how long handed-off blocks stay pinned if no decoder reads them (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
 	f.IntVar(&replicas, "replicas", 1, "start this many engines on consecutive addresses from --host (127.0.0.11, .12, …), same ports")
+	f.IntSliceVar(&replicaBlocks, "replica-num-gpu-blocks", nil, "with --replicas: each engine's --num-gpu-blocks, one value per replica (a heterogeneous fleet)")
+	f.Float64SliceVar(&replicaSpeed, "replica-gpu-speed", nil, "with --replicas: each engine's speed relative to its profile (2 = every step cost halved), one value per replica")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
 
+// checkExplicitZeros rejects a zero given on the command line for a flag
+// whose zero means "the default" inside Config, so it is never taken silently.
+func checkExplicitZeros(cmd *cobra.Command, cfg enginesim.Config) error {
+	for _, f := range []struct {
+		name string
+		bad  bool
+	}{
+		{"num-gpu-blocks", cfg.NumGPUBlocks < 2},
+		{"max-num-seqs", cfg.MaxNumSeqs < 1},
+		{"max-num-batched-tokens", cfg.MaxNumBatchedTokens < 1},
+		{"time-scale", !(cfg.TimeScale > 0)},
+	} {
+		if f.bad && cmd.Flags().Changed(f.name) {
+			v := cmd.Flags().Lookup(f.name).Value.String()
+			return fmt.Errorf("--%s %s: must be positive (num-gpu-blocks at least 2)", f.name, v)
+		}
+	}
+	return nil
+}
+
+// applyPerfFlags resolves --perf-model and overrides the profile's step
+// costs with the --step-* flags given (in seconds inside Config).
+func applyPerfFlags(cmd *cobra.Command, cfg *enginesim.Config, step enginesim.StepPerf, floor time.Duration) error {
+	changed := cmd.Flags().Changed
+	prof, ok := enginesim.LookupProfile(cfg.PerfModel)
+	if !ok {
+		for _, name := range []string{"step-floor", "step-prefill-us-per-token", "step-decode-us-per-seq", "step-attn-ns-per-kv-token"} {
+			if changed(name) {
+				return fmt.Errorf("--%s needs a --perf-model profile, not %q", name, cfg.PerfModel)
+			}
+		}
+		return nil
+	}
+	cfg.Step = prof.Perf
+	if changed("step-floor") {
+		cfg.Step.StepFloorS = floor.Seconds()
+	}
+	if changed("step-prefill-us-per-token") {
+		cfg.Step.PrefillSPerToken = step.PrefillSPerToken * 1e-6
+	}
+	if changed("step-decode-us-per-seq") {
+		cfg.Step.DecodeSPerSeq = step.DecodeSPerSeq * 1e-6
+	}
+	if changed("step-attn-ns-per-kv-token") {
+		cfg.Step.AttnSPerContextToken = step.AttnSPerContextToken * 1e-9
+	}
+	return nil
+}
+
+func profileList() string {
+	var parts []string
+	for _, p := range enginesim.Profiles() {
+		parts = append(parts, p.Name+" ("+p.Description+")")
+	}
+	return strings.Join(parts, "; ")
+}
+
 // startReplicas starts n engines on consecutive IPv4 addresses from
-// cfg.Host, all with the same ports, as separate hosts would run them.
-func startReplicas(cfg enginesim.Config, n int, explicitEvents bool) ([]*enginesim.Engine, error) {
+// cfg.Host, all with the same ports, as separate hosts would run them;
+// blocks and speed, when given, differ per engine.
+func startReplicas(cfg enginesim.Config, n int, explicitEvents bool, blocks []int, speed []float64) ([]*enginesim.Engine, error) {
 	if n == 1 {
+		if len(blocks) == 1 {
+			cfg.NumGPUBlocks = blocks[0]
+		}
+		if len(speed) == 1 {
+			cfg = cfg.WithSpeed(speed[0])
+		}
 		e, err := enginesim.New(cfg)
 		if err != nil {
 			return nil, err
@@ -172,6 +290,12 @@ func startReplicas(cfg enginesim.Config, n int, explicitEvents bool) ([]*engines
 	for i := range n {
 		c := cfg
 		c.Host = addr.String()
+		if len(blocks) > 0 {
+			c.NumGPUBlocks = blocks[i]
+		}
+		if len(speed) > 0 {
+			c = c.WithSpeed(speed[i])
+		}
 		if cfg.ID != "" {
 			c.ID = cfg.ID + "-" + strconv.Itoa(i)
 		}

@@ -223,3 +223,115 @@ func TestEventsDecodeEdgeValues(t *testing.T) {
 		})
 	}
 }
+
+// TestEventsDecodeEngines decodes the SGLang and TensorRT-LLM payload
+// vectors (generated from the engines' own code) through kvctl.
+func TestEventsDecodeEngines(t *testing.T) {
+	var sg struct {
+		Cases []struct {
+			Name   string `json:"name"`
+			Hex    string `json:"hex"`
+			Expect struct {
+				Events []struct {
+					Hashes []int64 `json:"block_hashes"`
+				} `json:"events"`
+			} `json:"expect"`
+		} `json:"cases"`
+	}
+	var trt struct {
+		Cases []struct {
+			Name string `json:"name"`
+			Body string `json:"body"`
+		} `json:"cases"`
+	}
+	for path, v := range map[string]any{
+		"../../pkg/kvevents/sglang/testdata/sglang_event_vectors.json": &sg,
+		"../../pkg/kvevents/trtllm/testdata/trtllm_event_vectors.json": &trt,
+	} {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(raw, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type out struct {
+		Engine string `json:"engine"`
+		Events []struct {
+			Hashes []int64 `json:"block_hashes"`
+			Data   struct {
+				Type string `json:"type"`
+			} `json:"data"`
+		} `json:"events"`
+	}
+	for _, c := range sg.Cases {
+		t.Run("sglang/"+c.Name, func(t *testing.T) {
+			stdout, stderr, err := parityRun(t, "events", "decode", "--engine", "sglang", "--hex", c.Hex)
+			if err != nil {
+				t.Fatalf("%v (%s)", err, stderr)
+			}
+			var o out
+			if err := json.Unmarshal([]byte(stdout), &o); err != nil {
+				t.Fatal(err)
+			}
+			if o.Engine != "sglang" || len(o.Events) != len(c.Expect.Events) {
+				t.Fatalf("engine %q, %d events, want %d", o.Engine, len(o.Events), len(c.Expect.Events))
+			}
+			for i, e := range o.Events {
+				if len(e.Hashes) != len(c.Expect.Events[i].Hashes) || (len(e.Hashes) > 0 && e.Hashes[0] != c.Expect.Events[i].Hashes[0]) {
+					t.Errorf("event %d hashes %v, want %v (signed)", i, e.Hashes, c.Expect.Events[i].Hashes)
+				}
+			}
+		})
+	}
+	for _, c := range trt.Cases {
+		t.Run("trtllm/"+c.Name, func(t *testing.T) {
+			stdout, stderr, err := parityRun(t, "events", "decode", "--engine", "trtllm", "--json", c.Body)
+			if err != nil {
+				t.Fatalf("%v (%s)", err, stderr)
+			}
+			var o struct {
+				Engine string            `json:"engine"`
+				Events []json.RawMessage `json:"events"`
+			}
+			if err := json.Unmarshal([]byte(stdout), &o); err != nil {
+				t.Fatal(err)
+			}
+			var in []json.RawMessage
+			_ = json.Unmarshal([]byte(c.Body), &in)
+			if o.Engine != "trtllm" || len(o.Events) != len(in) {
+				t.Errorf("engine %q, %d events, want %d", o.Engine, len(o.Events), len(in))
+			}
+			// uint64 hashes above 2^63 print exactly.
+			for _, tok := range []string{"12809241085271551977", "14414521608364276088"} {
+				if strings.Contains(c.Body, tok) && !strings.Contains(stdout, tok) {
+					t.Errorf("hash %s lost", tok)
+				}
+			}
+		})
+	}
+	bad := []struct {
+		name string
+		args []string
+		flag string
+	}{
+		{"unknown engine", []string{"--engine", "tgi", "--hex", "90"}, "--engine"},
+		{"trtllm takes no hex", []string{"--engine", "trtllm", "--hex", "90"}, "--hex"},
+		{"vllm takes no json", []string{"--json", "[]"}, "--json"},
+		{"sglang takes no json", []string{"--engine", "sglang", "--json", "[]"}, "--json"},
+		{"trtllm needs input", []string{"--engine", "trtllm"}, "--json"},
+		{"trtllm json and file", []string{"--engine", "trtllm", "--json", "[]", "--file", "x"}, "--file"},
+		{"trtllm bad body", []string{"--engine", "trtllm", "--json", `{"a":1}`}, "--json"},
+		{"trtllm unknown type", []string{"--engine", "trtllm", "--json", `[{"data":{"type":"x"}}]`}, "--json"},
+		{"sglang not a batch", []string{"--engine", "sglang", "--hex", "a161"}, "--hex"},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, _, err := parityRun(t, append([]string{"events", "decode"}, tt.args...)...)
+			if parityExitCode(err) != 2 || !strings.Contains(err.Error(), tt.flag) || stdout != "" {
+				t.Errorf("exit %d err %v stdout %q, want 2 naming %s", parityExitCode(err), err, stdout, tt.flag)
+			}
+		})
+	}
+}

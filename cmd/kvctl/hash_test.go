@@ -224,7 +224,15 @@ func TestHashBadInput(t *testing.T) {
 		{"unknown algo", []string{"--algo", "md5", "--tokens", "1"}, "--algo"},
 		{"algo names are case-sensitive, as in vLLM", []string{"--algo", "SHA256_CBOR", "--tokens", "1"}, "--algo"},
 		{"algo name with spaces", []string{"--algo", " sha256", "--tokens", "1"}, "--algo"},
-		{"unsupported algo", []string{"--algo", "sha256_sglang", "--tokens", "1"}, "--algo"},
+		{"sglang takes no seed", []string{"--algo", "sha256_sglang", "--seed", "0", "--tokens", "1"}, "--seed"},
+		{"trtllm takes no seed", []string{"--algo", "blockhash_trtllm", "--seed", "0", "--tokens", "1"}, "--seed"},
+		{"lora task id is trtllm's", []string{"--algo", "sha256_sglang", "--lora-task-id", "3", "--tokens", "1"}, "--lora-task-id"},
+		{"lora task id not for vllm", []string{"--seed", "0", "--lora-task-id", "3", "--tokens", "1"}, "--lora-task-id"},
+		{"trtllm hashes no lora name", []string{"--algo", "blockhash_trtllm", "--lora-name", "a", "--tokens", "1"}, "--lora-name"},
+		{"trtllm token above uint32", []string{"--algo", "blockhash_trtllm", "--tokens", "1,4294967296"}, "--tokens"},
+		{"sglang token above int64", []string{"--algo", "sha256_sglang", "--tokens", "9223372036854775808"}, "--tokens"},
+		{"token above uint64", []string{"--algo", "sha256_sglang", "--tokens", "18446744073709551616"}, "--tokens"},
+		{"lora task id negative", []string{"--algo", "blockhash_trtllm", "--lora-task-id", "-1", "--tokens", "1"}, "--lora-task-id"},
 		{"block size 0", []string{"--block-size", "0", "--tokens", "1"}, "--block-size"},
 		{"block size negative", []string{"--block-size", "-16", "--tokens", "1"}, "--block-size"},
 		{"block size not a number", []string{"--block-size", "x", "--tokens", "1"}, "--block-size"},
@@ -277,5 +285,60 @@ func TestHashDebugEnv(t *testing.T) {
 	t.Setenv(hashEnvDebug, "true") // only "1" turns it on
 	if _, stderr, _ := parityRun(t, "hash", "--seed", "0", "--tokens", "1"); stderr != "" {
 		t.Errorf("debug output with %s=true: %q", hashEnvDebug, stderr)
+	}
+}
+
+// TestHashEngines checks kvctl hash against values from
+// pkg/kvhash/testdata/engines/engine_hash_vectors.json (executed from the
+// engines' own code): SGLang's printed signed, TensorRT-LLM's unsigned.
+func TestHashEngines(t *testing.T) {
+	t.Setenv(hashEnvSeed, "ignored-by-these-algorithms")
+	tests := []struct {
+		name string
+		args []string
+		want string // the "hash" values as printed, comma-separated
+	}{
+		{"sglang chain, signed", []string{"--algo", "sha256_sglang", "--block-size", "2", "--tokens", "10,20,30,40,50,60,70,80"},
+			"978178666101069530,-895308556211281782,-8033692805846017938,835415944263129316"},
+		{"sglang partial page not hashed", []string{"--algo", "sha256_sglang", "--block-size", "4", "--tokens", "1,2,3,4,5"}, "-3488128144981237669"},
+		{"sglang cache salt", []string{"--algo", "sha256_sglang", "--block-size", "2", "--cache-salt", "tenant-a", "--tokens", "1,2,3,4,5,6"},
+			"31502315585564397,-6358338539514506595,6762951498854405880"},
+		{"sglang lora", []string{"--algo", "sha256_sglang", "--block-size", "2", "--lora-name", "adapter-a", "--tokens", "1,2,3,4"},
+			"1132550695741458728,3694048958605100876"},
+		{"sglang wide token", []string{"--algo", "sha256_sglang", "--block-size", "2", "--tokens", "1,2,4294967296,4,5,6"},
+			"3817746824117602890,-1958916491314697310,-3888089868545434748"},
+		{"trtllm chain, unsigned", []string{"--algo", "blockhash_trtllm", "--block-size", "4", "--tokens", "5,6,7,8,9,10,11,12"},
+			"846258687882670,12303986897875515513"},
+		{"trtllm lora task id", []string{"--algo", "blockhash_trtllm", "--block-size", "4", "--lora-task-id", "7", "--tokens", "1,2,3,4,5,6,7,8"},
+			"1405807694910447675,13794850255392118621"},
+		{"trtllm salt", []string{"--algo", "blockhash_trtllm", "--block-size", "4", "--cache-salt", "tenant-a", "--tokens", "1,2,3,4,5,6,7,8"},
+			"8961321873627678067,10690226908068462878"},
+		{"trtllm no trimming", []string{"--algo", "blockhash_trtllm", "--block-size", "1", "--tokens", "3,1,4"},
+			"2112769087,2828147860025794695,1851430847878620931"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, stderr, err := parityRun(t, append([]string{"hash"}, tt.args...)...)
+			if err != nil {
+				t.Fatalf("%v %s", err, stderr)
+			}
+			var out struct {
+				Blocks []struct {
+					Hash json.Number `json:"hash"`
+				} `json:"blocks"`
+			}
+			dec := json.NewDecoder(strings.NewReader(stdout))
+			dec.UseNumber()
+			if err := dec.Decode(&out); err != nil {
+				t.Fatalf("output %q: %v", stdout, err)
+			}
+			got := make([]string, len(out.Blocks))
+			for i, b := range out.Blocks {
+				got[i] = b.Hash.String()
+			}
+			if strings.Join(got, ",") != tt.want {
+				t.Errorf("hashes %s, want %s", strings.Join(got, ","), tt.want)
+			}
+		})
 	}
 }

@@ -74,3 +74,20 @@ func TestResultStats(t *testing.T) {
 		t.Fatalf("p90 %v", p)
 	}
 }
+
+func TestCompareP50(t *testing.T) {
+	ms := func(v int) Result { return Result{TTFT: []time.Duration{time.Duration(v) * time.Millisecond}} }
+	tests := []struct {
+		kv, rr int
+		want   string
+	}{
+		{10, 20, "TTFT p50 2.0x lower than round-robin"},
+		{10, 10, "TTFT p50 within 5% of round-robin"},
+		{20, 10, "TTFT p50 2.0x higher than round-robin"},
+	}
+	for _, tc := range tests {
+		if got := compareP50(ms(tc.kv), ms(tc.rr)); got != tc.want {
+			t.Errorf("kv %dms rr %dms: %q, want %q", tc.kv, tc.rr, got, tc.want)
+		}
+	}
+}

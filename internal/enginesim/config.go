@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvevents"
 )
 
 // Role is the engine's part in prefill/decode disaggregation.
@@ -68,7 +71,12 @@ type Config struct {
 	Tokenizer Tokenizer
 
 	BlockSize int
-	HashAlgo  string // sha256_cbor | xxhash_cbor | sha256 | xxhash
+	// HashBlockSize is the hash block size when the KV block is a multiple
+	// of it (vLLM's hybrid models and prefix_match_unit): events then carry
+	// block_size BlockSize and, per block, the hash-chain value at its last
+	// hash boundary. 0 means BlockSize.
+	HashBlockSize int
+	HashAlgo      string // sha256_cbor | xxhash_cbor | sha256 | xxhash
 	// PythonHashSeed is the PYTHONHASHSEED value; HashSeedSet false means
 	// unset (vLLM's fixed "vllm-none-hash" for sha256*, random for xxhash*).
 	PythonHashSeed string
@@ -81,6 +89,10 @@ type Config struct {
 	EventLayout      string // "map" (vLLM >= 0.26), "array" (the last array layout) or "array-v0.15|v0.11|v0.9"
 	EventTopic       string // ZMQ topic frame; vLLM's default is ""
 	ReplayBuffer     int    // batches kept for replay (vLLM buffer_steps)
+	// ReplayLayout is the replay ROUTER's reply shape: "current" (every
+	// reply carries the topic frame, as vLLM does today; the default) or
+	// "legacy" (["", seq, payload], older vLLM). See docs/parity.md.
+	ReplayLayout     string
 	DataParallelRank int
 	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
 	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
@@ -88,14 +100,39 @@ type Config struct {
 
 	Role Role
 
-	PrefillUsPerToken float64       // prefill time per uncached prompt token, µs
-	TTFTFloor         time.Duration // fixed part of every prefill
-	DecodeTokensPerS  float64       // per-sequence decode speed; 0 = instant
+	// PerfModel picks the timing model: "" or "simple" is the per-request
+	// model below (a zero Config is instant), any other name a Profile run
+	// by the step loop (docs/enginesim.md, "Timing models").
+	PerfModel string
+	// Step overrides the profile's step costs; the zero value means the
+	// profile's own.
+	Step StepPerf
+	// MaxNumBatchedTokens is the step's token budget (vLLM's
+	// --max-num-batched-tokens); step models only.
+	MaxNumBatchedTokens int
+	// DisableChunkedPrefill makes a prompt wait until it fits one step's
+	// budget whole, as vLLM with --no-enable-chunked-prefill.
+	DisableChunkedPrefill bool
+	// TimeScale stretches every modelled duration: wall time = model time ×
+	// TimeScale. 0 means 1 (real time); reported figures stay model time.
+	TimeScale float64
+
+	PrefillUsPerToken float64       // simple model: prefill time per uncached prompt token, µs
+	TTFTFloor         time.Duration // simple model: fixed part of every prefill
+	DecodeTokensPerS  float64       // simple model: per-sequence decode speed; 0 = instant
 	MaxNumSeqs        int           // running sequences; more wait FIFO
 	MaxWaiting        int           // waiting queue bound (503 beyond)
 	MaxModelLen       int           // prompt + completion tokens
 	DefaultMaxTokens  int           // completion length when the request gives none
 	MaxRequestBytes   int64         // HTTP body bound
+
+	// DisablePromptTokensDetails drops usage.prompt_tokens_details, as vLLM
+	// does unless started with --enable-prompt-tokens-details (enginesim's
+	// flag defaults to on, because the benchmarks read cached_tokens).
+	DisablePromptTokensDetails bool
+	// DebugState serves GET /debug/state and POST /debug/match, the
+	// engine's true queue and cache for a benchmark oracle; off, they 404.
+	DebugState bool
 
 	NixlSideChannelPort int           // remote_port in kv_transfer_params
 	KVTransferTimeout   time.Duration // prefill role: how long blocks wait for the decoder
@@ -116,6 +153,27 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HashAlgo == "" {
 		c.HashAlgo = DefaultHashAlgo
+	}
+	if c.PerfModel == "" {
+		c.PerfModel = PerfModelSimple
+	}
+	if prof, ok := LookupProfile(c.PerfModel); ok {
+		c.PerfModel = prof.Name
+		if c.Step == (StepPerf{}) {
+			c.Step = prof.Perf
+		}
+		if c.NumGPUBlocks == 0 {
+			c.NumGPUBlocks = prof.NumGPUBlocks
+		}
+		if c.MaxNumSeqs == 0 {
+			c.MaxNumSeqs = prof.MaxNumSeqs
+		}
+	}
+	if c.MaxNumBatchedTokens == 0 {
+		c.MaxNumBatchedTokens = DefaultMaxNumBatchedTokens
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = 1
 	}
 	if c.NumGPUBlocks == 0 {
 		c.NumGPUBlocks = DefaultNumGPUBlocks
@@ -160,16 +218,22 @@ func (c Config) withDefaults() Config {
 }
 
 // DefaultConfig returns a Config with every default filled in, for flag
-// defaults and documentation.
+// defaults and documentation: the default profile's step model, and the
+// simple model's constants for --perf-model simple.
 func DefaultConfig() Config {
 	c := Config{
 		Port:              DefaultPort,
+		PerfModel:         DefaultPerfModel,
 		PrefillUsPerToken: DefaultPrefillUsPerToken,
 		TTFTFloor:         DefaultTTFTFloor,
 		DecodeTokensPerS:  DefaultDecodeTokensPerS,
 	}
 	return c.withDefaults()
 }
+
+// stepped reports whether the engine runs vLLM's step loop (any profile)
+// rather than the simple per-request model.
+func (c Config) stepped() bool { return c.PerfModel != PerfModelSimple }
 
 func (c Config) validate() error {
 	var errs []error
@@ -178,6 +242,9 @@ func (c Config) validate() error {
 	}
 	if c.BlockSize < 1 || c.BlockSize > 4096 {
 		errs = append(errs, fmt.Errorf("block-size %d: want 1..4096", c.BlockSize))
+	}
+	if c.HashBlockSize < 0 || (c.HashBlockSize > 0 && c.BlockSize%c.HashBlockSize != 0) {
+		errs = append(errs, fmt.Errorf("hash-block-size %d: block-size %d must be a multiple of it", c.HashBlockSize, c.BlockSize))
 	}
 	if c.NumGPUBlocks < 2 || c.NumGPUBlocks > 1<<24 {
 		errs = append(errs, fmt.Errorf("num-gpu-blocks %d: want 2..16777216", c.NumGPUBlocks))
@@ -192,6 +259,21 @@ func (c Config) validate() error {
 	}
 	if c.PrefillUsPerToken < 0 || c.TTFTFloor < 0 || c.DecodeTokensPerS < 0 {
 		errs = append(errs, errors.New("timing flags must not be negative"))
+	}
+	if err := checkPerfModel(c.PerfModel); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Step.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxNumBatchedTokens < 1 || c.MaxNumBatchedTokens > 1<<20 {
+		errs = append(errs, fmt.Errorf("max-num-batched-tokens %d: want 1..1048576", c.MaxNumBatchedTokens))
+	} else if c.stepped() && c.DisableChunkedPrefill && c.MaxNumBatchedTokens < c.MaxModelLen {
+		// vLLM refuses this too: a prompt longer than the budget could never run.
+		errs = append(errs, fmt.Errorf("max-num-batched-tokens %d is smaller than max-model-len %d with chunked prefill disabled", c.MaxNumBatchedTokens, c.MaxModelLen))
+	}
+	if !(c.TimeScale > 0 && c.TimeScale <= 1000) {
+		errs = append(errs, fmt.Errorf("time-scale %v: want a number in (0, 1000]", c.TimeScale))
 	}
 	if c.MaxNumSeqs < 1 || c.MaxWaiting < 1 || c.MaxModelLen < 1 || c.DefaultMaxTokens < 1 || c.ReplayBuffer < 1 {
 		errs = append(errs, errors.New("max-num-seqs, max-waiting, max-model-len, default-max-tokens and the replay buffer must be positive"))
@@ -210,6 +292,9 @@ func (c Config) validate() error {
 	}
 	if c.DataParallelRank < 0 {
 		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
+	}
+	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
+		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
 	}
 	if c.KVEventsEndpoint != "none" {
 		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {
@@ -250,4 +335,27 @@ func replayEndpointFor(pub string, pubPort int) string {
 		return "none"
 	}
 	return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(pubPort+DefaultReplayPortOffset))
+}
+
+// WithSpeed returns c on a GPU speed times as fast as its profile's (or the
+// simple model's constants): every step cost, or prefill and decode time,
+// divided by speed. It lets one fleet mix engines of different throughput.
+// A speed that is not positive makes the config invalid.
+func (c Config) WithSpeed(speed float64) Config {
+	if !(speed > 0) {
+		c.Step = StepPerf{StepFloorS: math.NaN()}
+		c.PrefillUsPerToken = -1
+		return c
+	}
+	if prof, ok := LookupProfile(c.PerfModel); ok && c.Step == (StepPerf{}) {
+		c.Step = prof.Perf
+	}
+	c.Step.StepFloorS /= speed
+	c.Step.PrefillSPerToken /= speed
+	c.Step.DecodeSPerSeq /= speed
+	c.Step.AttnSPerContextToken /= speed
+	c.PrefillUsPerToken /= speed
+	c.TTFTFloor = time.Duration(float64(c.TTFTFloor) / speed)
+	c.DecodeTokensPerS *= speed
+	return c
 }

@@ -14,9 +14,11 @@
 // kv_transfer_params, and vLLM's metric names, types and labels.
 //
 // Synthetic: the output text (deterministic words from the vocabulary) and
-// time, which follows a model: TTFT = queueing + floor + per-token cost of
-// uncached prompt tokens; a fixed per-sequence decode rate; at most
-// MaxNumSeqs running, the rest waiting FIFO.
+// time, which follows a model: by default vLLM V1's step loop (chunked
+// prefill within a token budget, FIFO admission, preemption of the newest)
+// with a per-step GPU cost model per model/GPU profile; PerfModel "simple"
+// keeps the per-request model (floor + per-token cost of uncached prompt
+// tokens, a fixed decode rate). docs/enginesim.md, "Timing models".
 //
 // Knobs: Config (see cmd/enginesim --help and docs/enginesim.md).
 //

@@ -14,6 +14,7 @@ import (
 // the first token; its times are the model's figures.
 type stepOutput struct {
 	tokens       []uint32
+	accepted     bool // the loop queued the request (the stream's head may go out)
 	first        bool
 	finished     bool
 	finishReason string
@@ -45,7 +46,7 @@ type request struct {
 	doRemoteDecode bool      // prefill role: keep the blocks for a decoder
 
 	arrival time.Time
-	out     chan stepOutput // capacity maxTokens+2: the loop never blocks
+	out     *outbox // loop to handler; never blocks the loop
 	ctx     context.Context
 
 	// Loop-owned state.
@@ -58,6 +59,12 @@ type request struct {
 	nextAt      time.Time // prefill end, then the next token's time
 	emitted     int       // completion tokens sent
 	finished    bool
+
+	// Step-loop state (scheduler.go).
+	numComputed int  // tokens whose KV is computed (or scheduled in the step in flight)
+	prefilling  bool // admitted and not yet sampled since: its tokens count as prefill
+	admitted    bool // scheduled at least once (cached_tokens and counters are from then)
+	preemptions int
 }
 
 // totalTokens is how many tokens ever hold KV: the prompt and every generated
@@ -108,6 +115,10 @@ type ctlMsg struct {
 // due, admits waiting requests, and publishes the step's KV events as one
 // batch.
 func (e *Engine) run() {
+	if e.cfg.stepped() {
+		e.runStepped()
+		return
+	}
 	defer close(e.loopDone)
 	st := &loopState{pool: e.pool, leases: make(map[string]lease)}
 	timer := time.NewTimer(time.Hour)
@@ -119,9 +130,10 @@ func (e *Engine) run() {
 			return
 		case r := <-e.submit:
 			if len(st.waiting) >= e.cfg.MaxWaiting {
-				r.out <- stepOutput{finished: true, err: errQueueFull}
+				r.out.send(stepOutput{finished: true, err: errQueueFull})
 				break
 			}
+			r.out.send(stepOutput{accepted: true})
 			st.waiting = append(st.waiting, r)
 		case r := <-e.abort:
 			e.abortRequest(st, r)
@@ -153,11 +165,11 @@ var errQueueFull = errors.New("waiting queue is full")
 
 func (e *Engine) shutdownLoop(st *loopState) {
 	for _, r := range st.waiting {
-		r.out <- stepOutput{finished: true, err: errEngineClosed}
+		r.out.send(stepOutput{finished: true, err: errEngineClosed})
 	}
 	for _, r := range st.running {
 		if !r.finished {
-			r.out <- stepOutput{finished: true, err: errEngineClosed}
+			r.out.send(stepOutput{finished: true, err: errEngineClosed})
 		}
 	}
 }
@@ -276,7 +288,7 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 // prefillTime is the timing model's prefill: the floor plus the per-token
 // cost of every token not served from the prefix cache.
 func (e *Engine) prefillTime(uncachedTokens int) time.Duration {
-	return e.cfg.TTFTFloor + time.Duration(e.cfg.PrefillUsPerToken*float64(uncachedTokens)*float64(time.Microsecond))
+	return e.wall(e.cfg.TTFTFloor + time.Duration(e.cfg.PrefillUsPerToken*float64(uncachedTokens)*float64(time.Microsecond)))
 }
 
 // decodeInterval is the time between two tokens of one sequence.
@@ -284,7 +296,7 @@ func (e *Engine) decodeInterval() time.Duration {
 	if e.cfg.DecodeTokensPerS <= 0 {
 		return 0
 	}
-	return time.Duration(float64(time.Second) / e.cfg.DecodeTokensPerS)
+	return e.wall(time.Duration(float64(time.Second) / e.cfg.DecodeTokensPerS))
 }
 
 func (e *Engine) allocateBlock(st *loopState, r *request) {
@@ -308,17 +320,17 @@ func (e *Engine) advance(st *loopState, r *request) {
 	if r.emitted == 0 {
 		// Prefill done: the whole prompt is computed.
 		e.cacheComputed(st, r, len(r.prompt))
-		ttft := r.nextAt.Sub(r.arrival)
+		ttft := e.model(r.nextAt.Sub(r.arrival))
 		e.metrics.ttft.Observe(ttft.Seconds())
 		r.emitted = 1
 		e.metrics.generationTokens.Inc()
-		r.out <- stepOutput{
+		r.out.send(stepOutput{
 			tokens:       r.output[:1],
 			first:        true,
 			cachedTokens: r.hitBlocks * bs,
-			queueTime:    r.scheduledAt.Sub(r.arrival),
+			queueTime:    e.model(r.scheduledAt.Sub(r.arrival)),
 			ttft:         ttft,
-		}
+		})
 	} else {
 		// This step computes the previous token and samples the next one.
 		computed := len(r.prompt) + r.emitted
@@ -326,7 +338,7 @@ func (e *Engine) advance(st *loopState, r *request) {
 			e.allocateBlock(st, r)
 		}
 		e.cacheComputed(st, r, computed)
-		r.out <- stepOutput{tokens: r.output[r.emitted : r.emitted+1]}
+		r.out.send(stepOutput{tokens: r.output[r.emitted : r.emitted+1]})
 		r.emitted++
 		e.metrics.generationTokens.Inc()
 	}
@@ -379,7 +391,7 @@ func (e *Engine) finishRequest(st *loopState, r *request, reason string) {
 		return
 	}
 	e.metrics.requestSuccess.WithLabelValues(reason).Inc()
-	r.out <- stepOutput{finished: true, finishReason: reason, kvTransferParams: params}
+	r.out.send(stepOutput{finished: true, finishReason: reason, kvTransferParams: params})
 }
 
 // kvTransferParams is what vLLM's NixlConnector returns from a prefill
@@ -481,7 +493,7 @@ func (e *Engine) newRequest(ctx context.Context, id string, prompt []uint32, ext
 		maxTokens: maxTokens,
 		output:    syntheticOutput(prompt, e.outVocab, maxTokens),
 		arrival:   time.Now(),
-		out:       make(chan stepOutput, maxTokens+2),
+		out:       newOutbox(),
 		ctx:       ctx,
 	}
 	for _, b := range e.hasher.AppendBlocks(nil, prompt, extra) {

@@ -24,6 +24,7 @@ type engineMetrics struct {
 	prefixHits       prometheus.Counter
 	externalQueries  prometheus.Counter
 	externalHits     prometheus.Counter
+	preemptions      prometheus.Counter
 	requestSuccess   *prometheus.CounterVec
 	ttft             prometheus.Observer
 
@@ -56,6 +57,7 @@ func newEngineMetrics(cfg Config) *engineMetrics {
 	m.prefixHits = counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.")
 	m.externalQueries = counter("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.")
 	m.externalHits = counter("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.")
+	m.preemptions = counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.")
 	m.requestSuccess = prometheus.NewCounterVec(prometheus.CounterOpts(f("vllm:request_success_total", "Count of successfully processed requests.")), []string{"finished_reason"})
 	reg.MustRegister(m.requestSuccess)
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{

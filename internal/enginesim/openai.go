@@ -191,10 +191,10 @@ func parseMessages(raw json.RawMessage) ([]ChatMessage, *badRequest) {
 }
 
 type usage struct {
-	PromptTokens        int                 `json:"prompt_tokens"`
-	TotalTokens         int                 `json:"total_tokens"`
-	CompletionTokens    int                 `json:"completion_tokens"`
-	PromptTokensDetails promptTokensDetails `json:"prompt_tokens_details"`
+	PromptTokens        int                  `json:"prompt_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details"` // null without --enable-prompt-tokens-details, as vLLM
 }
 
 type promptTokensDetails struct {

@@ -23,10 +23,11 @@ type bufferedBatch struct {
 // optional ROUTER answering replay requests from a ring of the last
 // bufferSteps batches.
 type publisher struct {
-	log   *slog.Logger
-	topic []byte
-	pub   zmq4.Socket
-	rtr   zmq4.Socket
+	log    *slog.Logger
+	topic  []byte
+	layout kvevents.ReplayLayout
+	pub    zmq4.Socket
+	rtr    zmq4.Socket
 
 	mu   sync.Mutex
 	seq  uint64
@@ -41,13 +42,18 @@ type publisher struct {
 // newPublisher binds the PUB socket at pubEP (and the ROUTER at replayEP
 // unless it is "none"). An empty replayEP derives the default from the bound
 // PUB port.
-func newPublisher(log *slog.Logger, pubEP, replayEP, topic string, bufferSteps int) (*publisher, error) {
+func newPublisher(log *slog.Logger, pubEP, replayEP, topic string, bufferSteps int, layout string) (*publisher, error) {
 	zlog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+	rl, err := kvevents.ParseReplayLayout(layout)
+	if err != nil {
+		return nil, fmt.Errorf("kv events: %w", err)
+	}
 	p := &publisher{
-		log:   log,
-		topic: []byte(topic),
-		ring:  make([]bufferedBatch, 0, bufferSteps),
-		done:  make(chan struct{}),
+		log:    log,
+		topic:  []byte(topic),
+		layout: rl,
+		ring:   make([]bufferedBatch, 0, bufferSteps),
+		done:   make(chan struct{}),
 	}
 	p.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(zlog))
 	if err := p.pub.SetOption(zmq4.OptionHWM, DefaultKVEventsHWM); err != nil {
@@ -114,9 +120,11 @@ func (p *publisher) since(start uint64) []bufferedBatch {
 	return out
 }
 
-// serveReplay answers [identity, "", seq8] with one [identity, "", seq8,
-// payload] per buffered batch from that seq on, then the end marker
-// [identity, "", ff*8, ""]. Other shapes are ignored, as vLLM does.
+// serveReplay answers [identity, "", seq8] with one reply per buffered batch
+// from that seq on, then the end marker, in the configured layout: current
+// [identity, "", topic, seq8, payload] … [identity, "", "", ff*8, ""], or
+// legacy [identity, "", seq8, payload] … [identity, "", ff*8, ""]. Other
+// request shapes are ignored, as vLLM does.
 func (p *publisher) serveReplay() {
 	defer close(p.done)
 	for {
@@ -134,12 +142,12 @@ func (p *publisher) serveReplay() {
 			continue
 		}
 		for _, b := range p.since(start) {
-			if err := p.rtr.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayReply(b.seq, b.payload)...)...)); err != nil {
+			if err := p.rtr.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayReply(p.layout, p.topic, b.seq, b.payload)...)...)); err != nil {
 				p.log.Warn("kv events replay: send failed", "err", err)
 				break
 			}
 		}
-		if err := p.rtr.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayEnd()...)...)); err != nil {
+		if err := p.rtr.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayEnd(p.layout)...)...)); err != nil {
 			p.log.Warn("kv events replay: send end marker failed", "err", err)
 		}
 	}

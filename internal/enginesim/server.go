@@ -33,7 +33,7 @@ const notifyPath = "/enginesim/kv_transfer_done"
 // can run in one process; each has its own sockets and metric registry.
 type Engine struct {
 	cfg        Config
-	hasher     *kvhash.Hasher
+	hasher     *groupHasher
 	pool       *blockPool
 	metrics    *engineMetrics
 	pub        *publisher
@@ -106,7 +106,7 @@ func New(cfg Config) (*Engine, error) {
 		e.cfg.ID = net.JoinHostPort(cfg.Host, strconv.Itoa(port))
 	}
 	if cfg.KVEventsEndpoint != "none" {
-		e.pub, err = newPublisher(cfg.Logger, cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.EventTopic, cfg.ReplayBuffer)
+		e.pub, err = newPublisher(cfg.Logger, cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.EventTopic, cfg.ReplayBuffer, cfg.ReplayLayout)
 		if err != nil {
 			e.ln.Close()
 			return nil, fmt.Errorf("enginesim: %w", err)
@@ -127,13 +127,14 @@ func New(cfg Config) (*Engine, error) {
 	}()
 	cfg.Logger.Info("enginesim engine started", "id", e.cfg.ID, "url", e.url, "role", cfg.Role,
 		"model", cfg.Model, "block_size", cfg.BlockSize, "hash_algo", cfg.HashAlgo,
-		"num_gpu_blocks", cfg.NumGPUBlocks, "kv_events", e.EventsEndpoint(), "replay", e.ReplayEndpoint())
+		"num_gpu_blocks", cfg.NumGPUBlocks, "perf_model", cfg.PerfModel, "max_num_seqs", cfg.MaxNumSeqs,
+		"max_num_batched_tokens", cfg.MaxNumBatchedTokens, "kv_events", e.EventsEndpoint(), "replay", e.ReplayEndpoint())
 	return e, nil
 }
 
 // newHasher builds the block hasher; with the xxhash algorithms and
 // PYTHONHASHSEED unset it draws a random NONE_HASH seed as vLLM does.
-func newHasher(cfg Config) (*kvhash.Hasher, error) {
+func newHasher(cfg Config) (*groupHasher, error) {
 	algo, err := kvhash.ParseAlgo(cfg.HashAlgo)
 	if err != nil {
 		return nil, fmt.Errorf("enginesim: prefix-caching-hash-algo: %w", err)
@@ -142,16 +143,20 @@ func newHasher(cfg Config) (*kvhash.Hasher, error) {
 	if cfg.HashSeedSet {
 		seed = kvhash.SeedOf(cfg.PythonHashSeed)
 	}
-	h, err := kvhash.New(kvhash.Contract{Algo: algo, BlockSize: cfg.BlockSize, Seed: seed})
+	hb := cfg.HashBlockSize
+	if hb == 0 {
+		hb = cfg.BlockSize
+	}
+	h, err := kvhash.New(kvhash.Contract{Algo: algo, BlockSize: hb, Seed: seed})
 	if errors.Is(err, kvhash.ErrUnsetSeed) {
 		// vLLM: NONE_HASH = hash_fn(os.urandom(32).hex()).
 		cfg.Logger.Warn("PYTHONHASHSEED is unset with an xxhash algorithm: NONE_HASH is random, so no router can reproduce this engine's block hashes (parity is impossible); set PYTHONHASHSEED", "algo", algo)
-		h, err = kvhash.New(kvhash.Contract{Algo: algo, BlockSize: cfg.BlockSize, Seed: kvhash.SeedOf(randomHex(32))})
+		h, err = kvhash.New(kvhash.Contract{Algo: algo, BlockSize: hb, Seed: kvhash.SeedOf(randomHex(32))})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("enginesim: block hasher: %w", err)
 	}
-	return h, nil
+	return newGroupHasher(h, cfg.BlockSize, hb)
 }
 
 func randomHex(n int) string {
@@ -214,6 +219,10 @@ func (e *Engine) routes() http.Handler {
 	mux.HandleFunc("POST /reset_prefix_cache", e.handleReset)
 	mux.HandleFunc("POST "+notifyPath, e.handleNotify)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.metrics.registry, promhttp.HandlerOpts{}))
+	if e.cfg.DebugState {
+		mux.HandleFunc("GET /debug/state", e.handleDebugState)
+		mux.HandleFunc("POST /debug/match", e.handleDebugMatch)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-engine-id", e.cfg.ID)
 		r.Body = http.MaxBytesReader(w, r.Body, e.cfg.MaxRequestBytes)
@@ -488,13 +497,27 @@ func (e *Engine) generate(w http.ResponseWriter, hr *http.Request, p genParams) 
 	resp := responder{e: e, w: w, p: p, id: publicID, created: time.Now().Unix()}
 	for {
 		select {
-		case out := <-req.out:
-			if done := resp.handle(req, out); done {
-				return
-			}
+		case <-req.out.signal:
 		case <-ctx.Done():
 			e.cancel(req)
 			return
+		}
+		for _, out := range req.out.take() {
+			if out.accepted {
+				// The loop answers a submit at once, so a refusal (queue
+				// full, shutting down) still gets its status. vLLM's server
+				// returns a StreamingResponse as soon as the request is
+				// queued: the status and headers reach the client now and
+				// the first token later, so TTFT is the first body byte
+				// after the head.
+				if p.stream {
+					resp.startStream()
+				}
+				continue
+			}
+			if done := resp.handle(req, out); done {
+				return
+			}
 		}
 	}
 }
@@ -554,20 +577,40 @@ type responder struct {
 	cachedTokens int
 }
 
+// modelHeaders carry the model's own figures; a streamed response sends
+// them as trailers, because its head leaves before the first token.
+var modelHeaders = []string{"x-enginesim-ttft-us", "x-enginesim-queue-us", "x-enginesim-cached-tokens"}
+
 func (rs *responder) setModelHeaders(out stepOutput) {
 	h := rs.w.Header()
-	h.Set("x-enginesim-ttft-us", strconv.FormatInt(out.ttft.Microseconds(), 10))
-	h.Set("x-enginesim-queue-us", strconv.FormatInt(out.queueTime.Microseconds(), 10))
-	h.Set("x-enginesim-cached-tokens", strconv.Itoa(out.cachedTokens))
+	h.Set(modelHeaders[0], strconv.FormatInt(out.ttft.Microseconds(), 10))
+	h.Set(modelHeaders[1], strconv.FormatInt(out.queueTime.Microseconds(), 10))
+	h.Set(modelHeaders[2], strconv.Itoa(out.cachedTokens))
+}
+
+// startStream writes a streamed response's status and headers.
+func (rs *responder) startStream() {
+	rs.started = true
+	h := rs.w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Trailer", strings.Join(modelHeaders, ", "))
+	rs.w.WriteHeader(http.StatusOK)
+	if f, ok := rs.w.(http.Flusher); ok {
+		f.Flush()
+	}
 }
 
 func (rs *responder) usage() *usage {
-	return &usage{
-		PromptTokens:        len(rs.p.prompt),
-		CompletionTokens:    len(rs.tokens),
-		TotalTokens:         len(rs.p.prompt) + len(rs.tokens),
-		PromptTokensDetails: promptTokensDetails{CachedTokens: rs.cachedTokens},
+	u := &usage{
+		PromptTokens:     len(rs.p.prompt),
+		CompletionTokens: len(rs.tokens),
+		TotalTokens:      len(rs.p.prompt) + len(rs.tokens),
 	}
+	if !rs.e.cfg.DisablePromptTokensDetails {
+		u.PromptTokensDetails = &promptTokensDetails{CachedTokens: rs.cachedTokens}
+	}
+	return u
 }
 
 // handle processes one output; it returns true when the response is done.
@@ -589,15 +632,12 @@ func (rs *responder) handle(req *request, out stepOutput) bool {
 	rs.tokens = append(rs.tokens, out.tokens...)
 	if rs.p.stream {
 		if !rs.started {
-			rs.started = true
-			h := rs.w.Header()
-			h.Set("Content-Type", "text/event-stream; charset=utf-8")
-			h.Set("Cache-Control", "no-cache")
-			rs.w.WriteHeader(http.StatusOK)
-			if rs.p.kind == "chatcmpl" {
-				rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model,
-					Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: ""}}}})
-			}
+			rs.startStream()
+		}
+		if out.first && rs.p.kind == "chatcmpl" {
+			// vLLM sends the role chunk with the first output, not with the head.
+			rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model,
+				Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: ""}}}})
 		}
 		if len(out.tokens) > 0 {
 			rs.sseText(rs.delta(), nil)

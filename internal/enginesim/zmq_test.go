@@ -2,6 +2,10 @@ package enginesim
 
 import (
 	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -199,5 +203,57 @@ func TestReplayBufferIsBounded(t *testing.T) {
 	}
 	if got := p.since(4); len(got) != 1 || got[0].seq != 4 {
 		t.Errorf("since(4) %+v", got)
+	}
+}
+
+// TestReplayLayouts checks the exact frames the replay ROUTER sends in each
+// --replay-layout, as a DEALER receives them.
+func TestReplayLayouts(t *testing.T) {
+	ff := string([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	seq1 := string([]byte{0, 0, 0, 0, 0, 0, 0, 1})
+	cases := []struct {
+		layout     string
+		reply, end []string
+	}{
+		{"current", []string{"", "kv-events", seq1, "p1"}, []string{"", "", ff, ""}},
+		{"legacy", []string{"", seq1, "p1"}, []string{"", ff, ""}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.layout, func(t *testing.T) {
+			p, err := newPublisher(slog.New(slog.NewTextHandler(io.Discard, nil)), "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "kv-events", 8, tc.layout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.close()
+			p.publish([]byte("p0"))
+			p.publish([]byte("p1"))
+			dealer := zmq4.NewDealer(context.Background())
+			defer dealer.Close()
+			if err := dealer.Dial("tcp://" + p.replayAddr.String()); err != nil {
+				t.Fatal(err)
+			}
+			if err := dealer.SendMulti(zmq4.NewMsgFrom(kvevents.ReplayRequest(1)...)); err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range [][]string{tc.reply, tc.end} {
+				m, err := dealer.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := make([]string, len(m.Frames))
+				for i, f := range m.Frames {
+					got[i] = string(f)
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("frames %q, want %q", got, want)
+				}
+			}
+		})
+	}
+	if _, err := newPublisher(slog.New(slog.NewTextHandler(io.Discard, nil)), "tcp://127.0.0.1:0", "none", "", 8, "v3"); err == nil {
+		t.Error("unknown replay layout accepted")
+	}
+	if err := (Config{ReplayLayout: "v3"}).withDefaults().validate(); err == nil || !strings.Contains(err.Error(), "replay-layout") {
+		t.Errorf("validate: %v, want a replay-layout error", err)
 	}
 }

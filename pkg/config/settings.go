@@ -98,6 +98,8 @@ type Settings struct {
 	Score ScoreMode
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
+	// LLB_KV_MAX_FRAME_BYTES: largest ZMTP frame or message taken from a KV peer, 4096-1073741824. Default 64 MiB.
+	MaxFrameBytes int
 
 	// LLB_PD_PREFILL_TIMEOUT_SEC: prefill leg and decode first-byte bound, 1-99999 s. Default 30.
 	PrefillTimeout time.Duration
@@ -131,6 +133,7 @@ func DefaultSettings() Settings {
 		ZeroHitN:           50,
 		Score:              ScoreLeading,
 		ReplayPortOffset:   1000,
+		MaxFrameBytes:      64 << 20,
 		PrefillTimeout:     30 * time.Second,
 		DecodeSilence:      120 * time.Second,
 		OriginErrThreshold: 3,
@@ -224,6 +227,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 		}
 	}
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
+	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)
 
 	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)
 	p.seconds("LLB_PD_DECODE_SILENCE_SEC", &s.DecodeSilence, 1, 99999)

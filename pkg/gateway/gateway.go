@@ -168,6 +168,7 @@ func New(opts Options) (*Gateway, error) {
 	g.ready.scan()
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
+	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)
@@ -389,6 +390,9 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 		return fmt.Errorf("service %d: health: %w", updated.ServiceID, err)
 	}
 	oldState := rt.router.state.Load()
+	if oldState.gran != nil && st.gran != nil && oldState.gran.HashBlockSize() == st.gran.HashBlockSize() {
+		st.gran = oldState.gran // what the engines publish is unchanged, and the subscribers keep running
+	}
 	rt.router.state.Store(st)
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
@@ -448,7 +452,7 @@ func (g *Gateway) reconcile() {
 		for _, e := range r.KVEndpoints() {
 			targets = append(targets, ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
-				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index,
+				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
 			})
 		}
 	}

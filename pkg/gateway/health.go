@@ -35,6 +35,9 @@ type ruleHealth struct {
 	admission *health.Admission // P/D rules only
 	flow      *pd.Flow          // P/D rules only
 	sel       *selector.Selector
+	// probeUp is told when an endpoint's probe comes back, so the KV
+	// subscriber can check for an engine restart (docs/ingest.md).
+	probeUp func(ep int)
 
 	mu       sync.Mutex
 	stop     context.CancelFunc
@@ -133,6 +136,9 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 		if tr.Drops() && h.sel != nil {
 			h.sel.DropEndpoint(tr.Ep)
 		}
+		if tr.Event == health.EventProbeUp && h.probeUp != nil {
+			h.probeUp(tr.Ep)
+		}
 	})
 	var targets []health.Target
 	for _, e := range rule.Endpoints {
@@ -212,5 +218,10 @@ func (g *Gateway) ruleHealth(rule *config.Rule) (*ruleHealth, error) {
 	}
 	total := g.pdTotal
 	g.mu.Unlock()
-	return newRuleHealth(rule, g.opts.Settings, total, g.Metrics, g.log)
+	h, err := newRuleHealth(rule, g.opts.Settings, total, g.Metrics, g.log)
+	if err == nil {
+		service := uint32(rule.ServiceID)
+		h.probeUp = func(ep int) { g.subs.Verify(service, ep) }
+	}
+	return h, err
 }

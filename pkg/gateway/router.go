@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/reqfacts"
@@ -34,6 +35,9 @@ type ruleState struct {
 	// encodes its prompts (vLLM tokenizes adapter requests with the base
 	// model's tokenizer; see config.LoraAdapter).
 	loraTokenizer map[string]string
+	// gran is the block size the rule's engines publish against kvBlockSize
+	// (docs/parity.md, "Hash granularity"); nil for non-KV rules.
+	gran *ingest.Granularity
 }
 
 // router implements fullproxy.Router for one rule: request facts →
@@ -207,6 +211,16 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 		sr.Upstream = selector.ReasonHashes
 	} else {
 		sr.Hashes = st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
+		if st.gran != nil {
+			if bs, bad := st.gran.Unusable(); bad {
+				// No hash of ours can match: say why instead of scoring 0.
+				r.m.KVSkip(r.service, "block_size")
+				r.log.Debug("KV tier skipped: engines publish a block_size that is not a multiple of kvBlockSize", "block_size", bs, "kvBlockSize", st.gran.HashBlockSize())
+				sr.Hashes, sr.Upstream = nil, selector.ReasonHashes
+			} else {
+				sr.Hashes = ingest.EveryKth(sr.Hashes, st.gran.Step())
+			}
+		}
 	}
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "hash", Duration: time.Since(t2)})
 	sc.attempt = r.sel.Begin(sr)
@@ -296,6 +310,7 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	if !rule.KVEnabled() {
 		return st, nil
 	}
+	st.gran = ingest.NewGranularity(rule.BlockSize())
 	if ads := rule.LoraAdapters(); len(ads) > 0 {
 		st.loraTokenizer = make(map[string]string, len(ads))
 		for _, a := range ads {

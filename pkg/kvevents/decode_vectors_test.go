@@ -386,7 +386,8 @@ func TestZMQExchangeVectors(t *testing.T) {
 			}
 		}
 	}
-	// DEALER view: replies then the end marker.
+	// DEALER view: replies then the end marker. The vectors were recorded
+	// from a vLLM before replies carried the topic (the legacy layout).
 	for i, frames := range v.ZMQ.ReplayDEALER {
 		raw := make([][]byte, len(frames))
 		for j, f := range frames {
@@ -402,9 +403,9 @@ func TestZMQExchangeVectors(t *testing.T) {
 		}
 		var want [][]byte
 		if last {
-			want = ReplayEnd()
+			want = ReplayEnd(ReplayLayoutLegacy)
 		} else {
-			want = ReplayReply(seq, payload)
+			want = ReplayReply(ReplayLayoutLegacy, nil, seq, payload)
 			if err := d.Decode(payload, &b); err != nil {
 				t.Errorf("reply %d payload: %v", i, err)
 			}

@@ -6,12 +6,18 @@ import (
 )
 
 // ZeroMQ framing of vLLM's ZmqEventPublisher, as pure encode/parse functions
-// (the sockets live in the subscriber):
+// (the sockets live in pkg/kvevents/ingest). As a DEALER sees them, after the
+// ROUTER strips its identity frame:
 //
-//	PUB message:     [topic, seq (8 bytes big-endian), payload]
-//	replay request:  ["", seq8]              (DEALER; a REQ socket adds the "" itself)
-//	replay reply:    ["", seq8, payload]     (REQ sockets see [seq8, payload])
-//	replay end:      ["", 0xFF x 8, ""]
+//	PUB message:            [topic, seq (8 bytes big-endian), payload]
+//	replay request:         ["", seq8]                 (a REQ socket adds the "" itself)
+//	replay reply (current): ["", topic, seq8, payload] (vLLM since mid-2026; docs/parity.md)
+//	replay end (current):   ["", "", 0xFF x 8, ""]
+//	replay reply (legacy):  ["", seq8, payload]        (vLLM before that change)
+//	replay end (legacy):    ["", 0xFF x 8, ""]
+//
+// A REQ socket sees the same without the leading "". docs/parity.md lists the
+// vLLM commits these were checked against.
 
 // SeqLen is the length of a sequence-number frame.
 const SeqLen = 8
@@ -68,35 +74,86 @@ func ParseReplayRequest(frames [][]byte) (start uint64, err error) {
 	return ParseSeq(frames[1])
 }
 
-// ReplayReply returns one replayed batch as the ROUTER sends it (after the
-// identity frame): ["", seq8, payload].
-func ReplayReply(seq uint64, payload []byte) [][]byte {
-	return [][]byte{{}, AppendSeq(make([]byte, 0, SeqLen), seq), payload}
-}
+// ReplayLayout is the shape of the replay ROUTER's answers.
+type ReplayLayout int
 
-// ReplayEnd returns the end-of-replay marker: ["", 0xFF x 8, ""].
-func ReplayEnd() [][]byte {
-	return [][]byte{{}, AppendSeq(make([]byte, 0, SeqLen), EndSeq), {}}
-}
+const (
+	// ReplayLayoutCurrent: every reply carries the topic frame, as the live
+	// PUB message does: ["", topic, seq8, payload]; the end marker carries an
+	// empty topic: ["", "", 0xFF x 8, ""].
+	ReplayLayoutCurrent ReplayLayout = iota
+	// ReplayLayoutLegacy: ["", seq8, payload], end ["", 0xFF x 8, ""].
+	ReplayLayoutLegacy
+)
 
-// ParseReplayReply reads one replay reply as a DEALER (["", seq8, payload])
-// or a REQ socket ([seq8, payload]) receives it. end reports the end marker
-// (sequence 0xFF x 8); its payload is empty.
-func ParseReplayReply(frames [][]byte) (seq uint64, payload []byte, end bool, err error) {
-	if len(frames) == 3 {
-		if len(frames[0]) != 0 {
-			return 0, nil, false, &FrameError{Reason: "replay reply's first frame is not empty"}
-		}
-		frames = frames[1:]
+// String returns the layout's flag spelling ("current", "legacy").
+func (l ReplayLayout) String() string {
+	if l == ReplayLayoutLegacy {
+		return "legacy"
 	}
-	if len(frames) != 2 {
-		return 0, nil, false, &FrameError{Reason: fmt.Sprintf("replay reply has %d frames, want [\"\", seq, payload]", len(frames))}
+	return "current"
+}
+
+// ParseReplayLayout reads "current" or "legacy".
+func ParseReplayLayout(s string) (ReplayLayout, error) {
+	switch s {
+	case "current", "":
+		return ReplayLayoutCurrent, nil
+	case "legacy":
+		return ReplayLayoutLegacy, nil
+	}
+	return 0, fmt.Errorf("replay layout %q: allowed values: current, legacy", s)
+}
+
+// ReplayReply returns one replayed batch as the ROUTER sends it (after the
+// identity frame), in layout l.
+func ReplayReply(l ReplayLayout, topic []byte, seq uint64, payload []byte) [][]byte {
+	seq8 := AppendSeq(make([]byte, 0, SeqLen), seq)
+	if l == ReplayLayoutLegacy {
+		return [][]byte{{}, seq8, payload}
+	}
+	return [][]byte{{}, topic, seq8, payload}
+}
+
+// ReplayEnd returns the end-of-replay marker in layout l.
+func ReplayEnd(l ReplayLayout) [][]byte {
+	seq8 := AppendSeq(make([]byte, 0, SeqLen), EndSeq)
+	if l == ReplayLayoutLegacy {
+		return [][]byte{{}, seq8, {}}
+	}
+	return [][]byte{{}, {}, seq8, {}}
+}
+
+// ParseReplayReply reads one replay reply in either layout, as a DEALER
+// (["", topic, seq8, payload] or ["", seq8, payload]) or a REQ socket
+// ([topic, seq8, payload] or [seq8, payload]) receives it. end reports the
+// end marker (sequence 0xFF x 8); its payload is empty.
+//
+// Three frames are either a legacy DEALER reply or a current REQ reply; both
+// put the sequence second and the payload third, so they read alike. Four
+// frames must start with the empty delimiter: a non-empty topic can then
+// never pass for it.
+func ParseReplayReply(frames [][]byte) (seq uint64, payload []byte, end bool, err error) {
+	switch len(frames) {
+	case 4:
+		if len(frames[0]) != 0 {
+			return 0, nil, false, &FrameError{Reason: "replay reply's first frame is not the empty delimiter"}
+		}
+		frames = frames[2:]
+	case 3:
+		frames = frames[1:]
+	case 2:
+	default:
+		return 0, nil, false, &FrameError{Reason: fmt.Sprintf("replay reply has %d frames, want [\"\", topic, seq, payload] or [\"\", seq, payload]", len(frames))}
 	}
 	seq, err = ParseSeq(frames[0])
 	if err != nil {
 		return 0, nil, false, err
 	}
 	if seq == EndSeq {
+		if len(frames[1]) != 0 {
+			return 0, nil, false, &FrameError{Reason: "replay end marker has a payload"}
+		}
 		return seq, nil, true, nil
 	}
 	if len(frames[1]) == 0 {

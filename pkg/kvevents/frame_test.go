@@ -51,28 +51,98 @@ func TestReplayFrames(t *testing.T) {
 		}
 	}
 
-	reply := ReplayReply(7, []byte{0x93, 0x00})
-	for _, frames := range [][][]byte{reply, reply[1:]} { // DEALER and REQ views
-		seq, payload, end, err := ParseReplayReply(frames)
-		if err != nil || end || seq != 7 || !bytes.Equal(payload, []byte{0x93, 0x00}) {
-			t.Errorf("ParseReplayReply(%x) = %d %x %v %v", frames, seq, payload, end, err)
+	seq7 := []byte{0, 0, 0, 0, 0, 0, 0, 7}
+	ff := bytes.Repeat([]byte{0xff}, 8)
+	p := []byte{0x93, 0x00}
+	topic := []byte("kv-events")
+	good := []struct {
+		name   string
+		frames [][]byte
+		end    bool
+	}{
+		{"current DEALER", [][]byte{{}, topic, seq7, p}, false},
+		{"current DEALER, empty topic", [][]byte{{}, {}, seq7, p}, false},
+		{"current REQ", [][]byte{topic, seq7, p}, false},
+		{"legacy DEALER", [][]byte{{}, seq7, p}, false},
+		{"legacy REQ", [][]byte{seq7, p}, false},
+		{"current end, DEALER", [][]byte{{}, {}, ff, {}}, true},
+		{"current end, REQ", [][]byte{{}, ff, {}}, true},
+		{"legacy end, DEALER", [][]byte{{}, ff, {}}, true},
+		{"legacy end, REQ", [][]byte{ff, {}}, true},
+		{"built current", ReplayReply(ReplayLayoutCurrent, topic, 7, p), false},
+		{"built legacy", ReplayReply(ReplayLayoutLegacy, topic, 7, p), false},
+		{"built current end", ReplayEnd(ReplayLayoutCurrent), true},
+		{"built legacy end", ReplayEnd(ReplayLayoutLegacy), true},
+	}
+	for _, tc := range good {
+		seq, payload, end, err := ParseReplayReply(tc.frames)
+		switch {
+		case err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case end != tc.end:
+			t.Errorf("%s: end = %v", tc.name, end)
+		case tc.end && seq != EndSeq:
+			t.Errorf("%s: end seq = %x", tc.name, seq)
+		case !tc.end && (seq != 7 || !bytes.Equal(payload, p)):
+			t.Errorf("%s: = %d %x", tc.name, seq, payload)
 		}
 	}
-	endMsg := ReplayEnd()
-	if !bytes.Equal(endMsg[1], bytes.Repeat([]byte{0xff}, 8)) || len(endMsg[0]) != 0 || len(endMsg[2]) != 0 {
-		t.Errorf("ReplayEnd = %x", endMsg)
+	if got := ReplayReply(ReplayLayoutCurrent, topic, 7, p); len(got) != 4 || !bytes.Equal(got[1], topic) {
+		t.Errorf("current reply = %x", got)
 	}
-	if seq, _, end, err := ParseReplayReply(endMsg); err != nil || !end || seq != EndSeq {
-		t.Errorf("end marker parsed as %d %v %v", seq, end, err)
+	if got := ReplayEnd(ReplayLayoutCurrent); len(got) != 4 || len(got[1]) != 0 || !bytes.Equal(got[2], ff) {
+		t.Errorf("current end = %x", got)
 	}
 	for _, bad := range [][][]byte{
-		{[]byte("x"), make([]byte, 8), []byte{1}}, // non-empty delimiter
-		{nil, make([]byte, 8), nil},               // empty payload, not the end marker
-		{make([]byte, 8)},                         // seq only
-		{nil, make([]byte, 4), []byte{1}},         // short seq
+		{topic, topic, seq7, p},           // 4 frames without the delimiter
+		{{}, seq7, p, p},                  // seq where the topic goes, so the "seq" frame is the payload
+		{nil, make([]byte, 8), nil},       // empty payload, not the end marker
+		{{}, {}, ff, p},                   // end marker with a payload
+		{make([]byte, 8)},                 // seq only
+		{nil, make([]byte, 4), []byte{1}}, // short seq
+		{{}, topic, seq7, p, p},           // 5 frames
 	} {
 		if _, _, _, err := ParseReplayReply(bad); err == nil {
 			t.Errorf("ParseReplayReply(%x) accepted", bad)
 		}
 	}
+	for _, l := range []string{"current", "legacy"} {
+		if got, err := ParseReplayLayout(l); err != nil || got.String() != l {
+			t.Errorf("ParseReplayLayout(%q) = %v, %v", l, got, err)
+		}
+	}
+	if _, err := ParseReplayLayout("v2"); err == nil {
+		t.Error("ParseReplayLayout(v2) accepted")
+	}
+}
+
+// FuzzFrames: any split of bytes into frames parses or fails cleanly as a
+// PUB message and as a replay reply, and what parses rebuilds to the same
+// sequence and payload.
+//
+//	go test -run '^$' -fuzz FuzzFrames -fuzztime 1m ./pkg/kvevents/
+func FuzzFrames(f *testing.F) {
+	join := func(frames [][]byte) []byte { return bytes.Join(frames, []byte{0xfe, 0xfe}) }
+	f.Add(join(ReplayReply(ReplayLayoutCurrent, []byte("kv-events"), 7, []byte{0x93})))
+	f.Add(join(ReplayReply(ReplayLayoutLegacy, nil, 7, []byte{0x93})))
+	f.Add(join(ReplayEnd(ReplayLayoutCurrent)))
+	f.Add(join(BuildMessage([]byte("kv-events"), 3, []byte{0x90})))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		frames := bytes.Split(data, []byte{0xfe, 0xfe})
+		if len(frames) > 8 {
+			return
+		}
+		if _, seq, payload, err := ParseMessage(frames); err == nil {
+			if got := BuildMessage(frames[0], seq, payload); !bytes.Equal(got[1], frames[1]) {
+				t.Fatalf("message seq %d rebuilt as %x, was %x", seq, got[1], frames[1])
+			}
+		}
+		seq, payload, end, err := ParseReplayReply(frames)
+		if err != nil {
+			return
+		}
+		if end != (seq == EndSeq) || (!end && len(payload) == 0) {
+			t.Fatalf("reply %x: seq %x end %v payload %d bytes", frames, seq, end, len(payload))
+		}
+	})
 }

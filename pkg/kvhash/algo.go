@@ -19,13 +19,15 @@ const (
 	SHA256 Algo = "sha256"
 	// XXHash is vLLM's "xxhash": pickle protocol 5, then XXH3-128.
 	XXHash Algo = "xxhash"
-	// SHA256SGLang is SGLang's chained SHA-256 (not implemented yet).
+	// SHA256SGLang is SGLang's chained page SHA-256, published as a signed
+	// int64 (docs/engines.md).
 	SHA256SGLang Algo = "sha256_sglang"
-	// BlockHashTRTLLM is TensorRT-LLM's block hash (not implemented yet).
+	// BlockHashTRTLLM is TensorRT-LLM's v1 BlockKeyHasher, published as a
+	// uint64 (docs/engines.md).
 	BlockHashTRTLLM Algo = "blockhash_trtllm"
 )
 
-// Algos lists every algorithm name ParseAlgo accepts, supported ones first.
+// Algos lists every algorithm name ParseAlgo accepts, vLLM's first.
 func Algos() []Algo {
 	return []Algo{SHA256CBOR, XXHashCBOR, SHA256, XXHash, SHA256SGLang, BlockHashTRTLLM}
 }
@@ -57,18 +59,31 @@ func (a Algo) known() bool {
 // Supported reports whether New can build a hasher for a.
 func (a Algo) Supported() bool {
 	switch a {
-	case SHA256CBOR, XXHashCBOR, SHA256, XXHash:
+	case SHA256CBOR, XXHashCBOR, SHA256, XXHash, SHA256SGLang, BlockHashTRTLLM:
 		return true
 	}
 	return false
 }
 
-// DigestLen is the length of a block digest (and of NONE_HASH): 32 for the
-// SHA-256 family, 16 for the XXH3-128 family, 0 for unsupported algorithms.
+// SignedWire reports whether the engine publishes a's 64-bit hash as a
+// signed integer (SGLang) rather than an unsigned one (vLLM, TensorRT-LLM).
+// Either way kvgate stores and compares the same 64-bit pattern.
+func (a Algo) SignedWire() bool { return a == SHA256SGLang }
+
+// UsesSeed reports whether a's hashes depend on a NONE_HASH seed (vLLM's
+// PYTHONHASHSEED). SGLang and TensorRT-LLM chains have no seed.
+func (a Algo) UsesSeed() bool { return a != SHA256SGLang && a != BlockHashTRTLLM }
+
+// DigestLen is the length of a block digest, the value a block's child
+// chains from: 32 for the SHA-256 family (SGLang's included), 16 for the
+// XXH3-128 family, 8 for TensorRT-LLM (its uint64, big-endian), 0 for an
+// unknown algorithm.
 func (a Algo) DigestLen() int {
 	switch a {
-	case SHA256CBOR, SHA256:
+	case SHA256CBOR, SHA256, SHA256SGLang:
 		return 32
+	case BlockHashTRTLLM:
+		return 8
 	case XXHashCBOR, XXHash:
 		return 16
 	}
@@ -100,11 +115,12 @@ func (e *UnknownAlgoError) Error() string {
 }
 
 // UnsupportedError is returned by New for an algorithm kvgate knows by name
-// but cannot compute yet (sha256_sglang, blockhash_trtllm).
+// but cannot compute. Every algorithm in Algos is computable today; the type
+// stays so callers keep one error path for future names.
 type UnsupportedError struct{ Algo Algo }
 
 func (e *UnsupportedError) Error() string {
-	return fmt.Sprintf("kvhash: hash algorithm %q is not supported yet (supported: sha256_cbor, xxhash_cbor, sha256, xxhash)", string(e.Algo))
+	return fmt.Sprintf("kvhash: hash algorithm %q is not supported yet (supported: sha256_cbor, xxhash_cbor, sha256, xxhash, sha256_sglang, blockhash_trtllm)", string(e.Algo))
 }
 
 // Is makes errors.Is(err, ErrUnsupported) true.

@@ -44,8 +44,6 @@ func TestNewErrors(t *testing.T) {
 		wantType string
 		wantText string
 	}{
-		{"sglang unsupported", Contract{Algo: SHA256SGLang, BlockSize: 16, Seed: SeedOf("0")}, ErrUnsupported, "*kvhash.UnsupportedError", "not supported"},
-		{"trtllm unsupported", Contract{Algo: BlockHashTRTLLM, BlockSize: 16, Seed: SeedOf("0")}, ErrUnsupported, "*kvhash.UnsupportedError", "not supported"},
 		{"xxhash_cbor unset seed", Contract{Algo: XXHashCBOR, BlockSize: 16}, ErrUnsetSeed, "*kvhash.UnsetSeedError", "random"},
 		{"xxhash unset seed", Contract{Algo: XXHash, BlockSize: 16}, ErrUnsetSeed, "*kvhash.UnsetSeedError", "random"},
 		{"block size 0", Contract{Algo: SHA256CBOR, BlockSize: 0, Seed: SeedOf("0")}, nil, "*kvhash.BlockSizeError", "block size 0"},

@@ -1,4 +1,7 @@
-// Package kvhash computes vLLM v1 prefix-cache block hashes as pure functions.
+// Package kvhash computes prefix-cache block hashes as pure functions: vLLM
+// v1's four algorithms, SGLang's page hash (sha256_sglang) and TensorRT-LLM's
+// v1 block key (blockhash_trtllm); the last two are specified in
+// docs/engines.md.
 //
 // The contract (algorithm, block size, NONE_HASH seed) is an explicit value;
 // the package never reads the environment. Block i of a token sequence is
@@ -42,20 +45,36 @@ func (c Contract) String() string {
 	return fmt.Sprintf("algo=%s block_size=%d seed=%s", string(c.Algo), c.BlockSize, c.Seed)
 }
 
-// Extra holds a request's extra hash keys as vLLM builds them: the LoRA
-// adapter name goes into every block, cache_salt into block 0 only. Empty
-// strings mean absent (vLLM skips a falsy cache_salt).
+// Extra holds a request's extra hash keys. vLLM: the LoRA adapter name goes
+// into every block, cache_salt into block 0 only. SGLang: cache_salt seeds
+// the chain and the LoRA name namespaces every published hash. TensorRT-LLM:
+// the LoRA task id goes into every block (the name is not hashed) and the
+// cache_salt's id into the first. Empty strings mean absent (the engines skip
+// a falsy cache_salt).
 type Extra struct {
 	LoRAName  string
 	CacheSalt string
+	// LoRATaskID is TensorRT-LLM's lora_task_id, used only when
+	// HasLoRATaskID is set (0 is a valid task id).
+	LoRATaskID    uint64
+	HasLoRATaskID bool
 }
 
 // Block is one hashed block.
 type Block struct {
 	Index  int
 	Digest []byte // full digest: the next block's parent
-	Hash   uint64 // the value vLLM publishes: last 8 digest bytes, big-endian
+	Hash   uint64 // the value the engine publishes (vLLM: last 8 digest bytes, big-endian)
 }
+
+// engineKind picks the hash family of a contract.
+type engineKind uint8
+
+const (
+	engineVLLM engineKind = iota
+	engineSGLang
+	engineTRTLLM
+)
 
 // Option configures a Hasher.
 type Option func(*Hasher)
@@ -72,7 +91,8 @@ func WithDebugLogger(l *slog.Logger) Option {
 // not allocate in steady state.
 type Hasher struct {
 	contract Contract
-	noneHash []byte
+	kind     engineKind
+	noneHash []byte // vLLM's NONE_HASH; empty for SGLang, 8 zero bytes for TensorRT-LLM
 	debug    *slog.Logger
 	scratch  sync.Pool // *scratch
 }
@@ -95,15 +115,24 @@ func New(c Contract, opts ...Option) (*Hasher, error) {
 	if c.BlockSize < 1 || c.BlockSize > MaxBlockSize {
 		return nil, &BlockSizeError{Size: c.BlockSize}
 	}
-	seed, err := c.Seed.effective(c.Algo)
-	if err != nil {
-		return nil, err
-	}
 	h := &Hasher{contract: c}
 	for _, o := range opts {
 		o(h)
 	}
 	h.scratch.New = func() any { return &scratch{input: make([]byte, 0, 64+8*c.BlockSize)} }
+	switch c.Algo {
+	case SHA256SGLang:
+		// No parent and no seed: the seed is ignored, PYTHONHASHSEED plays no part.
+		h.kind, h.noneHash = engineSGLang, []byte{}
+		return h, nil
+	case BlockHashTRTLLM:
+		h.kind, h.noneHash = engineTRTLLM, make([]byte, 8)
+		return h, nil
+	}
+	seed, err := c.Seed.effective(c.Algo)
+	if err != nil {
+		return nil, err
+	}
 	var in []byte
 	if c.Algo.usesPickle() {
 		in = appendPickleStr(nil, seed)
@@ -122,7 +151,7 @@ func (h *Hasher) Contract() Contract { return h.contract }
 func (h *Hasher) NoneHash() []byte { return append([]byte(nil), h.noneHash...) }
 
 // DigestLen is the length of every digest h produces.
-func (h *Hasher) DigestLen() int { return len(h.noneHash) }
+func (h *Hasher) DigestLen() int { return h.contract.Algo.DigestLen() }
 
 // WireHash is the 64-bit value vLLM publishes for a digest
 // (int.from_bytes(digest, "big") & (2**64-1)): its last 8 bytes, big-endian.
@@ -159,7 +188,20 @@ func (h *Hasher) serialize(dst, parent []byte, tokens []uint32, lora, salt strin
 
 // HashInput appends the exact bytes vLLM feeds to the digest for one block
 // (parent nil = NONE_HASH). blockIndex decides whether cache_salt applies.
+//
+// SGLang: the prior digest (nil = the chain root, the cache_salt prior if
+// any) and the page's little-endian u32 tokens. TensorRT-LLM mixes integers
+// and has no byte input: dst is returned unchanged.
 func (h *Hasher) HashInput(dst, parent []byte, blockIndex int, block []uint32, extra Extra) []byte {
+	switch h.kind {
+	case engineSGLang:
+		if parent == nil {
+			parent = SGLangSaltPrior(extra.CacheSalt)
+		}
+		return appendSGLangInput(dst, parent, block)
+	case engineTRTLLM:
+		return dst
+	}
 	if parent == nil {
 		parent = h.noneHash
 	}
@@ -179,6 +221,10 @@ func (h *Hasher) walk(tokens []uint32, extra Extra, emit func(i int, digest []by
 	bs := h.contract.BlockSize
 	n := len(tokens) / bs
 	if n == 0 {
+		return
+	}
+	if h.kind != engineVLLM {
+		h.walkEngine(tokens, extra, emit)
 		return
 	}
 	s := h.scratch.Get().(*scratch)
@@ -205,6 +251,12 @@ func (h *Hasher) AppendHashes(dst []uint64, tokens []uint32, extra Extra) []uint
 	if n == 0 {
 		return dst
 	}
+	switch h.kind {
+	case engineSGLang:
+		return h.appendSGLang(dst, tokens, extra)
+	case engineTRTLLM:
+		return h.appendTRTLLM(dst, tokens, extra)
+	}
 	s := h.scratch.Get().(*scratch)
 	parent := h.noneHash
 	for i := 0; i < n; i++ {
@@ -228,7 +280,7 @@ func (h *Hasher) AppendBlocks(dst []Block, tokens []uint32, extra Extra) []Block
 	if n == 0 {
 		return dst
 	}
-	dl := len(h.noneHash)
+	dl := h.DigestLen()
 	digests := make([]byte, n*dl)
 	h.walk(tokens, extra, func(i int, digest []byte, hash uint64) {
 		d := digests[i*dl : (i+1)*dl : (i+1)*dl]
@@ -244,7 +296,14 @@ func (h *Hasher) AppendBlocks(dst []Block, tokens []uint32, extra Extra) []Block
 // passes a full block; its length is not checked against the block size.
 // The digest is appended to digestDst[:0], so a caller that reuses a buffer
 // with room for DigestLen bytes does not allocate.
+//
+// SGLang: parent nil is the chain root (the cache_salt prior, if any) and
+// hash carries the LoRA namespace. TensorRT-LLM: parent is the parent's
+// uint64, big-endian (nil = 0, the first block, which takes the salt id).
 func (h *Hasher) Extend(parent []byte, blockIndex int, block []uint32, extra Extra, digestDst []byte) (digest []byte, hash uint64) {
+	if h.kind != engineVLLM {
+		return h.extendEngine(parent, blockIndex, block, extra, digestDst)
+	}
 	if parent == nil {
 		parent = h.noneHash
 	}

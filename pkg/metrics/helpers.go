@@ -30,7 +30,7 @@ func (m *Metrics) scopes() *scoped {
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
-			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration}
+			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration, m.KVSkips}
 		s.byEPIdx = svcIdx
 		s.bySubscriber = svcEP
 		s.byService = append(append(append([]partialDeleter{}, svcIdx...), svcEP...), svcOnly...)
@@ -177,6 +177,12 @@ func (m *Metrics) SubscriberGap(service, epIdx int, kind string) {
 // all_blocks_cleared, large_gap or restart.
 func (m *Metrics) SubscriberClear(service, epIdx int, reason string) {
 	m.SubscriberClears.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
+}
+
+// KVSkip counts a request whose KV tier was skipped for a named cause
+// (guard reason hashes); cause is block_size.
+func (m *Metrics) KVSkip(service int, cause string) {
+	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
 }
 
 // SubscriberReplay counts a replay request; outcome is ok, error or unavailable.

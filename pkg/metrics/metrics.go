@@ -65,6 +65,7 @@ type Metrics struct {
 	RankConnected        *prometheus.GaugeVec   // kvgate_kv_subscriber_rank_connected{service,ep,rank}
 	SubscriberGaps       *prometheus.CounterVec // kvgate_kv_subscriber_gaps_total{service,ep,kind}
 	SubscriberClears     *prometheus.CounterVec // kvgate_kv_subscriber_clears_total{service,ep,reason}
+	KVSkips              *prometheus.CounterVec // kvgate_kv_skip_total{service,cause}
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
@@ -169,6 +170,7 @@ func New(opts Options) *Metrics {
 	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
 	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
 	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
+	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")

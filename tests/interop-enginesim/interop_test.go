@@ -51,14 +51,18 @@ func ids(from, n int) []int {
 
 func TestPythonSubscriberReadsEnginesimEvents(t *testing.T) {
 	testpy.Require(t, "zmq", "msgpack", "cbor2")
-	for _, layout := range []string{"map", "array"} {
-		t.Run(layout, func(t *testing.T) {
+	// Each payload layout also runs one replay layout: the current vLLM
+	// reply carries the topic (non-empty here, so it cannot pass for the
+	// delimiter), the legacy one does not.
+	for _, tc := range []struct{ layout, replay, topic string }{{"map", "current", "kv-events"}, {"array", "legacy", ""}} {
+		layout := tc.layout
+		t.Run(layout+"/"+tc.replay, func(t *testing.T) {
 			host := testnet.Host(t)
 			const seed = "interop-seed"
 			e, err := enginesim.New(enginesim.Config{
 				Host: host, Port: 0,
 				KVEventsEndpoint: "tcp://" + host + ":0", ReplayEndpoint: "tcp://" + host + ":0",
-				EventLayout: layout, NumGPUBlocks: 8,
+				EventLayout: layout, NumGPUBlocks: 8, ReplayLayout: tc.replay, EventTopic: tc.topic,
 				PythonHashSeed: seed, HashSeedSet: true, HashAlgo: "sha256_cbor",
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})
@@ -69,7 +73,7 @@ func TestPythonSubscriberReadsEnginesimEvents(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, testpy.Python, "subscriber.py", e.EventsEndpoint(), e.ReplayEndpoint(), layout, seed, "16", "200")
+			cmd := exec.CommandContext(ctx, testpy.Python, "subscriber.py", e.EventsEndpoint(), e.ReplayEndpoint(), layout, seed, "16", "200", tc.replay, tc.topic)
 			stdout, _ := cmd.StdoutPipe()
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr

@@ -6,7 +6,11 @@ the frames, the sequence numbers, the payload layout and every block hash
 (recomputed from token_ids with hashlib + cbor2, vLLM's sha256_cbor), then
 fetches a replay over a DEALER socket and compares it with what was received.
 
-Usage: subscriber.py PUB_ENDPOINT REPLAY_ENDPOINT LAYOUT SEED BLOCK_SIZE MAX_BATCHES
+Usage: subscriber.py PUB_ENDPOINT REPLAY_ENDPOINT LAYOUT SEED BLOCK_SIZE MAX_BATCHES [REPLAY_LAYOUT TOPIC]
+
+REPLAY_LAYOUT is "current" (vLLM since mid-2026, docs/parity.md: every reply is
+[b"", topic, seq8, payload], the end marker [b"", b"", 0xFF*8, b""]) or
+"legacy" ([b"", seq8, payload], end [b"", 0xFF*8, b""]).
 Reads until a batch holds AllBlocksCleared (the test ends with a reset).
 Prints "READY" once subscribed, then one JSON summary line; exits non-zero on a
 failed check.
@@ -64,6 +68,8 @@ def parse_event(ev, layout):
 
 def main():
     pub_ep, replay_ep, layout, seed, block_size, max_batches = sys.argv[1:7]
+    replay_layout = sys.argv[7] if len(sys.argv) > 7 else "legacy"
+    topic = (sys.argv[8] if len(sys.argv) > 8 else "").encode()
     block_size, max_batches = int(block_size), int(max_batches)
     none_hash = sha256_cbor(seed)
 
@@ -147,8 +153,17 @@ def main():
             frames = dealer.recv_multipart()
         except zmq.Again:
             fail("replay timed out after %d messages" % len(replayed))
-        if len(frames) != 3 or frames[0] != b"":
-            fail("replay message with %d frames" % len(frames))
+        if replay_layout == "current":
+            if len(frames) != 4 or frames[0] != b"":
+                fail("replay message with %d frames, want 4" % len(frames))
+            if frames[2] == END_MARKER:
+                if frames[1] != b"":
+                    fail("end marker with a topic")
+            elif frames[1] != topic:
+                fail("replay topic %r, want %r" % (frames[1], topic))
+            frames = frames[:1] + frames[2:]
+        elif len(frames) != 3 or frames[0] != b"":
+            fail("replay message with %d frames, want 3" % len(frames))
         if frames[1] == END_MARKER:
             if frames[2] != b"":
                 fail("end marker with a payload")

@@ -136,9 +136,9 @@ type pyPublisher struct {
 	out *bufio.Reader
 }
 
-func startPython(t *testing.T, pubEP, replayEP string) *pyPublisher {
+func startPython(t *testing.T, pubEP, replayEP string, args ...string) *pyPublisher {
 	t.Helper()
-	cmd := exec.Command(testpy.Python, "kv_publisher.py", pubEP, replayEP)
+	cmd := exec.Command(testpy.Python, append([]string{"kv_publisher.py", pubEP, replayEP}, args...)...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

@@ -14,10 +14,12 @@ ZmqEventPublisher does, and takes commands as JSON lines on stdin:
 
 It prints "ready" once bound and "ok" after each command.
 Replay protocol (vLLM): the ROUTER receives [identity, b"", seq8]; for each
-buffered batch with seq >= start it sends [identity, b"", seq8, payload], then
-[identity, b"", 0xFF*8, b""].
+buffered batch with seq >= start it sends, in the current layout (vLLM
+since mid-2026, docs/parity.md), [identity, b"", topic, seq8, payload], then
+[identity, b"", b"", 0xFF*8, b""]; in the legacy layout
+[identity, b"", seq8, payload], then [identity, b"", 0xFF*8, b""].
 
-Usage: kv_publisher.py PUB_ENDPOINT REPLAY_ENDPOINT
+Usage: kv_publisher.py PUB_ENDPOINT REPLAY_ENDPOINT [current|legacy [TOPIC]]
 """
 import json
 import sys
@@ -30,6 +32,8 @@ END_SEQ = b"\xff" * 8
 
 def main():
     pub_ep, replay_ep = sys.argv[1], sys.argv[2]
+    layout = sys.argv[3] if len(sys.argv) > 3 else "current"
+    replay_topic = (sys.argv[4] if len(sys.argv) > 4 else "kv-events").encode()
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, 100000)
@@ -55,8 +59,14 @@ def main():
                 ident, start = frames[0], int.from_bytes(frames[2], "big")
                 for seq, payload in buffer:
                     if seq >= start:
-                        router.send_multipart([ident, b"", seq8(seq), payload])
-                router.send_multipart([ident, b"", END_SEQ, b""])
+                        if layout == "legacy":
+                            router.send_multipart([ident, b"", seq8(seq), payload])
+                        else:
+                            router.send_multipart([ident, b"", replay_topic, seq8(seq), payload])
+                if layout == "legacy":
+                    router.send_multipart([ident, b"", END_SEQ, b""])
+                else:
+                    router.send_multipart([ident, b"", b"", END_SEQ, b""])
                 continue
             line = sys.stdin.readline()
             if not line:

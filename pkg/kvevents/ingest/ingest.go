@@ -15,6 +15,13 @@ type Ingester struct {
 	Inventory Sink
 	EPIdx     int
 	Rank      int
+	// Granularity, when set, learns the block size the engine publishes
+	// against the rule's kvBlockSize; blocks of a size that is not a
+	// multiple are not stored, since no request hash can match them.
+	Granularity *Granularity
+
+	lastBlockSize int
+	badBlockSize  bool
 
 	dec   kvevents.Decoder
 	batch kvevents.Batch
@@ -74,6 +81,12 @@ type IngestResult struct {
 	Stored, Removed int  // hashes in BlockStored / BlockRemoved events
 	Cleared         bool // an AllBlocksCleared event was applied
 	Skipped         int  // events the decoder skipped (unknown or malformed)
+	// BlockSize is the primary group's block size when this payload changed
+	// it (0: unchanged); BadBlockSize reports it is not a multiple of the
+	// rule's kvBlockSize, and Unmatchable counts the hashes not stored.
+	BlockSize    int
+	BadBlockSize bool
+	Unmatchable  int
 }
 
 // Apply decodes payload and applies its events in order: BlockStored adds
@@ -91,7 +104,12 @@ func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
 		var err error
 		switch e.Type {
 		case kvevents.BlockStored:
-			err = in.Inventory.Add(in.EPIdx, in.Rank, in.bucket(e), e.BlockHashes)
+			b := in.bucket(e)
+			if in.Granularity != nil && e.BlockSize > 0 && b == e.Medium && inventory.IsGPU(e.Medium) && in.blockSizeBad(e.BlockSize, &res) {
+				res.Unmatchable += len(e.BlockHashes)
+				continue
+			}
+			err = in.Inventory.Add(in.EPIdx, in.Rank, b, e.BlockHashes)
 			res.Stored += len(e.BlockHashes)
 		case kvevents.BlockRemoved:
 			err = in.Inventory.Remove(in.EPIdx, in.Rank, in.bucket(e), e.BlockHashes)
@@ -105,6 +123,17 @@ func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// blockSizeBad checks a primary-group GPU block size against the rule's
+// kvBlockSize, telling the rule's Granularity when it changes.
+func (in *Ingester) blockSizeBad(bs int, res *IngestResult) bool {
+	if bs != in.lastBlockSize {
+		_, ok, _ := in.Granularity.observe(in.EPIdx, bs)
+		in.lastBlockSize, in.badBlockSize = bs, !ok
+		res.BlockSize, res.BadBlockSize = bs, !ok
+	}
+	return in.badBlockSize
 }
 
 // Stats returns the decoder's cumulative counters.

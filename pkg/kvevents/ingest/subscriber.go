@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvgate/kvgate/pkg/kvevents"
+	"hash/maphash"
 	"io"
 	"log"
 	"log/slog"
@@ -18,6 +18,8 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/inventory"
+	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/kvevents/zmtpguard"
 )
 
 // Target is one KV endpoint to follow: the daemon maps each subscribed
@@ -33,6 +35,9 @@ type Target struct {
 	ReplayPort int
 	// Inventory is the rule's index; the endpoint's ranks write into it.
 	Inventory Sink
+	// Granularity, when set, is the rule's: the endpoint's ranks report the
+	// block size their engine publishes (see Granularity).
+	Granularity *Granularity
 }
 
 // Key is the target's stable identity: service and ip:port, never its position.
@@ -114,6 +119,16 @@ type Options struct {
 	// applying them (default 8192), so bursts and replays do not back up the
 	// socket.
 	QueueLen int
+	// QueueBytes bounds the bytes of those messages (default 256 MiB): the
+	// reader stops taking from the socket above it, so a publisher of large
+	// batches cannot grow the queue without bound. One message always fits,
+	// whatever its size (it is itself bounded by MaxFrameBytes).
+	QueueBytes int64
+	// MaxFrameBytes is LLB_KV_MAX_FRAME_BYTES: the largest ZMTP frame, and
+	// multipart message, accepted from a publisher or replay socket (default
+	// zmtpguard.DefaultMaxFrameBytes). A peer declaring more loses its
+	// connection before anything is allocated; see docs/ingest.md.
+	MaxFrameBytes int
 	// Logger receives the subscribers' logs (default slog.Default()).
 	Logger *slog.Logger
 	// Observer receives metrics (default: none).
@@ -138,6 +153,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.QueueLen <= 0 {
 		o.QueueLen = 8192
+	}
+	if o.QueueBytes <= 0 {
+		o.QueueBytes = 256 << 20
+	}
+	if o.MaxFrameBytes <= 0 {
+		o.MaxFrameBytes = zmtpguard.DefaultMaxFrameBytes
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -227,6 +248,27 @@ func (m *Manager) Close() {
 	}
 }
 
+// Verify asks every rank of the endpoint (service, epIdx) to check that the
+// engine behind it is the one whose blocks it holds; the daemon calls it when
+// the endpoint's health probe sees it come back. It does not wait: each rank
+// checks before it applies its next batch (see rankSub.verify). Unknown
+// endpoints are ignored.
+func (m *Manager) Verify(service uint32, epIdx int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range m.subs {
+		if s.target.Service != service || s.target.EPIdx != epIdx {
+			continue
+		}
+		for _, r := range s.ranks {
+			select {
+			case r.verifyReq <- struct{}{}:
+			default: // one check is already pending
+			}
+		}
+	}
+}
+
 // RankStatus is one rank's subscriber state.
 type RankStatus struct {
 	Rank      int
@@ -290,7 +332,9 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 			opts:   opts,
 			log: opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx, "rank", r,
 				"endpoint", t.pubEndpoint(r)),
-			ingest: Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r},
+			ingest:     Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r, Granularity: t.Granularity},
+			digestSeed: maphash.MakeSeed(),
+			verifyReq:  make(chan struct{}, 1),
 		}
 		e.ranks = append(e.ranks, rs)
 		e.obs.RankConnected(e.ref, r, false)
@@ -319,6 +363,9 @@ func (e *endpointSub) stop(forget bool) {
 			e.ranks[0].log.Warn("kv subscriber: clearing inventory of removed endpoint failed", "err", err)
 		}
 		e.obs.Blocks(e.ref, e.target.Inventory.Blocks(e.target.EPIdx))
+		if e.target.Granularity != nil {
+			e.target.Granularity.forget(e.target.EPIdx)
+		}
 		e.obs.EndpointGone(e.ref)
 	}
 }
@@ -350,6 +397,13 @@ type rankSub struct {
 	bootstrapped    bool
 	replayDownUntil time.Time
 	replayLogged    bool
+	// lastDigest fingerprints the payload applied at seq.Last, so a replay
+	// can tell the same engine (same batch at L) from a restarted one.
+	digestSeed maphash.Seed
+	lastDigest uint64
+
+	// verifyReq asks the rank's goroutine to check the engine (Manager.Verify).
+	verifyReq chan struct{}
 
 	statusMu  sync.Mutex
 	connected bool
@@ -417,6 +471,7 @@ func (r *rankSub) run(ctx context.Context) {
 			continue
 		}
 		dialFailLogged = false
+		everConnectedBefore := everConnected
 		if everConnected {
 			r.ep.obs.Reconnected(r.ep.ref)
 			r.log.Info("kv subscriber: socket rebuilt; inventory and sequence kept", "last_seq", r.seq.Last, "has_seq", r.seq.Known)
@@ -425,7 +480,7 @@ func (r *rankSub) run(ctx context.Context) {
 		}
 		everConnected = true
 		r.setConnected(true)
-		got, err := r.receive(ctx, sock)
+		got, err := r.receive(ctx, sock, everConnectedBefore)
 		_ = sock.Close()
 		r.setConnected(false)
 		if ctx.Err() != nil {
@@ -450,7 +505,9 @@ func (r *rankSub) dial(ctx context.Context) (zmq4.Socket, error) {
 		_ = sock.Close()
 		return nil, fmt.Errorf("subscribe: %w", err)
 	}
-	if err := dialBounded(ctx, sock, r.pub, 2*r.opts.DialTimeout); err != nil {
+	// Every socket dials through zmtpguard: zmq4 would otherwise allocate
+	// whatever frame size the peer declares (docs/ingest.md, "Bounded frames").
+	if err := dialBounded(ctx, sock, zmtpguard.Wrap(r.pub, uint64(r.opts.MaxFrameBytes)), 2*r.opts.DialTimeout); err != nil {
 		_ = sock.Close()
 		return nil, err
 	}
@@ -479,14 +536,57 @@ func dialBounded(ctx context.Context, sock zmq4.Socket, endpoint string, timeout
 
 type liveMsg struct {
 	frames [][]byte
+	size   int64
+}
+
+// byteBudget bounds the bytes of received messages waiting to be applied.
+type byteBudget struct {
+	limit int64
+	mu    sync.Mutex
+	used  int64
+	freed chan struct{} // signalled on release
+}
+
+func newByteBudget(limit int64) *byteBudget {
+	return &byteBudget{limit: limit, freed: make(chan struct{}, 1)}
+}
+
+// acquire waits until n more bytes fit, or the budget is empty (so a single
+// message larger than the limit still passes), or done closes (false).
+func (b *byteBudget) acquire(n int64, done <-chan struct{}) bool {
+	for {
+		b.mu.Lock()
+		if b.used == 0 || b.used+n <= b.limit {
+			b.used += n
+			b.mu.Unlock()
+			return true
+		}
+		b.mu.Unlock()
+		select {
+		case <-b.freed:
+		case <-done:
+			return false
+		}
+	}
+}
+
+func (b *byteBudget) release(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+	select {
+	case b.freed <- struct{}{}:
+	default:
+	}
 }
 
 // receive drains the socket into a bounded queue on its own goroutine, so a
 // burst or a replay in progress never backs up the socket, and applies the
 // queue in order. It returns when the socket fails or ctx ends; got reports
 // whether any message arrived.
-func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err error) {
+func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool) (got bool, err error) {
 	queue := make(chan liveMsg, r.opts.QueueLen)
+	budget := newByteBudget(r.opts.QueueBytes)
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
 	defer close(done)
@@ -498,8 +598,15 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err 
 				close(queue)
 				return
 			}
+			var size int64
+			for _, f := range msg.Frames {
+				size += int64(len(f))
+			}
+			if !budget.acquire(size, done) {
+				return
+			}
 			select {
-			case queue <- liveMsg{frames: msg.Frames}:
+			case queue <- liveMsg{frames: msg.Frames, size: size}:
 			case <-done:
 				return
 			}
@@ -508,17 +615,33 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket) (got bool, err 
 	if !r.bootstrapped {
 		r.bootstrapped = true
 		r.bootstrap(ctx)
+	} else if reconnect {
+		// The engine may have restarted while the socket was down: check
+		// before the next live batch, so a restarted engine's old blocks are
+		// gone before anything is scored against the new one.
+		// A probe-up that came while the socket was down is answered by
+		// this check, with its meaning (no replay: clear).
+		probeUp := false
+		select {
+		case <-r.verifyReq:
+			probeUp = true
+		default:
+		}
+		r.verify(ctx, probeUp)
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return got, ctx.Err()
+		case <-r.verifyReq:
+			r.verify(ctx, true)
 		case m, ok := <-queue:
 			if !ok {
 				return got, <-recvErr
 			}
 			got = true
 			r.handle(ctx, m)
+			budget.release(m.size)
 		}
 	}
 }
@@ -585,9 +708,20 @@ func (r *rankSub) apply(seq uint64, payload []byte) {
 	} else if res.Skipped > 0 {
 		r.log.Debug("kv subscriber: events skipped", "seq", seq, "skipped", res.Skipped)
 	}
+	if res.BlockSize != 0 {
+		g := r.ingest.Granularity
+		if res.BadBlockSize {
+			r.log.Warn("kv subscriber: the engine publishes block_size that is not a multiple of kvBlockSize; its blocks can never match a request and are not stored (requests skip the KV tier with reason hashes, kvgate_kv_skip_total{cause=\"block_size\"})",
+				"block_size", res.BlockSize, "kvBlockSize", g.HashBlockSize())
+		} else {
+			r.log.Info("kv subscriber: engine block size", "block_size", res.BlockSize, "kvBlockSize", g.HashBlockSize(),
+				"hashes_per_block", res.BlockSize/g.HashBlockSize(), "rule_step", g.Step())
+		}
+	}
 	// A malformed payload still consumes its sequence number: asking for it
 	// again would only fetch the same bytes.
 	r.seq.Applied(seq)
+	r.lastDigest = maphash.Bytes(r.digestSeed, payload)
 	r.noteSeq()
 	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
 }
@@ -638,13 +772,65 @@ func (r *rankSub) repair(ctx context.Context, start uint64, purpose ReplayPurpos
 // cannot repair the gap.
 func (r *rankSub) repairIfCovered(ctx context.Context, start uint64) (ReplayStats, bool) {
 	covered := false
-	st, ok := r.replayWith(ctx, start, ReplayGap, r.opts.RepairTimeout, func(first bool, seq uint64) bool {
+	st, ok := r.replayWith(ctx, start, ReplayGap, r.opts.RepairTimeout, func(first bool, seq uint64, _ []byte) bool {
 		if first {
 			covered = seq == start
 		}
 		return covered
 	})
 	return st, ok && covered
+}
+
+// verify checks that the engine behind the rank is still the one whose blocks
+// the rank holds, after a socket rebuild or when the health probe saw the
+// engine come back (probeUp). With a replay endpoint it asks for the buffer
+// from L: the same engine still has batch L, byte for byte, and the batches
+// after it are applied as a gap repair; a restarted engine has no batch L
+// (its sequence restarted below L) or a different one, and the rank is
+// cleared and rebuilt from the new engine's buffer. Without replay, a
+// reconnect keeps the inventory (the spec's near reconnect; a restart still
+// shows as the sequence going back), but a probe-up clears it: the engine
+// was unreachable, and stale blocks score hits that are not there.
+// See docs/ingest.md, "Engine restarts".
+func (r *rankSub) verify(ctx context.Context, probeUp bool) {
+	if !r.seq.Known {
+		return // nothing applied, so nothing stale
+	}
+	last, digest := r.seq.Last, r.lastDigest
+	if !r.replayUsable() {
+		if probeUp {
+			r.log.Info("kv subscriber: engine came back and there is no replay to check it; clearing rank", "last", last)
+			r.clear(ClearUnverified)
+		}
+		return
+	}
+	same, decided := false, false
+	st, ok := r.replayWith(ctx, last, ReplayVerify, r.opts.RepairTimeout, func(first bool, seq uint64, payload []byte) bool {
+		if first {
+			// Batch L decides, before anything is applied.
+			decided = true
+			same = seq == last && maphash.Bytes(r.digestSeed, payload) == digest
+		}
+		return same
+	})
+	if !ok {
+		// Unknown: the live table still catches a sequence that goes back.
+		return
+	}
+	if !decided {
+		same = false // the buffer ends below L: the sequence restarted
+	}
+	if same {
+		r.log.Debug("kv subscriber: same engine after reconnect", "last", last, "replay_last", st.Last)
+		return
+	}
+	r.log.Info("kv subscriber: engine restarted while disconnected; clearing rank and replaying its new history",
+		"last", last, "replay_first", st.First, "replay_batches", st.Batches)
+	r.ep.obs.Sequence(r.ep.ref, r.rank, SeqRestart, 0)
+	r.clear(ClearRestart)
+	r.seq = SeqState{}
+	r.noteSeq()
+	r.replayFrom(ctx, 0, ReplayRestart, r.opts.RepairTimeout)
 }
 
 func (r *rankSub) replayFrom(ctx context.Context, start uint64, purpose ReplayPurpose, timeout time.Duration) (ReplayStats, bool) {
@@ -655,12 +841,12 @@ func (r *rankSub) replayFrom(ctx context.Context, start uint64, purpose ReplayPu
 // batch is applied and can stop the exchange. Afterwards every live message
 // already queued is marked as overlapping the replay.
 func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPurpose, timeout time.Duration,
-	accept func(first bool, seq uint64) bool) (ReplayStats, bool) {
+	accept func(first bool, seq uint64, payload []byte) bool) (ReplayStats, bool) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	n := 0
-	st, err := fetchReplay(rctx, r.replay, start, r.opts.MaxReplayBatches, r.opts.DialTimeout, func(seq uint64, payload []byte) error {
-		if accept != nil && !accept(n == 0, seq) {
+	st, err := fetchReplay(rctx, zmtpguard.Wrap(r.replay, uint64(r.opts.MaxFrameBytes)), start, r.opts.MaxReplayBatches, r.opts.DialTimeout, func(seq uint64, payload []byte) error {
+		if accept != nil && !accept(n == 0, seq, payload) {
 			return errReplayStop
 		}
 		n++

@@ -17,7 +17,10 @@ type ClearReason uint8
 
 const (
 	ClearLargeGap ClearReason = iota + 1 // gap beyond the window that replay could not repair
-	ClearRestart                         // the sequence went back: the engine restarted
+	ClearRestart                         // the sequence went back, or the replay showed another history: the engine restarted
+	// ClearUnverified: the engine's health probe saw it come back and there
+	// is no replay endpoint to check whether it is the same engine.
+	ClearUnverified
 )
 
 func (r ClearReason) String() string {
@@ -26,6 +29,8 @@ func (r ClearReason) String() string {
 		return "large_gap"
 	case ClearRestart:
 		return "restart"
+	case ClearUnverified:
+		return "unverified"
 	}
 	return "unknown"
 }
@@ -37,6 +42,7 @@ const (
 	ReplayBootstrap ReplayPurpose = iota + 1 // from sequence 0 on the first connect
 	ReplayGap                                // repair of a sequence gap
 	ReplayRestart                            // resync from 0 after an engine restart
+	ReplayVerify                             // after a reconnect or probe-up: is it still the same engine?
 )
 
 func (p ReplayPurpose) String() string {
@@ -47,6 +53,8 @@ func (p ReplayPurpose) String() string {
 		return "gap"
 	case ReplayRestart:
 		return "restart"
+	case ReplayVerify:
+		return "verify"
 	}
 	return "unknown"
 }

@@ -133,11 +133,11 @@ func (p *testPublisher) serveReplay(router zmq4.Socket, done chan struct{}) {
 		}
 		p.mu.Unlock()
 		for _, b := range out {
-			if router.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayReply(b.seq, b.payload)...)...)) != nil {
+			if router.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayReply(kvevents.ReplayLayoutCurrent, []byte("kv-events"), b.seq, b.payload)...)...)) != nil {
 				break
 			}
 		}
-		_ = router.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayEnd()...)...))
+		_ = router.SendMulti(zmq4.NewMsgFrom(append([][]byte{id}, kvevents.ReplayEnd(kvevents.ReplayLayoutCurrent)...)...))
 	}
 }
 

@@ -446,8 +446,83 @@ func TestNearReconnect(t *testing.T) {
 	if n := h.rec.get(func(r *recorder) int { return len(r.clears) }); n != 0 {
 		t.Errorf("a near reconnect cleared the inventory: %v", h.rec.clears)
 	}
-	if h.rec.get(func(r *recorder) int { return r.seq[SeqSmallGap] }) == 0 {
-		t.Errorf("no small gap seen after the rebuild: %v", h.rec.seq)
+	// The reconnect check found batch L unchanged and repaired the rest
+	// before the first live batch.
+	if h.rec.get(func(r *recorder) int { return r.replays["verify/true"] }) == 0 {
+		t.Errorf("no verify replay after the rebuild: %v", h.rec.replays)
+	}
+}
+
+// TestRestartWhileDisconnected: the engine restarts (sequence from 0, empty
+// cache) while the subscriber is disconnected. Its old blocks must be gone
+// as soon as the subscriber is back, before the new engine publishes a
+// live batch. Before the reconnect check they stayed scored until then.
+func TestRestartWhileDisconnected(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name     string
+		replay   bool
+		history  int  // batches the new engine published while kvgate was away
+		probeUp  bool // the health probe reports the engine back (Manager.Verify)
+		early    bool // … while the subscriber is still disconnected
+		wantKeep bool // the old blocks survive (no way to tell)
+	}{
+		{name: "replay, nothing published yet", replay: true},
+		{name: "replay, shorter new history", replay: true, history: 3},
+		{name: "replay, longer new history (batch L differs)", replay: true, history: 15},
+		{name: "no replay, reconnect only", wantKeep: true},
+		{name: "no replay, probe up", probeUp: true},
+		{name: "no replay, probe up before the reconnect", probeUp: true, early: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, harnessConfig{replay: tc.replay})
+			p := h.pubs[0]
+			h.sync(0)
+			old := hashRange(7000, 8)
+			for range 10 {
+				p.publish(false, stored(old...))
+			}
+			h.waitSeq(0, p.publish(false, stored(old...)))
+			p.stop()
+			waitFor(t, "disconnect", func() bool { return !h.rank(0).Connected })
+			p.mu.Lock()
+			p.seq, p.buf, p.cache = 0, nil, map[uint64]bool{}
+			p.mu.Unlock()
+			fresh := hashRange(9000, 2)
+			for range tc.history {
+				p.publish(true, stored(fresh...))
+			}
+			if tc.early {
+				h.mgr.Verify(h.target.Service, h.target.EPIdx)
+			}
+			p.reopen()
+			waitFor(t, "reconnect", func() bool { return h.rank(0).Connected })
+			if tc.probeUp && !tc.early {
+				h.mgr.Verify(h.target.Service, h.target.EPIdx)
+			}
+			if tc.wantKeep {
+				time.Sleep(200 * time.Millisecond)
+				if got := h.inventory(); !slices.Contains(got, old[0]) {
+					t.Fatalf("inventory %v lost the old blocks without a way to tell", trunc(got))
+				}
+				return
+			}
+			waitFor(t, "old blocks cleared", func() bool { return !slices.Contains(h.inventory(), old[0]) })
+			want := p.cached()
+			waitFor(t, "the new engine's history", func() bool { return slices.Equal(h.inventory(), want) })
+			// Live batches of the new engine then apply in order.
+			next := hashRange(9500, 2)
+			waitFor(t, "a live batch of the new engine", func() bool {
+				p.publish(false, stored(next...))
+				time.Sleep(20 * time.Millisecond)
+				return slices.Contains(h.inventory(), next[0])
+			})
+			if tc.replay {
+				h.wantInventory(p.cached())
+			}
+		})
 	}
 }
 
@@ -669,5 +744,48 @@ func TestBurstWithoutGaps(t *testing.T) {
 	h.wantInventory(p.cached())
 	if got := h.rec.get(func(r *recorder) int { return r.seq[SeqSmallGap] + r.seq[SeqLargeGap] + r.seq[SeqRestart] }); got != 0 {
 		t.Errorf("a burst of %d batches produced gaps: %v", n, h.rec.seq)
+	}
+}
+
+// TestByteBudget: the live queue's byte bound admits while there is room,
+// always admits into an empty queue (one message of any size), and makes the
+// reader wait otherwise, until a release or the end of the receive loop.
+func TestByteBudget(t *testing.T) {
+	b := newByteBudget(100)
+	never := make(chan struct{})
+	closed := make(chan struct{})
+	close(closed)
+	steps := []struct {
+		acquire int64
+		release int64
+		done    chan struct{}
+		want    bool
+	}{
+		{acquire: 60, done: never, want: true},
+		{acquire: 40, done: never, want: true},  // exactly full
+		{acquire: 1, done: closed, want: false}, // over: waits, and the loop ended
+		{release: 100},
+		{acquire: 500, done: never, want: true}, // empty: one oversized message passes
+		{acquire: 1, done: closed, want: false},
+		{release: 500},
+		{acquire: 1, done: never, want: true},
+	}
+	for i, s := range steps {
+		if s.release > 0 {
+			b.release(s.release)
+			continue
+		}
+		if got := b.acquire(s.acquire, s.done); got != s.want {
+			t.Fatalf("step %d: acquire(%d) = %v, want %v", i, s.acquire, got, s.want)
+		}
+	}
+	// A waiting reader proceeds once the consumer releases.
+	b2 := newByteBudget(10)
+	b2.acquire(10, never)
+	got := make(chan bool)
+	go func() { got <- b2.acquire(5, never) }()
+	b2.release(10)
+	if !<-got {
+		t.Fatal("the waiting acquire did not proceed after the release")
 	}
 }

@@ -1,0 +1,131 @@
+package ingest
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// maxGranularityStep bounds the hash stride a rule scores with: vLLM's group
+// block sizes are small multiples of the hash block size.
+const maxGranularityStep = 64
+
+// Granularity is what a rule's engines publish per block, learned from their
+// BlockStored events, against the rule's kvBlockSize (the hash block size
+// kvgate computes the chain at). vLLM publishes, for a KV-cache group whose
+// block size is k × the hash block size (hybrid models, prefix_match_unit),
+// the fine chain's hash at each group block's last hash boundary: every k-th
+// hash of the chain kvgate computes. So a request scores every Step()-th of
+// its hashes. A block size that is not a multiple can never match; Unusable
+// reports it so the request skips the tier by name instead of scoring 0.
+// See docs/parity.md, "Hash granularity". Safe for concurrent use.
+type Granularity struct {
+	hashBlock int
+
+	mu  sync.Mutex
+	eps map[int]int // ep_idx → the block size its primary group last published
+
+	step     atomic.Int32 // lcm of the usable k, ≥ 1
+	badSize  atomic.Int32 // a non-multiple block size, when no endpoint is usable
+	unusable atomic.Bool
+}
+
+// NewGranularity returns the state for a rule whose kvBlockSize is hashBlockSize.
+func NewGranularity(hashBlockSize int) *Granularity {
+	g := &Granularity{hashBlock: max(hashBlockSize, 1), eps: map[int]int{}}
+	g.step.Store(1)
+	return g
+}
+
+// HashBlockSize is the rule's kvBlockSize.
+func (g *Granularity) HashBlockSize() int { return g.hashBlock }
+
+// Step is the stride a request scores its hashes with (1: every hash).
+func (g *Granularity) Step() int { return int(g.step.Load()) }
+
+// Unusable reports whether every endpoint heard from publishes a block size
+// that is not a multiple of kvBlockSize, and one such size.
+func (g *Granularity) Unusable() (blockSize int, bad bool) {
+	if !g.unusable.Load() {
+		return 0, false
+	}
+	return int(g.badSize.Load()), true
+}
+
+// observe records that ep published blockSize and reports whether it is a
+// multiple of the hash block size (k = blockSize / hash block size) and
+// whether the rule's state changed.
+func (g *Granularity) observe(ep, blockSize int) (k int, ok, changed bool) {
+	ok = blockSize%g.hashBlock == 0
+	if ok {
+		k = blockSize / g.hashBlock
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.eps[ep] == blockSize {
+		return k, ok, false
+	}
+	g.eps[ep] = blockSize
+	return k, ok, g.recompute()
+}
+
+// forget drops ep (it left the rule).
+func (g *Granularity) forget(ep int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.eps[ep]; ok {
+		delete(g.eps, ep)
+		g.recompute()
+	}
+}
+
+// recompute derives step and the unusable flag; callers hold mu.
+func (g *Granularity) recompute() (changed bool) {
+	var ks []int
+	bad := 0
+	for _, bs := range g.eps {
+		if bs%g.hashBlock != 0 {
+			bad = max(bad, bs)
+			continue
+		}
+		ks = append(ks, bs/g.hashBlock)
+	}
+	usable := len(ks)
+	// Folded in order so the result does not depend on map order; a k whose
+	// lcm would pass the bound is left out (its endpoint then scores only
+	// where the strides meet).
+	slices.Sort(ks)
+	step := 1
+	for _, k := range ks {
+		if l := lcm(step, k); l <= maxGranularityStep {
+			step = l
+		}
+	}
+	unusable := usable == 0 && bad != 0
+	changed = int32(step) != g.step.Load() || unusable != g.unusable.Load()
+	g.step.Store(int32(step))
+	g.badSize.Store(int32(bad))
+	g.unusable.Store(unusable)
+	return changed
+}
+
+func lcm(a, b int) int {
+	x, y := a, b
+	for y != 0 {
+		x, y = y, x%y
+	}
+	return a / x * b
+}
+
+// EveryKth keeps every k-th hash of a chain (indices k-1, 2k-1, …), in place:
+// the hashes vLLM publishes for blocks of k hash blocks.
+func EveryKth(hashes []uint64, k int) []uint64 {
+	if k <= 1 {
+		return hashes
+	}
+	out := hashes[:0]
+	for i := k - 1; i < len(hashes); i += k {
+		out = append(out, hashes[i])
+	}
+	return out
+}
