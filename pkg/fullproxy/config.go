@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/datapath"
 )
 
@@ -129,4 +130,7 @@ type Config struct {
 	// runs on each backend socket before connect(). The daemon uses it to tag
 	// backend sockets for the BPF load map (splice.Datapath.TagBackend).
 	DialControl func(network, address string, c syscall.RawConn) error
+	// Guard recovers a panic in one connection's handling (the connection
+	// closes, the proxy keeps serving); nil still recovers, uncounted.
+	Guard *recovery.Guard
 }

@@ -55,6 +55,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/fullproxy/internal/http1"
 )
@@ -156,7 +157,7 @@ func (s *Server) Serve() error {
 			nc.Close()
 			continue
 		}
-		go s.serveConn(c)
+		s.cfg.Guard.Go(recovery.Conn, func() { s.serveConn(c) })
 	}
 }
 
