@@ -278,6 +278,21 @@ func (c Config) validate() error {
 	if c.MaxNumSeqs < 1 || c.MaxWaiting < 1 || c.MaxModelLen < 1 || c.DefaultMaxTokens < 1 || c.ReplayBuffer < 1 {
 		errs = append(errs, errors.New("max-num-seqs, max-waiting, max-model-len, default-max-tokens and the replay buffer must be positive"))
 	}
+	errs = append(errs, c.validateLoRA()...)
+	if c.DataParallelRank < 0 {
+		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
+	}
+	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
+		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
+	}
+	errs = append(errs, c.validateEventEndpoints()...)
+	return errors.Join(errs...)
+}
+
+// validateLoRA checks --lora-modules: non-empty trimmed names, distinct, none
+// the served model's own name.
+func (c Config) validateLoRA() []error {
+	var errs []error
 	seen := map[string]bool{}
 	for _, name := range c.LoRAModules {
 		switch {
@@ -290,12 +305,13 @@ func (c Config) validate() error {
 		}
 		seen[name] = true
 	}
-	if c.DataParallelRank < 0 {
-		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
-	}
-	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
-		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
-	}
+	return errs
+}
+
+// validateEventEndpoints checks the KV-event PUB and replay endpoints ("none"
+// disables either; an empty replay endpoint is derived from the PUB one).
+func (c Config) validateEventEndpoints() []error {
+	var errs []error
 	if c.KVEventsEndpoint != "none" {
 		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {
 			errs = append(errs, fmt.Errorf("kv-events-endpoint: %w", err))
@@ -306,7 +322,7 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("kv-events-replay-endpoint: %w", err))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // checkTCPEndpoint accepts tcp://host:port (vLLM's "*" host means all

@@ -375,6 +375,8 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 		Streamed:      r.head.Chunked || r.head.EventStream,
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
+		Chunked:       r.head.Chunked,
+		EventStream:   r.head.EventStream,
 	})
 }
 

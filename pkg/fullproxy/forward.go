@@ -139,14 +139,21 @@ const sentAnswerWait = 2 * time.Second
 
 // exchange sends the request on the connected bc and relays the answer.
 // The endpoint's breaker hears the status of every answer that arrived,
-// malformed heads included (an origin error), once the request ends. Error
+// malformed heads and broken bodies included (origin errors), once the
+// request ends. Error
 // details name the endpoint by index; addresses go to the log only.
 func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop, d Decision, bc net.Conn) bool {
 	rec := x.Record
 	lim := x.Limits()
 	log := x.s.log
 	defer func() {
-		if rec.TTFB > 0 {
+		switch {
+		case rec.TTFB <= 0:
+		case rec.Outcome == OutcomeBackendBroken:
+			// A body the backend cut short is an origin failure whatever its
+			// status (docs/body-leg.md, "Broken responses").
+			loop.OriginError(d.Endpoint)
+		default:
 			loop.Answered(d.Endpoint, rec.Status)
 		}
 	}()

@@ -31,9 +31,13 @@ const (
 	// OutcomeAnswered: kvgate answered with its own error; Record.Code is
 	// the error code and the outcome's label.
 	OutcomeAnswered
+	// OutcomeBackendBroken: the backend closed before the body's framing
+	// ended it, or broke the framing (docs/body-leg.md, "Broken
+	// responses"); an origin failure for the breaker.
+	OutcomeBackendBroken
 )
 
-var outcomeNames = [...]string{"", "ok", "client_error", "client_gone", "silence", "cancelled", "backend_error", "answered"}
+var outcomeNames = [...]string{"", "ok", "client_error", "client_gone", "silence", "cancelled", "backend_error", "answered", "backend_broken"}
 
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) {
@@ -54,6 +58,8 @@ func EndingOutcome(e datapath.Ending, truncated bool) Outcome {
 		return OutcomeOK
 	case datapath.ClientGone:
 		return OutcomeClientGone
+	case datapath.BackendBroken:
+		return OutcomeBackendBroken
 	case datapath.Silence:
 		return OutcomeSilence
 	case datapath.Cancelled:

@@ -31,6 +31,7 @@ func TestEndingOutcome(t *testing.T) {
 		{datapath.Silence, false, OutcomeSilence, "silence"},
 		{datapath.Cancelled, false, OutcomeCancelled, "cancelled"},
 		{datapath.BackendError, false, OutcomeBackendError, "backend_error"},
+		{datapath.BackendBroken, false, OutcomeBackendBroken, "backend_broken"},
 	} {
 		got := EndingOutcome(tt.ending, tt.truncated)
 		if got != tt.want || got.String() != tt.label {

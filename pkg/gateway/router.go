@@ -38,6 +38,9 @@ type ruleState struct {
 	// gran is the block size the rule's engines publish against kvBlockSize
 	// (docs/parity.md, "Hash granularity"); nil for non-KV rules.
 	gran *ingest.Granularity
+	// parity is the rule's live parity self-check (docs/parity.md); nil
+	// without a hasher.
+	parity *ingest.Parity
 }
 
 // router implements fullproxy.Router for one rule: request facts →
