@@ -119,99 +119,126 @@ func ParseRequestHead(head []byte) (*RequestHead, error) {
 	if err := r.parseRequestLine(lines[0]); err != nil {
 		return nil, err
 	}
-	var (
-		clSeen, teSeen, hostSeen int
-		te                       []string
-		connTokens               []string
-	)
+	var f framing
 	for _, l := range lines[1:] {
 		if len(l) == 0 {
 			break
 		}
-		if l[0] == ' ' || l[0] == '\t' {
-			return nil, badRequest("obsolete header line folding")
-		}
-		colon := bytes.IndexByte(l, ':')
-		if colon <= 0 {
-			return nil, badRequest("header line without a name: %q", truncateForError(l))
-		}
-		name := string(l[:colon])
-		if !isToken(name) {
-			return nil, badRequest("invalid header name %q", truncateForError(l[:colon]))
-		}
-		value := strings.Trim(string(l[colon+1:]), " \t")
-		if !validFieldValue(value) {
-			return nil, badRequest("invalid characters in header %s", name)
+		name, value, err := parseHeaderLine(l)
+		if err != nil {
+			return nil, err
 		}
 		r.Header = append(r.Header, HeaderField{Name: name, Value: value})
-		switch strings.ToLower(name) {
-		case "content-length":
-			n, err := ParseContentLength(value)
-			if err != nil {
-				return nil, err
-			}
-			if clSeen > 0 && n != r.ContentLength {
-				return nil, badRequest("conflicting Content-Length headers")
-			}
-			r.ContentLength = n
-			clSeen++
-		case "transfer-encoding":
-			teSeen++
-			for _, v := range strings.Split(value, ",") {
-				if v = strings.Trim(v, " \t"); v != "" {
-					te = append(te, strings.ToLower(v))
-				}
-			}
-		case "host":
-			hostSeen++
-		case "connection":
-			for _, v := range strings.Split(value, ",") {
-				if v = strings.Trim(v, " \t"); v != "" {
-					connTokens = append(connTokens, strings.ToLower(v))
-				}
-			}
-		case "expect":
-			if strings.EqualFold(value, "100-continue") {
-				r.ExpectContinue = true
-			} else {
-				return nil, &Error{Status: 417, Code: "expectation_failed", Detail: "only Expect: 100-continue is supported"}
-			}
+		if err := f.note(r, name, value); err != nil {
+			return nil, err
 		}
 	}
-
-	if r.Minor == 1 && hostSeen != 1 {
-		return nil, badRequest("an HTTP/1.1 request needs exactly one Host header")
+	if err := f.apply(r); err != nil {
+		return nil, err
 	}
-	if teSeen > 0 {
-		if clSeen > 0 {
-			return nil, badRequest("both Content-Length and Transfer-Encoding")
+	return r, nil
+}
+
+// parseHeaderLine splits and validates one header line.
+func parseHeaderLine(l []byte) (name, value string, err error) {
+	if l[0] == ' ' || l[0] == '\t' {
+		return "", "", badRequest("obsolete header line folding")
+	}
+	colon := bytes.IndexByte(l, ':')
+	if colon <= 0 {
+		return "", "", badRequest("header line without a name: %q", truncateForError(l))
+	}
+	name = string(l[:colon])
+	if !isToken(name) {
+		return "", "", badRequest("invalid header name %q", truncateForError(l[:colon]))
+	}
+	value = strings.Trim(string(l[colon+1:]), " \t")
+	if !validFieldValue(value) {
+		return "", "", badRequest("invalid characters in header %s", name)
+	}
+	return name, value, nil
+}
+
+// framing collects the headers that decide a request's framing and
+// connection, so they are judged together once the head is read.
+type framing struct {
+	clSeen, teSeen, hostSeen int
+	te                       []string
+	connTokens               []string
+}
+
+// note records one header; Content-Length conflicts and a bad Expect are
+// refused at once.
+func (f *framing) note(r *RequestHead, name, value string) error {
+	switch strings.ToLower(name) {
+	case "content-length":
+		n, err := ParseContentLength(value)
+		if err != nil {
+			return err
+		}
+		if f.clSeen > 0 && n != r.ContentLength {
+			return badRequest("conflicting Content-Length headers")
+		}
+		r.ContentLength = n
+		f.clSeen++
+	case "transfer-encoding":
+		f.teSeen++
+		f.te = appendTokens(f.te, value)
+	case "host":
+		f.hostSeen++
+	case "connection":
+		f.connTokens = appendTokens(f.connTokens, value)
+	case "expect":
+		if !strings.EqualFold(value, "100-continue") {
+			return &Error{Status: 417, Code: "expectation_failed", Detail: "only Expect: 100-continue is supported"}
+		}
+		r.ExpectContinue = true
+	}
+	return nil
+}
+
+// appendTokens appends the comma-separated tokens of value, lower-cased.
+func appendTokens(dst []string, value string) []string {
+	for _, v := range strings.Split(value, ",") {
+		if v = strings.Trim(v, " \t"); v != "" {
+			dst = append(dst, strings.ToLower(v))
+		}
+	}
+	return dst
+}
+
+// apply judges the collected headers: Host, Transfer-Encoding against
+// Content-Length and the version, and keep-alive.
+func (f *framing) apply(r *RequestHead) error {
+	if r.Minor == 1 && f.hostSeen != 1 {
+		return badRequest("an HTTP/1.1 request needs exactly one Host header")
+	}
+	if f.teSeen > 0 {
+		if f.clSeen > 0 {
+			return badRequest("both Content-Length and Transfer-Encoding")
 		}
 		if r.Minor == 0 {
-			return nil, badRequest("Transfer-Encoding in an HTTP/1.0 request")
+			return badRequest("Transfer-Encoding in an HTTP/1.0 request")
 		}
-		if len(te) != 1 || te[0] != "chunked" {
-			return nil, badRequest("unsupported Transfer-Encoding %q (only chunked)", strings.Join(te, ", "))
+		if len(f.te) != 1 || f.te[0] != "chunked" {
+			return badRequest("unsupported Transfer-Encoding %q (only chunked)", strings.Join(f.te, ", "))
 		}
 		r.Chunked = true
 	}
-
+	// HTTP/1.1 keeps the connection unless told to close; HTTP/1.0 closes
+	// unless told to keep it. A close anywhere wins.
 	r.KeepAlive = r.Minor == 1
-	for _, t := range connTokens {
-		switch t {
-		case "close":
-			r.KeepAlive = false
-		case "keep-alive":
-			if r.Minor == 0 {
-				r.KeepAlive = true
-			}
+	for _, t := range f.connTokens {
+		if t == "keep-alive" && r.Minor == 0 {
+			r.KeepAlive = true
 		}
 	}
-	for _, t := range connTokens {
+	for _, t := range f.connTokens {
 		if t == "close" {
 			r.KeepAlive = false
 		}
 	}
-	return r, nil
+	return nil
 }
 
 func (r *RequestHead) parseRequestLine(l []byte) error {
