@@ -84,15 +84,17 @@ func Validate(r *Rule, env Settings) error {
 
 	engine := strings.ToLower(a.KVEngineType)
 	switch engine {
-	case "", EngineVLLM:
-	case EngineSGLang, EngineTRTLLM:
-		return invalid("serviceArguments.kvEngineType", "%q is not supported yet; allowed values: vllm, llamacpp", a.KVEngineType)
+	case "", EngineVLLM, EngineSGLang:
+	case EngineTRTLLM:
+		if err := validateTRTLLM(a); err != nil {
+			return err
+		}
 	case EngineLlamaCpp:
 		if f := firstKVField(a); f != "" {
-			return invalid("serviceArguments."+f, "kvEngineType llamacpp publishes no KV events, so KV-exact fields are rejected; remove %s or use kvEngineType vllm", f)
+			return invalid("serviceArguments."+f, "kvEngineType llamacpp publishes no KV events, so KV-exact fields are rejected; remove %s or use kvEngineType vllm, sglang or trtllm", f)
 		}
 	default:
-		return invalid("serviceArguments.kvEngineType", "%q is invalid; allowed values: vllm, sglang, trtllm, llamacpp (sglang and trtllm are not supported yet)", a.KVEngineType)
+		return invalid("serviceArguments.kvEngineType", "%q is invalid: kv-engine-type must be one of \"vllm\", \"sglang\", \"trtllm\" (or llamacpp, without KV-exact fields)", a.KVEngineType)
 	}
 
 	// KV and P/D fields need a fullproxy rule.
@@ -123,6 +125,9 @@ func Validate(r *Rule, env Settings) error {
 	if a.KVWarmupSec < 0 || a.KVWarmupSec > maxWarmupSec {
 		return invalid("serviceArguments.kvWarmupSec", "%d is out of range; allowed 0-%d", a.KVWarmupSec, maxWarmupSec)
 	}
+	if a.KVHashSeed != nil && (engine == EngineSGLang || engine == EngineTRTLLM) {
+		return invalid("serviceArguments.kvHashSeed", "kvEngineType %s hashes without a seed (PYTHONHASHSEED plays no part, see docs/engines.md); remove kvHashSeed", engine)
+	}
 	if a.KVHashSeed != nil && len(*a.KVHashSeed) > maxSeedLen {
 		return invalid("serviceArguments.kvHashSeed", "longer than %d bytes", maxSeedLen)
 	}
@@ -132,12 +137,8 @@ func Validate(r *Rule, env Settings) error {
 	if err := validateLoraAdapters(r); err != nil {
 		return err
 	}
-	switch a.KVHashAlgo {
-	case "", HashSHA256CBOR, HashXXHashCBOR, HashSHA256, HashXXHash:
-	case HashSHA256SGLang, HashBlockHashTRTLLM:
-		return invalid("serviceArguments.kvHashAlgo", "%q is not supported yet (its engine is not supported yet); allowed values: sha256_cbor, xxhash_cbor, sha256, xxhash", a.KVHashAlgo)
-	default:
-		return invalid("serviceArguments.kvHashAlgo", "%q is invalid; allowed values: sha256_cbor, xxhash_cbor, sha256, xxhash", a.KVHashAlgo)
+	if err := validateHashAlgo(r); err != nil {
+		return err
 	}
 	if r.KVEnabled() {
 		algo := r.EffectiveHashAlgo()
@@ -205,6 +206,10 @@ func Validate(r *Rule, env Settings) error {
 				return invalid(fmt.Sprintf("endpoints[%d].ep_role", i), "kvExactMode 3 (single pool) endpoints must not carry roles; got ep_role %d, allowed 0", int(e.Role))
 			}
 		}
+	}
+	if engine == EngineTRTLLM {
+		// The drain poller is not wired yet (docs/engines.md, "Wiring").
+		return invalid("serviceArguments.kvEngineType", "\"trtllm\" is not supported yet (its event drain is not polled yet); allowed values: vllm, sglang, llamacpp")
 	}
 	return nil
 }
@@ -322,6 +327,59 @@ func validateProbe(a *ServiceArguments) error {
 		return invalid("serviceArguments.probeInterval", "%d is out of range; allowed 0-%d seconds (0 = default 5)", a.ProbeInterval, maxProbeSec)
 	}
 	return nil
+}
+
+// validateTRTLLM holds the reference's TensorRT-LLM checks: its events come
+// from polling POST /kv_cache_events on the endpoint, not from ZeroMQ, and
+// the drain carries every attention-DP rank (docs/engines.md).
+func validateTRTLLM(a *ServiceArguments) error {
+	if a.KVExactMode != KVModePD && a.KVExactMode != KVModeSinglePool {
+		return invalid("serviceArguments.kvExactMode", "kv-engine-type trtllm supports kvExactMode 1 or 3 (HTTP-polled event plane); got %d", a.KVExactMode)
+	}
+	if a.KVZmqPort != 0 && a.KVZmqPort != DefaultZmqPort {
+		return invalid("serviceArguments.kvZmqPort", "kvZmqPort is meaningless for kv-engine-type trtllm (events are drained from POST /kv_cache_events on the endpoint's targetPort); got %d, allowed 0 or %d", a.KVZmqPort, DefaultZmqPort)
+	}
+	if a.KVDpRankCount > 1 {
+		return invalid("serviceArguments.kvDpRankCount", "kvDpRankCount is meaningless for kv-engine-type trtllm (the drain carries every attention_dp_rank); got %d, allowed 0 or 1", a.KVDpRankCount)
+	}
+	if a.KVReplayPort != 0 {
+		return invalid("serviceArguments.kvReplayPort", "kvReplayPort is meaningless for kv-engine-type trtllm (it has no replay socket); got %d, allowed 0", a.KVReplayPort)
+	}
+	return nil
+}
+
+// engineHashAlgos lists the kvHashAlgo values each engine can publish; the
+// first is the engine's default (Rule.EffectiveHashAlgo).
+var engineHashAlgos = map[string][]string{
+	EngineVLLM:   {HashSHA256CBOR, HashXXHashCBOR, HashSHA256, HashXXHash},
+	EngineSGLang: {HashSHA256SGLang},
+	EngineTRTLLM: {HashBlockHashTRTLLM},
+}
+
+// validateHashAlgo checks kvHashAlgo and that it fits kvEngineType, with the
+// reference's messages.
+func validateHashAlgo(r *Rule) error {
+	const field = "serviceArguments.kvHashAlgo"
+	algo := r.Args.KVHashAlgo
+	switch algo {
+	case "":
+		return nil
+	case HashSHA256CBOR, HashXXHashCBOR, HashSHA256, HashXXHash, HashSHA256SGLang, HashBlockHashTRTLLM:
+	default:
+		return invalid(field, "%q is invalid: kv-hash-algo must be one of \"sha256_cbor\", \"xxhash_cbor\", \"sha256_sglang\", \"blockhash_trtllm\" (or vLLM's pickle algorithms sha256, xxhash)", algo)
+	}
+	engine := r.EffectiveEngine()
+	allowed, ok := engineHashAlgos[engine]
+	if !ok {
+		return nil // llamacpp: KV fields were refused above
+	}
+	for _, a := range allowed {
+		if a == algo {
+			return nil
+		}
+	}
+	return invalid(field, "kv-hash-algo %q is incompatible with kv-engine-type %q (omit kvHashAlgo to take the engine default %q); serviceArguments.kvEngineType %s allows %s",
+		algo, engine, allowed[0], engine, strings.Join(allowed, ", "))
 }
 
 // firstKVField names the first KV-exact field set on a, or "".
