@@ -448,9 +448,14 @@ func (g *Gateway) reconcile() {
 	var targets []ingest.Target
 	for _, rt := range g.rules {
 		r := rt.rule
+		engine, err := ingest.ParseEngine(r.EffectiveEngine())
+		if err != nil {
+			g.log.Error("KV subscribers: rule not followed", "service", r.ServiceID, "err", err)
+			continue
+		}
 		for _, e := range r.KVEndpoints() {
 			targets = append(targets, ingest.Target{
-				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
+				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
 			})
 		}

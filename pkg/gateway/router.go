@@ -311,7 +311,11 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	if !rule.KVEnabled() {
 		return st, nil
 	}
-	st.gran = ingest.NewGranularity(rule.BlockSize())
+	if rule.EffectiveEngine() == config.EngineVLLM {
+		st.gran = ingest.NewGranularity(rule.BlockSize())
+	} else {
+		st.gran = ingest.NewExactGranularity(rule.BlockSize()) // one hash per page or block
+	}
 	if ads := rule.LoraAdapters(); len(ads) > 0 {
 		st.loraTokenizer = make(map[string]string, len(ads))
 		for _, a := range ads {

@@ -21,6 +21,10 @@ const maxGranularityStep = 64
 // See docs/parity.md, "Hash granularity". Safe for concurrent use.
 type Granularity struct {
 	hashBlock int
+	// exact: only a block size equal to the hash block size matches. SGLang
+	// hashes whole pages, so a page of k × kvBlockSize tokens carries one
+	// hash no request chain contains (docs/engines.md).
+	exact bool
 
 	mu  sync.Mutex
 	eps map[int]int // ep_idx → the block size its primary group last published
@@ -35,6 +39,23 @@ func NewGranularity(hashBlockSize int) *Granularity {
 	g := &Granularity{hashBlock: max(hashBlockSize, 1), eps: map[int]int{}}
 	g.step.Store(1)
 	return g
+}
+
+// NewExactGranularity returns the state for a rule whose engine publishes
+// one hash per block of exactly hashBlockSize tokens (SGLang, TensorRT-LLM):
+// any other block size is unusable.
+func NewExactGranularity(hashBlockSize int) *Granularity {
+	g := NewGranularity(hashBlockSize)
+	g.exact = true
+	return g
+}
+
+// usable reports whether an engine block of blockSize tokens can match.
+func (g *Granularity) usable(blockSize int) bool {
+	if g.exact {
+		return blockSize == g.hashBlock
+	}
+	return blockSize%g.hashBlock == 0
 }
 
 // HashBlockSize is the rule's kvBlockSize.
@@ -56,7 +77,7 @@ func (g *Granularity) Unusable() (blockSize int, bad bool) {
 // multiple of the hash block size (k = blockSize / hash block size) and
 // whether the rule's state changed.
 func (g *Granularity) observe(ep, blockSize int) (k int, ok, changed bool) {
-	ok = blockSize%g.hashBlock == 0
+	ok = g.usable(blockSize)
 	if ok {
 		k = blockSize / g.hashBlock
 	}
@@ -84,7 +105,7 @@ func (g *Granularity) recompute() (changed bool) {
 	var ks []int
 	bad := 0
 	for _, bs := range g.eps {
-		if bs%g.hashBlock != 0 {
+		if !g.usable(bs) {
 			bad = max(bad, bs)
 			continue
 		}

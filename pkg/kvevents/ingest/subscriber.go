@@ -30,6 +30,9 @@ type Target struct {
 	IP      string // the endpoint's IP
 	Port    int    // kvZmqPort: rank r publishes on Port+r
 	Ranks   int    // kvDpRankCount, at least 1
+	// Engine is the rule's kvEngineType adapter (vLLM or SGLang; both speak
+	// vLLM's ZeroMQ transport with their own payloads).
+	Engine Engine
 	// ReplayPort is the rule's kvReplayPort override for rank 0 (rank r uses
 	// ReplayPort+r); 0 means Port + Options.ReplayPortOffset.
 	ReplayPort int
@@ -332,7 +335,7 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 			opts:   opts,
 			log: opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx, "rank", r,
 				"endpoint", t.pubEndpoint(r)),
-			ingest:     Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r, Granularity: t.Granularity},
+			ingest:     Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r, Engine: t.Engine, Granularity: t.Granularity},
 			digestSeed: maphash.MakeSeed(),
 			verifyReq:  make(chan struct{}, 1),
 		}

@@ -1,0 +1,81 @@
+package ingest
+
+import (
+	"fmt"
+
+	"github.com/kvgate/kvgate/pkg/inventory"
+	"github.com/kvgate/kvgate/pkg/kvevents/sglang"
+)
+
+// Engine selects the wire adapter a target's payloads go through. The
+// transport (one ZeroMQ SUB per rank, the sequence window, replay) is the
+// same for every ZeroMQ engine; only the payload codec and how its events
+// map onto the inventory differ (docs/engines.md, docs/ingest.md).
+type Engine uint8
+
+const (
+	// EngineVLLM decodes vLLM's KVEventBatch (package kvevents).
+	EngineVLLM Engine = iota
+	// EngineSGLang decodes SGLang's EventBatch (package kvevents/sglang).
+	EngineSGLang
+)
+
+func (e Engine) String() string {
+	switch e {
+	case EngineVLLM:
+		return "vllm"
+	case EngineSGLang:
+		return "sglang"
+	}
+	return fmt.Sprintf("engine(%d)", uint8(e))
+}
+
+// ParseEngine maps a rule's kvEngineType ("" is vllm) to its adapter.
+func ParseEngine(s string) (Engine, error) {
+	switch s {
+	case "", "vllm":
+		return EngineVLLM, nil
+	case "sglang":
+		return EngineSGLang, nil
+	}
+	return 0, fmt.Errorf("kv engine %q has no ZeroMQ ingest adapter", s)
+}
+
+// applySGLang is the SGLang adapter. SGLang publishes one hash per page and
+// coalesces consecutive pages of one insert into one BlockStored, so every
+// hash of the event is a page the engine holds; their chaining
+// (Event.Parents) matters to a replayer of the radix tree, not to the
+// inventory, which keys on the hashes alone. The batch's attn_dp_rank is not
+// trusted: the rank is the publisher's port, as for vLLM. A medium of nil
+// means GPU (SGLang's default); other media are kept apart and never score.
+func (in *Ingester) applySGLang(payload []byte) (IngestResult, error) {
+	var res IngestResult
+	b, err := sglang.Decode(payload)
+	if err != nil {
+		return res, fmt.Errorf("decode sglang batch: %w", err)
+	}
+	res.Skipped = b.UnknownEvents + b.BadEvents
+	for i := range b.Events {
+		e := &b.Events[i]
+		medium := mediumOrGPU(e.Medium)
+		switch e.Type {
+		case sglang.BlockStored:
+			if in.Granularity != nil && e.BlockSize > 0 && inventory.IsGPU(medium) && in.blockSizeBad(e.BlockSize, &res) {
+				res.Unmatchable += len(e.BlockHashes)
+				continue
+			}
+			err = in.Inventory.Add(in.EPIdx, in.Rank, medium, e.BlockHashes)
+			res.Stored += len(e.BlockHashes)
+		case sglang.BlockRemoved:
+			err = in.Inventory.Remove(in.EPIdx, in.Rank, medium, e.BlockHashes)
+			res.Removed += len(e.BlockHashes)
+		case sglang.AllBlocksCleared:
+			err = in.Inventory.ClearRank(in.EPIdx, in.Rank)
+			res.Cleared = true
+		}
+		if err != nil {
+			return res, fmt.Errorf("apply sglang %s: %w", e.Type, err)
+		}
+	}
+	return res, nil
+}

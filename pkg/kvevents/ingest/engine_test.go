@@ -1,0 +1,148 @@
+package ingest
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/inventory"
+)
+
+// sglangVectors are the payloads SGLang's own recorder produced (see
+// pkg/kvevents/sglang/testdata and docs/engines.md, "Golden vectors"), with
+// the events SGLang decodes from them.
+type sglangVectors struct {
+	Cases []struct {
+		Name   string `json:"name"`
+		Hex    string `json:"hex"`
+		Expect struct {
+			Events []struct {
+				Type        string  `json:"type"`
+				BlockHashes []int64 `json:"block_hashes"`
+				Medium      *string `json:"medium"`
+			} `json:"events"`
+		} `json:"expect"`
+	} `json:"cases"`
+}
+
+// TestSGLangAdapterVectors applies each golden SGLang payload through the
+// SGLang adapter and checks the inventory against a model built from the
+// engine's own decoding: GPU (or nil-medium) pages score, other media are
+// kept apart, AllBlocksCleared clears the rank.
+func TestSGLangAdapterVectors(t *testing.T) {
+	raw, err := os.ReadFile("../sglang/testdata/sglang_event_vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vs sglangVectors
+	if err := json.Unmarshal(raw, &vs); err != nil {
+		t.Fatal(err)
+	}
+	if len(vs.Cases) < 8 {
+		t.Fatalf("%d vector cases, want the committed set", len(vs.Cases))
+	}
+	for _, c := range vs.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			payload, err := hex.DecodeString(c.Hex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The model: per medium, the set of 64-bit patterns.
+			want := map[string]map[uint64]bool{}
+			for _, e := range c.Expect.Events {
+				m := inventory.MediumGPU
+				if e.Medium != nil && *e.Medium != "GPU" {
+					m = *e.Medium
+				}
+				if want[m] == nil {
+					want[m] = map[uint64]bool{}
+				}
+				for _, h := range e.BlockHashes {
+					switch e.Type {
+					case "BlockStored":
+						want[m][uint64(h)] = true
+					case "BlockRemoved":
+						delete(want[m], uint64(h))
+					}
+				}
+				if e.Type == "AllBlocksCleared" {
+					want = map[string]map[uint64]bool{}
+				}
+			}
+			ix, err := inventory.New(inventory.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := &Ingester{Inventory: ix, EPIdx: 3, Rank: 1, Engine: EngineSGLang}
+			if _, err := in.Apply(payload); err != nil {
+				t.Fatalf("apply: %v", err)
+			}
+			var wantGPU []uint64
+			for h := range want[inventory.MediumGPU] {
+				wantGPU = append(wantGPU, h)
+			}
+			slices.Sort(wantGPU)
+			got := ix.Snapshot(3)
+			slices.Sort(got)
+			if !slices.Equal(got, wantGPU) {
+				t.Errorf("GPU inventory %x, want %x", got, wantGPU)
+			}
+			other := ix.MediumBlocks(3)
+			for m, set := range want {
+				if m != inventory.MediumGPU && len(set) > 0 && other[m] != len(set) {
+					t.Errorf("medium %s holds %d blocks, want %d (all media: %v)", m, other[m], len(set), other)
+				}
+			}
+		})
+	}
+}
+
+// TestParseEngine maps kvEngineType to the ZeroMQ adapters; TensorRT-LLM
+// has none (its events are drained over HTTP).
+func TestParseEngine(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Engine
+		ok   bool
+	}{
+		{"", EngineVLLM, true},
+		{"vllm", EngineVLLM, true},
+		{"sglang", EngineSGLang, true},
+		{"trtllm", 0, false},
+		{"llamacpp", 0, false},
+	} {
+		got, err := ParseEngine(tc.in)
+		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
+			t.Errorf("ParseEngine(%q) = %v, %v; want %v, ok %v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestExactGranularity: an SGLang page of 2 × kvBlockSize tokens is
+// unmatchable (one hash per page), where vLLM's would score every 2nd hash.
+func TestExactGranularity(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		g         *Granularity
+		blockSize int
+		ok        bool
+	}{
+		{"vllm multiple", NewGranularity(16), 32, true},
+		{"vllm equal", NewGranularity(16), 16, true},
+		{"exact equal", NewExactGranularity(16), 16, true},
+		{"exact multiple", NewExactGranularity(16), 32, false},
+		{"exact smaller", NewExactGranularity(16), 8, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ok, _ := tc.g.observe(0, tc.blockSize)
+			if ok != tc.ok {
+				t.Fatalf("observe(%d) ok = %v, want %v", tc.blockSize, ok, tc.ok)
+			}
+			if _, bad := tc.g.Unusable(); bad == tc.ok {
+				t.Fatalf("Unusable = %v, want %v", bad, !tc.ok)
+			}
+		})
+	}
+}
