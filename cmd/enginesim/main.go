@@ -75,6 +75,12 @@ means "vllm-none-hash" for sha256*, a random seed for xxhash*) and
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1: 64-bit integer hashes in events;
 0: raw digest bytes, as vLLM).
 
+--engine sglang speaks SGLang instead where a router looks: page hashes
+(sha256_sglang, --block-size is --page-size), its KV-event payloads
+(--event-layout map: tagged maps; array: legacy tagged arrays with medium),
+attn_dp_rank (--data-parallel-rank), the legacy replay shape, and
+GET /get_server_info with page_size.
+
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version,
 and with --debug-state GET /debug/state and POST /debug/match (a benchmark
@@ -92,6 +98,15 @@ Example (three engines on separate loopback addresses, same ports):
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
+			if cfg.Engine == enginesim.EngineSGLang {
+				// SGLang's own defaults unless a flag says otherwise.
+				if !cmd.Flags().Changed("prefix-caching-hash-algo") {
+					cfg.HashAlgo = enginesim.DefaultSGLangHashAlgo
+				}
+				if !cmd.Flags().Changed("replay-layout") {
+					cfg.ReplayLayout = "legacy"
+				}
+			}
 			if err := checkExplicitZeros(cmd, cfg); err != nil {
 				return err
 			}
@@ -160,6 +175,7 @@ Example (three engines on separate loopback addresses, same ports):
 	}
 	f := cmd.Flags()
 	f.SortFlags = false
+	f.StringVar(&cfg.Engine, "engine", enginesim.EngineVLLM, "engine to simulate: vllm, or sglang (sha256_sglang page hashes, SGLang's KV-event payloads, legacy replay, /get_server_info; --block-size is the page size)")
 	f.StringVar(&cfg.Host, "host", def.Host, "address to listen on (HTTP, and the default KV-event endpoints)")
 	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")
 	f.StringVar(&cfg.ID, "id", "", `engine id for the x-engine-id header (default "<host>:<port>")`)

@@ -34,6 +34,12 @@ const (
 	DefaultModel             = "Qwen/Qwen3-0.6B"
 	DefaultBlockSize         = 16
 	DefaultHashAlgo          = "sha256_cbor"
+	// EngineVLLM and EngineSGLang are the engines enginesim speaks
+	// (--engine); docs/enginesim.md, "SGLang mode".
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+	// DefaultSGLangHashAlgo is the only hash SGLang publishes.
+	DefaultSGLangHashAlgo = "sha256_sglang"
 	DefaultNumGPUBlocks      = 8192
 	DefaultKVEventsPort      = 5557
 	DefaultReplayPortOffset  = 1000
@@ -55,7 +61,11 @@ const (
 // Config is everything an engine needs. The zero value of each field means
 // its default, so tests and `kvgate demo` set only what they care about.
 type Config struct {
-	Host  string // address to listen on (HTTP and, by default, KV events)
+	// Engine is the engine simulated: "vllm" (default) or "sglang", whose
+	// page hash (sha256_sglang), KV-event payloads, legacy replay shape and
+	// /get_server_info it speaks (docs/enginesim.md, "SGLang mode").
+	Engine string
+	Host   string // address to listen on (HTTP and, by default, KV events)
 	Port  int    // HTTP port; 0 picks a free one
 	ID    string // x-engine-id; default "<host>:<port>"
 	Model string // served model name
@@ -151,8 +161,18 @@ func (c Config) withDefaults() Config {
 	if c.BlockSize == 0 {
 		c.BlockSize = DefaultBlockSize
 	}
+	if c.Engine == "" {
+		c.Engine = EngineVLLM
+	}
 	if c.HashAlgo == "" {
 		c.HashAlgo = DefaultHashAlgo
+		if c.Engine == EngineSGLang {
+			c.HashAlgo = DefaultSGLangHashAlgo
+		}
+	}
+	if c.ReplayLayout == "" && c.Engine == EngineSGLang {
+		// SGLang's publisher answers replay with [seq, payload], no topic.
+		c.ReplayLayout = "legacy"
 	}
 	if c.PerfModel == "" {
 		c.PerfModel = PerfModelSimple
@@ -252,6 +272,7 @@ func (c Config) validate() error {
 	if _, err := parseEventLayout(c.EventLayout); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateEngine())
 	switch c.Role {
 	case RoleBoth, RolePrefill, RoleDecode:
 	default:
@@ -307,6 +328,37 @@ func (c Config) validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateEngine checks the fields that must fit --engine.
+func (c Config) validateEngine() error {
+	switch c.Engine {
+	case EngineVLLM:
+		if c.HashAlgo == DefaultSGLangHashAlgo || c.HashAlgo == "blockhash_trtllm" {
+			return fmt.Errorf("prefix-caching-hash-algo %q is not vLLM's; use --engine sglang for sha256_sglang", c.HashAlgo)
+		}
+	case EngineSGLang:
+		var errs []error
+		if c.HashAlgo != DefaultSGLangHashAlgo {
+			errs = append(errs, fmt.Errorf("engine sglang hashes pages with %s, not %q", DefaultSGLangHashAlgo, c.HashAlgo))
+		}
+		if c.EventLayout != "map" && c.EventLayout != "array" {
+			errs = append(errs, fmt.Errorf("engine sglang: event-layout %q: want map (tagged maps) or array (legacy tagged arrays)", c.EventLayout))
+		}
+		if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
+			errs = append(errs, errors.New("engine sglang hashes whole pages: hash-block-size must be 0 or equal to block-size (the page size)"))
+		}
+		if c.BytesBlockHashes {
+			errs = append(errs, errors.New("engine sglang publishes int64 hashes only (no raw digests)"))
+		}
+		if c.Role != RoleBoth {
+			errs = append(errs, errors.New("engine sglang: P/D roles simulate vLLM's NixlConnector only; use role both"))
+		}
+		return errors.Join(errs...)
+	default:
+		return fmt.Errorf("engine %q: want vllm or sglang", c.Engine)
+	}
+	return nil
 }
 
 // checkTCPEndpoint accepts tcp://host:port (vLLM's "*" host means all

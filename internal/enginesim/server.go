@@ -216,6 +216,9 @@ func (e *Engine) routes() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"version": "enginesim"})
 	})
 	mux.HandleFunc("POST /tokenize", e.handleTokenize)
+	if e.cfg.Engine == EngineSGLang {
+		mux.HandleFunc("GET /get_server_info", e.handleServerInfo)
+	}
 	mux.HandleFunc("POST /reset_prefix_cache", e.handleReset)
 	mux.HandleFunc("POST "+notifyPath, e.handleNotify)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.metrics.registry, promhttp.HandlerOpts{}))

@@ -1,0 +1,60 @@
+package enginesim
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/kvgate/kvgate/pkg/kvevents/sglang"
+)
+
+// encodeSGLangBatch is one SGLang EventBatch for a step's pool events, as
+// SGLang's radix cache records them (docs/engines.md, "SGLang events"): one
+// BlockStored per insert carrying all its new pages (coalesced, chained
+// through parent_block_hash, nil at the radix root), BlockRemoved per
+// eviction, medium GPU, the LoRA adapter as lora_name (map shape only) and
+// the publishing attention-DP rank. Hashes are the published (LoRA
+// namespaced) int64 values the hasher returns.
+func encodeSGLangBatch(evs []poolEvent, pageSize int, ts float64, rank int, layout string) ([]byte, error) {
+	shape := sglang.ShapeMap
+	if layout == "array" {
+		shape = sglang.ShapeArray
+	}
+	b := sglang.Batch{TS: ts, AttnDPRank: rank, HasRank: true, Events: make([]sglang.Event, 0, len(evs))}
+	for _, ev := range evs {
+		switch ev.kind {
+		case eventStored:
+			tokens := make([]uint64, len(ev.tokens))
+			for i, t := range ev.tokens {
+				tokens[i] = uint64(t)
+			}
+			out := sglang.Event{
+				Type: sglang.BlockStored, BlockHashes: ev.hashes, ParentBlockHash: ev.parent, HasParent: ev.hasParent,
+				TokenIDs: tokens, BlockSize: pageSize, Medium: sglang.MediumGPU,
+			}
+			if shape == sglang.ShapeMap {
+				out.CacheSalt, out.LoRAName = ev.extra.CacheSalt, ev.extra.LoRAName
+			}
+			b.Events = append(b.Events, out)
+		case eventRemoved:
+			b.Events = append(b.Events, sglang.Event{Type: sglang.BlockRemoved, BlockHashes: ev.hashes, Medium: sglang.MediumGPU})
+		case eventCleared:
+			b.Events = append(b.Events, sglang.Event{Type: sglang.AllBlocksCleared})
+		}
+	}
+	return sglang.AppendEncode(nil, &b, shape)
+}
+
+// handleServerInfo is SGLang's GET /get_server_info, reduced to the fields
+// a router reads: the effective page size (kvBlockSize must equal it), the
+// served model and whether the radix cache is on.
+func (e *Engine) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"page_size":           e.cfg.BlockSize,
+		"served_model_name":   e.cfg.Model,
+		"model_path":          e.cfg.Model,
+		"disable_radix_cache": false,
+		"dp_size":             1,
+		"version":             "enginesim",
+	})
+}
