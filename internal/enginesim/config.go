@@ -29,17 +29,17 @@ const (
 // about 80 tokens/s, and each request pays a 15 ms scheduling/launch floor
 // before its first token.
 const (
-	DefaultHost              = "127.0.0.1"
-	DefaultPort              = 8000
-	DefaultModel             = "Qwen/Qwen3-0.6B"
-	DefaultBlockSize         = 16
-	DefaultHashAlgo          = "sha256_cbor"
+	DefaultHost      = "127.0.0.1"
+	DefaultPort      = 8000
+	DefaultModel     = "Qwen/Qwen3-0.6B"
+	DefaultBlockSize = 16
+	DefaultHashAlgo  = "sha256_cbor"
 	// EngineVLLM and EngineSGLang are the engines enginesim speaks
 	// (--engine); docs/enginesim.md, "SGLang mode".
 	EngineVLLM   = "vllm"
 	EngineSGLang = "sglang"
 	// DefaultSGLangHashAlgo is the only hash SGLang publishes.
-	DefaultSGLangHashAlgo = "sha256_sglang"
+	DefaultSGLangHashAlgo    = "sha256_sglang"
 	DefaultNumGPUBlocks      = 8192
 	DefaultKVEventsPort      = 5557
 	DefaultReplayPortOffset  = 1000
@@ -66,9 +66,9 @@ type Config struct {
 	// /get_server_info it speaks (docs/enginesim.md, "SGLang mode").
 	Engine string
 	Host   string // address to listen on (HTTP and, by default, KV events)
-	Port  int    // HTTP port; 0 picks a free one
-	ID    string // x-engine-id; default "<host>:<port>"
-	Model string // served model name
+	Port   int    // HTTP port; 0 picks a free one
+	ID     string // x-engine-id; default "<host>:<port>"
+	Model  string // served model name
 	// LoRAModules are LoRA adapter names served on top of Model (vLLM's
 	// --lora-modules). A request naming one is tokenized like the base
 	// model and hashed with the adapter name in every block's extra keys;
