@@ -78,6 +78,8 @@ type engineSpec struct {
 	prefillUsPerToken float64  // 0: 20 µs
 	decodeTS          float64  // decode tokens/s (0: fast)
 	lora              []string // LoRA adapters served on the model (--lora-modules)
+	engine            string   // enginesim --engine ("": vllm)
+	blockSize         int      // --block-size (SGLang's page size); 0: 16
 }
 
 // startEngines starts one engine per spec on <block>.11, .12, …, all
@@ -98,6 +100,7 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 				us = 20
 			}
 			return enginesim.Config{
+				Engine: s.engine, BlockSize: s.blockSize,
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
 				PythonHashSeed: "0", HashSeedSet: true, Role: s.role, LoRAModules: s.lora,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),

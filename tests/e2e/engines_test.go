@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/enginesim"
+	"github.com/kvgate/kvgate/internal/testnet"
+)
+
+// TestGoNoGoGateSGLang is the spec's §9 go/no-go gate for kvEngineType
+// sglang on a single-pool rule over three SGLang engines (enginesim
+// --engine sglang, page size 16, no kvHashAlgo: the engine's default
+// sha256_sglang): one subscriber per endpoint (step 3), the inventory fills
+// after a cold request (steps 1-2), a warm request sharing the prefix
+// raises tier15_hits_total of that endpoint by exactly one and leaves
+// fallthrough flat, and delivery is proven: the engine that answers is the
+// one that cached the prefix and reports cached tokens, while the other
+// engines never saw the prompt.
+func TestGoNoGoGateSGLang(t *testing.T) {
+	block := testnet.Block(t)
+	sg := engineSpec{engine: enginesim.EngineSGLang, blockSize: 16}
+	engines, zmq := startEngines(t, block, []engineSpec{sg, sg, sg})
+	tg := startGateway(t, block)
+	id, base := createKVRule(t, tg, block+"1", engines, nil, map[string]any{
+		"kvExactMode": 3, "kvEngineType": "sglang", "kvZmqPort": zmq, "kvBlockSize": 16,
+	})
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, 3)
+	url := base + "/v1/completions"
+
+	cold := post(t, url, map[string]any{"model": model, "prompt": preamble + " Question: how do I drain a worker?", "max_tokens": 2})
+	if cold.status != 200 || decisionField(cold.decision, "tier") != "3" {
+		t.Fatalf("cold request: %d decision %q (want the rule selector, tier 3): %s", cold.status, cold.decision, cold.body)
+	}
+	ep := decisionField(cold.decision, "ep")
+	waitFor(t, "loxilb_pd_kv_blocks > 0", 5*time.Second, func() bool {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": ep}) > 0
+	})
+	hits := func() float64 { return tg.metric(t, "loxilb_pd_kv_tier15_hits_total", map[string]string{"ep_idx": ep}) }
+	fall := func() float64 {
+		return tg.metric(t, "loxilb_pd_kv_tier15_fallthrough_total", map[string]string{"service": svc})
+	}
+	hitsBefore, fallBefore := hits(), fall()
+	warm := post(t, url, map[string]any{"model": model, "prompt": preamble + " Question: where are the logs?", "max_tokens": 2})
+	if warm.status != 200 {
+		t.Fatalf("warm request: %d %s", warm.status, warm.body)
+	}
+	if d := hits() - hitsBefore; d != 1 {
+		t.Fatalf("tier15_hits_total{ep_idx=%s} rose by %v, want exactly 1 (decision %q)", ep, d, warm.decision)
+	}
+	if d := fall() - fallBefore; d != 0 {
+		t.Fatalf("tier15_fallthrough_total rose by %v under warm traffic", d)
+	}
+	if decisionField(warm.decision, "tier") != "1.5" || decisionField(warm.decision, "ep") != ep || warm.engine != cold.engine {
+		t.Fatalf("warm decision %q answered by %q; want tier 1.5 on ep %s, engine %q", warm.decision, warm.engine, ep, cold.engine)
+	}
+	if warm.cached() == 0 {
+		t.Fatalf("the SGLang engine reports no cached tokens for the warm request: %s", warm.body)
+	}
+	for i, e := range engines {
+		if e.ID() == cold.engine {
+			continue
+		}
+		if st, err := e.Stats(context.Background()); err != nil || st.CachedBlocks != 0 {
+			t.Fatalf("engine %d holds %d blocks (err %v); it should never have seen the prompt", i, st.CachedBlocks, err)
+		}
+	}
+	assertLoadsZero(t, tg, id)
+}
+
+// TestSGLangPageSizeMismatch: SGLang engines with 32-token pages behind a
+// rule with kvBlockSize 16. SGLang publishes one hash per whole page, so no
+// 16-token chain can match; the requests skip the KV tier by name (guard
+// hashes, kvgate_kv_skip_total{cause="block_size"}) instead of scoring every
+// second hash as vLLM's coarser groups would allow.
+func TestSGLangPageSizeMismatch(t *testing.T) {
+	block := testnet.Block(t)
+	sg := engineSpec{engine: enginesim.EngineSGLang, blockSize: 32}
+	engines, zmq := startEngines(t, block, []engineSpec{sg, sg})
+	tg := startGateway(t, block)
+	id, base := createKVRule(t, tg, block+"1", engines, nil, map[string]any{
+		"kvExactMode": 3, "kvEngineType": "sglang", "kvZmqPort": zmq, "kvBlockSize": 16,
+	})
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, 2)
+	url := base + "/v1/completions"
+	if r := post(t, url, map[string]any{"model": model, "prompt": preamble, "max_tokens": 2}); r.status != 200 {
+		t.Fatalf("cold request: %d %s", r.status, r.body)
+	}
+	skips := func() float64 {
+		return tg.metric(t, "kvgate_kv_skip_total", map[string]string{"service": svc, "cause": "block_size"})
+	}
+	var warm reply
+	waitFor(t, "a block_size skip", 5*time.Second, func() bool {
+		warm = post(t, url, map[string]any{"model": model, "prompt": preamble, "max_tokens": 2})
+		return skips() > 0
+	})
+	if decisionField(warm.decision, "tier") == "1.5" || decisionField(warm.decision, "reason") != "hashes" {
+		t.Fatalf("decision %q: want the fallback with reason hashes", warm.decision)
+	}
+	for _, e := range []string{"0", "1"} {
+		if n := tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": e}); n != 0 {
+			t.Fatalf("ep %s holds %v unmatchable blocks; want 0", e, n)
+		}
+	}
+}
