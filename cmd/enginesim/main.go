@@ -193,6 +193,7 @@ Example (three engines on separate loopback addresses, same ports):
 	f.StringVar(&cfg.ReplayLayout, "replay-layout", "current", `replay reply shape: current (["", topic, seq, payload], vLLM today) or legacy (["", seq, payload])`)
 	f.IntVar(&cfg.ReplayBuffer, "kv-events-buffer-steps", def.ReplayBuffer, "batches kept for replay (vLLM buffer_steps)")
 	f.IntVar(&cfg.DataParallelRank, "data-parallel-rank", 0, "data_parallel_rank in event batches and the engine metric label")
+	f.IntVar(&cfg.DPSize, "dp-size", 0, "--engine sglang: attention-DP ranks (SGLang's --dp-size with --enable-dp-attention), each with its own cache and PUB on the events port + rank, requests round robin (0 or 1: one rank)")
 	f.StringVar(&role, "role", string(def.Role), "P/D role: both, prefill or decode (NixlConnector protocol)")
 	f.StringVar(&cfg.PerfModel, "perf-model", def.PerfModel, "timing model: "+strings.Join(enginesim.PerfModelNames(), ", ")+" (simple: the per-request model of the three flags below)")
 	f.DurationVar(&stepFloor, "step-floor", 0, "step models: fixed cost of every engine step (default: the profile's)")

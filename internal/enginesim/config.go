@@ -104,6 +104,12 @@ type Config struct {
 	// "legacy" (["", seq, payload], older vLLM). See docs/parity.md.
 	ReplayLayout     string
 	DataParallelRank int
+	// DPSize is SGLang's --dp-size with --enable-dp-attention: that many
+	// attention-DP ranks, each with its own radix cache and KV-event PUB on
+	// the events port + rank (replay: its port + rank), behind one HTTP
+	// server that dispatches round robin, SGLang's default
+	// load_balance_method. 0 or 1: one rank. SGLang only.
+	DPSize int
 	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
 	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
 	BytesBlockHashes bool
@@ -314,6 +320,23 @@ func (c Config) validate() error {
 	if c.DataParallelRank < 0 {
 		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
 	}
+	if c.DPSize < 0 || c.DPSize > 8 {
+		errs = append(errs, fmt.Errorf("dp-size %d: want 1..8", c.DPSize))
+	}
+	if c.DPSize > 1 {
+		if c.Engine != EngineSGLang {
+			errs = append(errs, errors.New("dp-size: attention-DP ranks behind one server are simulated for --engine sglang only"))
+		}
+		if c.DataParallelRank != 0 {
+			errs = append(errs, errors.New("dp-size: the ranks are 0..dp-size-1; leave data-parallel-rank at 0"))
+		}
+		if c.KVEventsEndpoint == "none" || strings.HasSuffix(c.KVEventsEndpoint, ":0") {
+			errs = append(errs, errors.New("dp-size: rank r publishes on the events port + r, so kv-events-endpoint needs a fixed port"))
+		}
+		if c.ReplayEndpoint != "" && strings.HasSuffix(c.ReplayEndpoint, ":0") {
+			errs = append(errs, errors.New("dp-size: rank r's replay is on the replay port + r, so kv-events-replay-endpoint needs a fixed port"))
+		}
+	}
 	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
 		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
 	}
@@ -359,6 +382,20 @@ func (c Config) validateEngine() error {
 		return fmt.Errorf("engine %q: want vllm or sglang", c.Engine)
 	}
 	return nil
+}
+
+// offsetEndpoint returns tcp endpoint ep with its port + n, as SGLang's
+// publisher offsets its endpoints by the attention-DP rank.
+func offsetEndpoint(ep string, n int) (string, error) {
+	u, err := url.Parse(ep)
+	if err != nil {
+		return "", fmt.Errorf("%q: %w", ep, err)
+	}
+	p, err := strconv.Atoi(u.Port())
+	if err != nil || p+n > 65535 {
+		return "", fmt.Errorf("%q: no port to offset by %d", ep, n)
+	}
+	return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(p+n)), nil
 }
 
 // checkTCPEndpoint accepts tcp://host:port (vLLM's "*" host means all

@@ -463,7 +463,25 @@ type CacheStats struct {
 }
 
 // Stats returns a snapshot taken inside the engine loop.
+// With attention-DP ranks (Config.DPSize) it sums every rank's.
 func (e *Engine) Stats(ctx context.Context) (CacheStats, error) {
+	s, err := e.rankStats(ctx)
+	for _, r := range e.dpRanks {
+		if err != nil {
+			break
+		}
+		var rs CacheStats
+		rs, err = r.rankStats(ctx)
+		s.CachedBlocks += rs.CachedBlocks
+		s.UsedBlocks += rs.UsedBlocks
+		s.UsableBlocks += rs.UsableBlocks
+		s.Running += rs.Running
+		s.Waiting += rs.Waiting
+	}
+	return s, err
+}
+
+func (e *Engine) rankStats(ctx context.Context) (CacheStats, error) {
 	var s CacheStats
 	err := e.runInLoop(ctx, func(st *loopState) error {
 		s = CacheStats{

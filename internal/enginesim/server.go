@@ -58,6 +58,10 @@ type Engine struct {
 	closeErr     error
 	reqCounter   atomic.Uint64
 	notifyClient *http.Client
+	// dpRanks are attention-DP ranks 1..DPSize-1 (this engine is rank 0);
+	// generation requests go round robin over all of them (sglang.go).
+	dpRanks []*Engine
+	dpNext  atomic.Uint64
 }
 
 // New validates cfg, binds the HTTP listener and the KV-event sockets and
@@ -117,6 +121,13 @@ func New(cfg Config) (*Engine, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		ErrorLog:          nil,
+	}
+	if err := e.startDPRanks(); err != nil {
+		if e.pub != nil {
+			e.pub.close()
+		}
+		e.ln.Close()
+		return nil, err
 	}
 	go e.run()
 	go func() {
@@ -201,6 +212,11 @@ func (e *Engine) Close() error {
 		<-e.serveDone
 		if e.pub != nil {
 			e.closeErr = e.pub.close()
+		}
+		for _, r := range e.dpRanks {
+			if err := r.Close(); err != nil && e.closeErr == nil {
+				e.closeErr = err
+			}
 		}
 	})
 	return e.closeErr
@@ -388,7 +404,7 @@ func (e *Engine) handleGeneration(parse func(*http.Request) (genParams, *badRequ
 			writeError(w, b)
 			return
 		}
-		e.generate(w, r, p)
+		e.pickRank(w).generate(w, r, p)
 	}
 }
 

@@ -2,7 +2,9 @@ package enginesim
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/kvgate/kvgate/pkg/kvevents/sglang"
 )
@@ -54,7 +56,56 @@ func (e *Engine) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 		"served_model_name":   e.cfg.Model,
 		"model_path":          e.cfg.Model,
 		"disable_radix_cache": false,
-		"dp_size":             1,
+		"dp_size":             max(e.cfg.DPSize, 1),
+		"enable_dp_attention": e.cfg.DPSize > 1,
 		"version":             "enginesim",
 	})
 }
+
+// startDPRanks starts attention-DP ranks 1..DPSize-1 beside e (rank 0):
+// same model, tokenizer and cache size, each its own radix cache and
+// publisher on the events (and replay) port + rank, answering as e.
+func (e *Engine) startDPRanks() error {
+	for r := 1; r < e.cfg.DPSize; r++ {
+		rc := e.cfg
+		rc.DPSize, rc.Port, rc.DataParallelRank, rc.ID = 0, 0, r, e.cfg.ID
+		var err error
+		if rc.KVEventsEndpoint, err = offsetEndpoint(e.cfg.KVEventsEndpoint, r); err != nil {
+			return fmt.Errorf("enginesim: dp rank %d: %w", r, err)
+		}
+		if e.cfg.ReplayEndpoint != "" && e.cfg.ReplayEndpoint != "none" {
+			if rc.ReplayEndpoint, err = offsetEndpoint(e.cfg.ReplayEndpoint, r); err != nil {
+				return fmt.Errorf("enginesim: dp rank %d: %w", r, err)
+			}
+		}
+		re, err := New(rc)
+		if err != nil {
+			for _, started := range e.dpRanks {
+				started.Close()
+			}
+			e.dpRanks = nil
+			return fmt.Errorf("enginesim: dp rank %d: %w", r, err)
+		}
+		e.dpRanks = append(e.dpRanks, re)
+	}
+	return nil
+}
+
+// pickRank chooses the rank that serves the next generation request, round
+// robin as SGLang's DataParallelController does by default, and names it in
+// x-enginesim-dp-rank.
+func (e *Engine) pickRank(w http.ResponseWriter) *Engine {
+	if len(e.dpRanks) == 0 {
+		return e
+	}
+	i := int(e.dpNext.Add(1)-1) % (len(e.dpRanks) + 1)
+	w.Header().Set("x-enginesim-dp-rank", strconv.Itoa(i))
+	if i == 0 {
+		return e
+	}
+	return e.dpRanks[i-1]
+}
+
+// DPRanks lists the attention-DP ranks after rank 0 (Config.DPSize), for
+// tests and the benchmarks' oracle.
+func (e *Engine) DPRanks() []*Engine { return append([]*Engine(nil), e.dpRanks...) }

@@ -3,6 +3,7 @@ package enginesim
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/kvevents"
 	"github.com/kvgate/kvgate/pkg/kvevents/sglang"
 )
@@ -203,5 +205,56 @@ func TestSGLangModeSurface(t *testing.T) {
 				t.Fatal("want a config error")
 			}
 		})
+	}
+}
+
+// TestSGLangDPRanks: with --dp-size 2 one server runs two attention-DP
+// ranks, each with its own cache and PUB socket on the events port + rank,
+// publishing its rank in attn_dp_rank; requests alternate between them
+// (round robin) and Stats sums both.
+func TestSGLangDPRanks(t *testing.T) {
+	host := testnet.Host(t)
+	port := testnet.PortPair(t, host, 1000)
+	e := startEngine(t, Config{
+		Host: host, Engine: EngineSGLang, BlockSize: 4, DPSize: 2,
+		KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port),
+		ReplayEndpoint:   fmt.Sprintf("tcp://%s:%d", host, port+1000),
+	})
+	if n := len(e.DPRanks()); n != 1 {
+		t.Fatalf("%d extra ranks, want 1", n)
+	}
+	r1 := e.DPRanks()[0]
+	if got, want := r1.EventsEndpoint(), fmt.Sprintf("tcp://%s:%d", host, port+1); got != want {
+		t.Fatalf("rank 1 publishes on %s, want %s", got, want)
+	}
+	if got, want := r1.ReplayEndpoint(), fmt.Sprintf("tcp://%s:%d", host, port+1001); got != want {
+		t.Fatalf("rank 1 replays on %s, want %s", got, want)
+	}
+	subs := []zmq4.Socket{subscribe(t, e), subscribe(t, r1)}
+	prompt := seqIDs(500, 8)
+	for want := range 2 {
+		r := post(t, e.URL()+"/v1/completions", map[string]any{"model": DefaultModel, "prompt": prompt, "max_tokens": 1})
+		if r.status != 200 || r.header.Get("x-enginesim-dp-rank") != fmt.Sprint(want) || r.header.Get("x-engine-id") != e.ID() {
+			t.Fatalf("request %d: %d rank %q id %q; want rank %d, id %q", want, r.status, r.header.Get("x-enginesim-dp-rank"), r.header.Get("x-engine-id"), want, e.ID())
+		}
+		stored, batches := recvSGLang(t, subs[want], 2)
+		if batches[0].AttnDPRank != want || len(stored) < 2 {
+			t.Fatalf("rank %d published attn_dp_rank %d with %d pages", want, batches[0].AttnDPRank, len(stored))
+		}
+	}
+	st, err := e.Stats(context.Background())
+	if err != nil || st.CachedBlocks < 4 {
+		t.Fatalf("Stats %+v (err %v): want both ranks' pages", st, err)
+	}
+	for _, bad := range []Config{
+		{Engine: EngineSGLang, DPSize: 2, KVEventsEndpoint: "tcp://127.0.0.1:0"},
+		{Engine: EngineVLLM, DPSize: 2, KVEventsEndpoint: "tcp://127.0.0.1:5557"},
+		{Engine: EngineSGLang, DPSize: 9, KVEventsEndpoint: "tcp://127.0.0.1:5557"},
+	} {
+		bad.Logger = quietLogger()
+		if e, err := New(bad); err == nil {
+			e.Close()
+			t.Fatalf("config %+v: want an error", bad)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -106,4 +107,71 @@ func TestSGLangPageSizeMismatch(t *testing.T) {
 			t.Fatalf("ep %s holds %v unmatchable blocks; want 0", e, n)
 		}
 	}
+}
+
+// TestSGLangDPRanksUnion: SGLang engines with two attention-DP ranks each
+// (--dp-size 2, rank r publishing on kvZmqPort + r) behind a rule with
+// kvDpRankCount 2. kvgate subscribes to both ranks of every endpoint and
+// unions them: a prompt cached only by rank 1 of an endpoint (reached
+// through SGLang's round robin) is a tier-1.5 hit on that endpoint.
+func TestSGLangDPRanksUnion(t *testing.T) {
+	block := testnet.Block(t)
+	sg := engineSpec{engine: enginesim.EngineSGLang, blockSize: 16, dpSize: 2}
+	engines, zmq := startEngines(t, block, []engineSpec{sg, sg})
+	tg := startGateway(t, block)
+	id, base := createKVRule(t, tg, block+"1", engines, nil, map[string]any{
+		"kvExactMode": 3, "kvEngineType": "sglang", "kvZmqPort": zmq, "kvBlockSize": 16, "kvDpRankCount": 2,
+	})
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, 2)
+	if n := tg.metric(t, "kvgate_kv_subscriber_rank_connected", map[string]string{"service": svc, "rank": "1"}); n != 2 {
+		t.Fatalf("rank-1 subscribers connected = %v, want 2 (one per endpoint, on kvZmqPort+1)", n)
+	}
+	url := base + "/v1/completions"
+	// Unrelated cold prompts until one lands on a rank 1 (round robin per
+	// engine, so within a few requests).
+	var prompt []int
+	var ep, engine string
+	for i := 0; i < 8 && ep == ""; i++ {
+		p := tokenIDs(1000+100*i, 40) // two full pages, no prefix shared with another prompt
+		r := postRank(t, url, map[string]any{"model": model, "prompt": p, "max_tokens": 2})
+		if r.status != 200 {
+			t.Fatalf("cold request %d: %d %s", i, r.status, r.body)
+		}
+		if decisionField(r.decision, "tier") != "3" {
+			t.Fatalf("cold request %d: decision %q, want tier 3", i, r.decision)
+		}
+		if r.rank == "1" {
+			prompt, ep, engine = p, decisionField(r.decision, "ep"), r.engine
+		}
+	}
+	if ep == "" {
+		t.Fatal("no cold request reached a rank 1")
+	}
+	hits := func() float64 { return tg.metric(t, "loxilb_pd_kv_tier15_hits_total", map[string]string{"ep_idx": ep}) }
+	waitFor(t, "rank 1's pages in the inventory", 5*time.Second, func() bool {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": ep}) > 0
+	})
+	before := hits()
+	warm := postRank(t, url, map[string]any{"model": model, "prompt": append(prompt[:32:32], tokenIDs(9000, 5)...), "max_tokens": 2})
+	if warm.status != 200 || decisionField(warm.decision, "tier") != "1.5" || decisionField(warm.decision, "ep") != ep || warm.engine != engine {
+		t.Fatalf("warm request: %d decision %q engine %q; want tier 1.5 on ep %s (%s)", warm.status, warm.decision, warm.engine, ep, engine)
+	}
+	if d := hits() - before; d != 1 {
+		t.Fatalf("tier15_hits_total{ep_idx=%s} rose by %v, want 1", ep, d)
+	}
+	assertLoadsZero(t, tg, id)
+}
+
+type rankReply struct {
+	reply
+	rank string
+}
+
+// postRank is post that also reads which attention-DP rank answered.
+func postRank(t *testing.T, url string, body any) rankReply {
+	t.Helper()
+	var rank string
+	r := postWith(t, url, body, func(h http.Header) { rank = h.Get("x-enginesim-dp-rank") })
+	return rankReply{r, rank}
 }

@@ -80,6 +80,7 @@ type engineSpec struct {
 	lora              []string // LoRA adapters served on the model (--lora-modules)
 	engine            string   // enginesim --engine ("": vllm)
 	blockSize         int      // --block-size (SGLang's page size); 0: 16
+	dpSize            int      // --dp-size (SGLang attention-DP ranks on the events port + rank)
 }
 
 // startEngines starts one engine per spec on <block>.11, .12, …, all
@@ -100,7 +101,7 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 				us = 20
 			}
 			return enginesim.Config{
-				Engine: s.engine, BlockSize: s.blockSize,
+				Engine: s.engine, BlockSize: s.blockSize, DPSize: s.dpSize,
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
 				PythonHashSeed: "0", HashSeedSet: true, Role: s.role, LoRAModules: s.lora,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
@@ -376,12 +377,21 @@ func (r reply) cached() int {
 
 func post(t *testing.T, url string, body any) reply {
 	t.Helper()
+	return postWith(t, url, body, nil)
+}
+
+// postWith is post that also hands the response headers to hdr.
+func postWith(t *testing.T, url string, body any, hdr func(http.Header)) reply {
+	t.Helper()
 	b, _ := json.Marshal(body)
 	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if hdr != nil {
+		hdr(resp.Header)
+	}
 	r := reply{status: resp.StatusCode, engine: resp.Header.Get("x-engine-id"), decision: resp.Header.Get("x-kvgate-decision")}
 	r.body, _ = io.ReadAll(resp.Body)
 	var u struct {
