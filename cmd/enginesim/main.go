@@ -98,13 +98,21 @@ Example (three engines on separate loopback addresses, same ports):
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
-			if cfg.Engine == enginesim.EngineSGLang {
+			switch cfg.Engine {
+			case enginesim.EngineSGLang:
 				// SGLang's own defaults unless a flag says otherwise.
 				if !cmd.Flags().Changed("prefix-caching-hash-algo") {
 					cfg.HashAlgo = enginesim.DefaultSGLangHashAlgo
 				}
 				if !cmd.Flags().Changed("replay-layout") {
 					cfg.ReplayLayout = "legacy"
+				}
+			case enginesim.EngineTRTLLM:
+				if !cmd.Flags().Changed("prefix-caching-hash-algo") {
+					cfg.HashAlgo = enginesim.DefaultTRTLLMHashAlgo
+				}
+				if !cmd.Flags().Changed("block-size") {
+					cfg.BlockSize = enginesim.DefaultTRTLLMTokensPerBlock
 				}
 			}
 			if err := checkExplicitZeros(cmd, cfg); err != nil {
@@ -175,7 +183,8 @@ Example (three engines on separate loopback addresses, same ports):
 	}
 	f := cmd.Flags()
 	f.SortFlags = false
-	f.StringVar(&cfg.Engine, "engine", enginesim.EngineVLLM, "engine to simulate: vllm, or sglang (sha256_sglang page hashes, SGLang's KV-event payloads, legacy replay, /get_server_info; --block-size is the page size)")
+	f.StringVar(&cfg.Engine, "engine", enginesim.EngineVLLM, "engine to simulate: vllm; sglang (sha256_sglang page hashes, SGLang's KV-event payloads, legacy replay, /get_server_info; --block-size is the page size); trtllm (v1 block keys over all but the last token, no ZeroMQ: POST /kv_cache_events drain, /server_info; --block-size is tokens_per_block, default 32)")
+	f.IntVar(&cfg.EventBufferMaxSize, "event-buffer-max-size", 0, "--engine trtllm: events kept for POST /kv_cache_events, oldest dropped beyond (KvCacheConfig.event_buffer_max_size; default 10000)")
 	f.StringVar(&cfg.Host, "host", def.Host, "address to listen on (HTTP, and the default KV-event endpoints)")
 	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")
 	f.StringVar(&cfg.ID, "id", "", `engine id for the x-engine-id header (default "<host>:<port>")`)

@@ -38,6 +38,14 @@ const (
 	// (--engine); docs/enginesim.md, "SGLang mode".
 	EngineVLLM   = "vllm"
 	EngineSGLang = "sglang"
+	EngineTRTLLM = "trtllm"
+	// DefaultTRTLLMHashAlgo and DefaultTRTLLMTokensPerBlock are
+	// TensorRT-LLM's v1 block key and default tokens_per_block.
+	DefaultTRTLLMHashAlgo       = "blockhash_trtllm"
+	DefaultTRTLLMTokensPerBlock = 32
+	// DefaultEventBufferMaxSize bounds the drain buffer (TensorRT-LLM's
+	// KvCacheConfig.event_buffer_max_size; the oldest events go first).
+	DefaultEventBufferMaxSize = 10000
 	// DefaultSGLangHashAlgo is the only hash SGLang publishes.
 	DefaultSGLangHashAlgo    = "sha256_sglang"
 	DefaultNumGPUBlocks      = 8192
@@ -110,6 +118,9 @@ type Config struct {
 	// server that dispatches round robin, SGLang's default
 	// load_balance_method. 0 or 1: one rank. SGLang only.
 	DPSize int
+	// EventBufferMaxSize bounds the events a TensorRT-LLM engine keeps
+	// for POST /kv_cache_events (0: DefaultEventBufferMaxSize).
+	EventBufferMaxSize int
 	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
 	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
 	BytesBlockHashes bool
@@ -166,14 +177,28 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = DefaultBlockSize
+		if c.Engine == EngineTRTLLM {
+			c.BlockSize = DefaultTRTLLMTokensPerBlock
+		}
+	}
+	if c.Engine == EngineTRTLLM {
+		if c.KVEventsEndpoint == "" {
+			c.KVEventsEndpoint = "none" // no ZeroMQ: events are drained over HTTP
+		}
+		if c.EventBufferMaxSize == 0 {
+			c.EventBufferMaxSize = DefaultEventBufferMaxSize
+		}
 	}
 	if c.Engine == "" {
 		c.Engine = EngineVLLM
 	}
 	if c.HashAlgo == "" {
 		c.HashAlgo = DefaultHashAlgo
-		if c.Engine == EngineSGLang {
+		switch c.Engine {
+		case EngineSGLang:
 			c.HashAlgo = DefaultSGLangHashAlgo
+		case EngineTRTLLM:
+			c.HashAlgo = DefaultTRTLLMHashAlgo
 		}
 	}
 	if c.ReplayLayout == "" && c.Engine == EngineSGLang {
@@ -357,9 +382,27 @@ func (c Config) validate() error {
 func (c Config) validateEngine() error {
 	switch c.Engine {
 	case EngineVLLM:
-		if c.HashAlgo == DefaultSGLangHashAlgo || c.HashAlgo == "blockhash_trtllm" {
-			return fmt.Errorf("prefix-caching-hash-algo %q is not vLLM's; use --engine sglang for sha256_sglang", c.HashAlgo)
+		if c.HashAlgo == DefaultSGLangHashAlgo || c.HashAlgo == DefaultTRTLLMHashAlgo {
+			return fmt.Errorf("prefix-caching-hash-algo %q is not vLLM's; use --engine sglang or trtllm", c.HashAlgo)
 		}
+	case EngineTRTLLM:
+		var errs []error
+		if c.HashAlgo != DefaultTRTLLMHashAlgo {
+			errs = append(errs, fmt.Errorf("engine trtllm keys blocks with %s (v1_block_key), not %q", DefaultTRTLLMHashAlgo, c.HashAlgo))
+		}
+		if c.KVEventsEndpoint != "none" {
+			errs = append(errs, errors.New("engine trtllm publishes no ZeroMQ events (POST /kv_cache_events drains them); leave kv-events-endpoint unset"))
+		}
+		if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
+			errs = append(errs, errors.New("engine trtllm: hash-block-size must be 0 or equal to block-size (tokens_per_block)"))
+		}
+		if c.Role != RoleBoth || len(c.LoRAModules) > 0 || c.BytesBlockHashes {
+			errs = append(errs, errors.New("engine trtllm: P/D roles, LoRA adapters (lora_task_id) and raw-digest hashes are not simulated"))
+		}
+		if c.EventBufferMaxSize < 1 || c.EventBufferMaxSize > 1<<20 {
+			errs = append(errs, fmt.Errorf("event-buffer-max-size %d: want 1..1048576", c.EventBufferMaxSize))
+		}
+		return errors.Join(errs...)
 	case EngineSGLang:
 		var errs []error
 		if c.HashAlgo != DefaultSGLangHashAlgo {
@@ -379,7 +422,7 @@ func (c Config) validateEngine() error {
 		}
 		return errors.Join(errs...)
 	default:
-		return fmt.Errorf("engine %q: want vllm or sglang", c.Engine)
+		return fmt.Errorf("engine %q: want vllm, sglang or trtllm", c.Engine)
 	}
 	return nil
 }

@@ -353,6 +353,11 @@ func (e *Engine) advance(st *loopState, r *request) {
 // that computed tokens hold KV (one BlockStored for them).
 func (e *Engine) cacheComputed(st *loopState, r *request, computed int) {
 	bs := e.cfg.BlockSize
+	if e.cfg.Engine == EngineTRTLLM {
+		// TensorRT-LLM keys the blocks of all but the last token
+		// (kvCacheManager.cpp, usableSize = size - 1).
+		computed--
+	}
 	full := min(computed/bs, len(r.blocks))
 	if full <= r.numCached {
 		return
@@ -514,7 +519,11 @@ func (e *Engine) newRequest(ctx context.Context, id string, prompt []uint32, ext
 		out:       newOutbox(),
 		ctx:       ctx,
 	}
-	for _, b := range e.hasher.AppendBlocks(nil, prompt, extra) {
+	keyed := prompt
+	if e.cfg.Engine == EngineTRTLLM {
+		keyed = kvhash.TRTLLMRequestTokens(prompt) // the last token's KV is not computed yet
+	}
+	for _, b := range e.hasher.AppendBlocks(nil, keyed, extra) {
 		r.chain = append(r.chain, blockHash{Digest: b.Digest, Wire: b.Hash})
 	}
 	if need := ceilDiv(r.totalTokens(), e.cfg.BlockSize); need > e.pool.usable() {

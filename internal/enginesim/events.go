@@ -104,6 +104,10 @@ func extraKeysMsgpack(extra kvhash.Extra, firstBlock, n int) []byte {
 // publishStep encodes one engine step's events as one batch and publishes it.
 // Steps without events publish nothing, as in vLLM.
 func (e *Engine) publishStep(evs []poolEvent, now time.Time) {
+	if e.drain != nil && len(evs) > 0 {
+		e.drain.add(evs, e.cfg.BlockSize)
+		return
+	}
 	if e.pub == nil || len(evs) == 0 {
 		return
 	}

@@ -62,6 +62,9 @@ type Engine struct {
 	// generation requests go round robin over all of them (sglang.go).
 	dpRanks []*Engine
 	dpNext  atomic.Uint64
+	// drain holds TensorRT-LLM's KV events until POST /kv_cache_events
+	// takes them (trtllm.go); nil for other engines.
+	drain *trtDrain
 }
 
 // New validates cfg, binds the HTTP listener and the KV-event sockets and
@@ -97,6 +100,9 @@ func New(cfg Config) (*Engine, error) {
 	e.hasher = hasher
 	if e.pool, err = newBlockPool(cfg.NumGPUBlocks); err != nil {
 		return nil, fmt.Errorf("enginesim: %w", err)
+	}
+	if cfg.Engine == EngineTRTLLM {
+		e.drain = newTRTDrain(cfg.EventBufferMaxSize, cfg.NumGPUBlocks, cfg.MaxModelLen)
 	}
 	e.metrics = newEngineMetrics(cfg)
 
@@ -232,8 +238,12 @@ func (e *Engine) routes() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"version": "enginesim"})
 	})
 	mux.HandleFunc("POST /tokenize", e.handleTokenize)
-	if e.cfg.Engine == EngineSGLang {
+	switch e.cfg.Engine {
+	case EngineSGLang:
 		mux.HandleFunc("GET /get_server_info", e.handleServerInfo)
+	case EngineTRTLLM:
+		mux.HandleFunc("POST /kv_cache_events", e.handleDrain)
+		mux.HandleFunc("GET /server_info", e.handleTRTServerInfo)
 	}
 	mux.HandleFunc("POST /reset_prefix_cache", e.handleReset)
 	mux.HandleFunc("POST "+notifyPath, e.handleNotify)

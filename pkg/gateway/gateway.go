@@ -169,6 +169,7 @@ func New(opts Options) (*Gateway, error) {
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
+	so.PollMin, so.PollMax = opts.Settings.TRTLLMPollMin, opts.Settings.TRTLLMPollMax
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	g.subs = ingest.NewManager(so)
@@ -454,10 +455,14 @@ func (g *Gateway) reconcile() {
 			continue
 		}
 		for _, e := range r.KVEndpoints() {
-			targets = append(targets, ingest.Target{
+			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
-			})
+			}
+			if engine == ingest.EngineTRTLLM {
+				t.Port, t.Ranks, t.ReplayPort = e.TargetPort, 1, 0 // the drain on the endpoint itself
+			}
+			targets = append(targets, t)
 		}
 	}
 	g.mu.Unlock()

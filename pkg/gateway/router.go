@@ -38,6 +38,9 @@ type ruleState struct {
 	// gran is the block size the rule's engines publish against kvBlockSize
 	// (docs/parity.md, "Hash granularity"); nil for non-KV rules.
 	gran *ingest.Granularity
+	// trtllm: TensorRT-LLM keys the blocks of every prompt token but the
+	// last, and keys LoRA by task id (docs/engines.md).
+	trtllm bool
 }
 
 // router implements fullproxy.Router for one rule: request facts →
@@ -210,7 +213,15 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 	t2 := time.Now()
 	if st.hasher == nil {
 		sr.Upstream = selector.ReasonHashes
+	} else if st.trtllm && f.LoRA != "" {
+		// TensorRT-LLM mixes the adapter's lora_task_id, which no rule field
+		// maps yet: any hash of ours would be the base model's.
+		r.m.KVSkip(r.service, "lora_task_id")
+		sr.Upstream = selector.ReasonHashes
 	} else {
+		if st.trtllm {
+			ids = kvhash.TRTLLMRequestTokens(ids)
+		}
 		sr.Hashes = st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
 		if st.gran != nil {
 			if bs, bad := st.gran.Unusable(); bad {
@@ -311,6 +322,7 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	if !rule.KVEnabled() {
 		return st, nil
 	}
+	st.trtllm = rule.EffectiveEngine() == config.EngineTRTLLM
 	if rule.EffectiveEngine() == config.EngineVLLM {
 		st.gran = ingest.NewGranularity(rule.BlockSize())
 	} else {

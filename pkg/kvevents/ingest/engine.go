@@ -18,6 +18,9 @@ const (
 	EngineVLLM Engine = iota
 	// EngineSGLang decodes SGLang's EventBatch (package kvevents/sglang).
 	EngineSGLang
+	// EngineTRTLLM polls TensorRT-LLM's POST /kv_cache_events drain on the
+	// target's Port (the endpoint's HTTP port) instead of subscribing.
+	EngineTRTLLM
 )
 
 func (e Engine) String() string {
@@ -26,19 +29,24 @@ func (e Engine) String() string {
 		return "vllm"
 	case EngineSGLang:
 		return "sglang"
+	case EngineTRTLLM:
+		return "trtllm"
 	}
 	return fmt.Sprintf("engine(%d)", uint8(e))
 }
 
 // ParseEngine maps a rule's kvEngineType ("" is vllm) to its adapter.
+// llama.cpp has none: it publishes no KV events.
 func ParseEngine(s string) (Engine, error) {
 	switch s {
 	case "", "vllm":
 		return EngineVLLM, nil
 	case "sglang":
 		return EngineSGLang, nil
+	case "trtllm":
+		return EngineTRTLLM, nil
 	}
-	return 0, fmt.Errorf("kv engine %q has no ZeroMQ ingest adapter", s)
+	return 0, fmt.Errorf("kv engine %q has no ingest adapter", s)
 }
 
 // applySGLang is the SGLang adapter. SGLang publishes one hash per page and

@@ -96,8 +96,11 @@ type IngestResult struct {
 // bucket), BlockRemoved removes them, AllBlocksCleared clears this rank. The batch's own
 // data_parallel_rank is not trusted: the rank is the publisher's port.
 func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
-	if in.Engine == EngineSGLang {
+	switch in.Engine {
+	case EngineSGLang:
 		return in.applySGLang(payload)
+	case EngineTRTLLM:
+		return IngestResult{}, fmt.Errorf("apply: TensorRT-LLM events come from the drain poller, not from payloads")
 	}
 	var res IngestResult
 	if err := in.dec.Decode(payload, &in.batch); err != nil {

@@ -28,10 +28,11 @@ type Target struct {
 	Service uint32 // the rule's service id (metric label "service")
 	EPIdx   int    // the endpoint's ep_idx in the rule (metric labels "ep", "ep_idx")
 	IP      string // the endpoint's IP
-	Port    int    // kvZmqPort: rank r publishes on Port+r
+	Port    int    // kvZmqPort: rank r publishes on Port+r; TensorRT-LLM: the endpoint's HTTP port
 	Ranks   int    // kvDpRankCount, at least 1
-	// Engine is the rule's kvEngineType adapter (vLLM or SGLang; both speak
-	// vLLM's ZeroMQ transport with their own payloads).
+	// Engine is the rule's kvEngineType adapter: vLLM and SGLang speak
+	// vLLM's ZeroMQ transport with their own payloads; TensorRT-LLM's
+	// events are drained over HTTP from Port (trtllm.go).
 	Engine Engine
 	// ReplayPort is the rule's kvReplayPort override for rank 0 (rank r uses
 	// ReplayPort+r); 0 means Port + Options.ReplayPortOffset.
@@ -136,6 +137,14 @@ type Options struct {
 	Logger *slog.Logger
 	// Observer receives metrics (default: none).
 	Observer Observer
+	// PollMin and PollMax bound the TensorRT-LLM drain interval
+	// (LOXILB_KV_TRTLLM_POLL_MIN_MS / _MAX_MS; defaults 5 and 20 ms): PollMin
+	// while drains return events, doubling to PollMax while they are empty.
+	PollMin, PollMax time.Duration
+	// DrainTimeout bounds one drain request (default 5 s); MaxDrainBytes
+	// bounds its body (default MaxFrameBytes).
+	DrainTimeout  time.Duration
+	MaxDrainBytes int
 }
 
 func (o Options) withDefaults() Options {
@@ -165,6 +174,15 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	def(&o.PollMin, DefaultTRTLLMPollMin)
+	def(&o.PollMax, DefaultTRTLLMPollMax)
+	if o.PollMin > o.PollMax {
+		o.PollMin, o.PollMax = DefaultTRTLLMPollMin, DefaultTRTLLMPollMax
+	}
+	def(&o.DrainTimeout, 5*time.Second)
+	if o.MaxDrainBytes <= 0 {
+		o.MaxDrainBytes = o.MaxFrameBytes
 	}
 	if o.Observer == nil {
 		o.Observer = NopObserver{}
@@ -309,6 +327,7 @@ type endpointSub struct {
 	target    Target
 	ref       EndpointRef
 	obs       Observer
+	log       *slog.Logger
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	ranks     []*rankSub
@@ -321,11 +340,22 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 		target: t,
 		ref:    EndpointRef{Service: t.Service, EPIdx: t.EPIdx, IP: t.IP},
 		obs:    opts.Observer,
+		log:    opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx),
 		cancel: cancel,
 	}
 	e.obs.EndpointInfo(e.ref)
 	e.obs.Connected(e.ref, false)
 	e.obs.Blocks(e.ref, t.Inventory.Blocks(t.EPIdx))
+	if t.Engine == EngineTRTLLM {
+		p := newDrainPoller(e, t, opts)
+		e.obs.RankConnected(e.ref, 0, false)
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			p.run(ctx)
+		}()
+		return e
+	}
 	for r := range t.Ranks {
 		rs := &rankSub{
 			ep:     e,
@@ -360,10 +390,13 @@ func (e *endpointSub) stop(forget bool) {
 	for _, r := range e.ranks {
 		e.obs.RankConnected(e.ref, r.rank, false)
 	}
+	if e.target.Engine == EngineTRTLLM {
+		e.obs.RankConnected(e.ref, 0, false)
+	}
 	e.obs.Connected(e.ref, false)
 	if forget {
 		if err := e.target.Inventory.ClearEndpoint(e.target.EPIdx); err != nil {
-			e.ranks[0].log.Warn("kv subscriber: clearing inventory of removed endpoint failed", "err", err)
+			e.log.Warn("kv subscriber: clearing inventory of removed endpoint failed", "err", err)
 		}
 		e.obs.Blocks(e.ref, e.target.Inventory.Blocks(e.target.EPIdx))
 		if e.target.Granularity != nil {
