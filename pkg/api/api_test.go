@@ -221,11 +221,11 @@ func TestValidation400(t *testing.T) {
 			a["kvEngineType"], a["kvHashAlgo"] = "sglang", "sha256_cbor"
 			return nil
 		}, "kvHashAlgo", `incompatible with kv-engine-type "sglang"`},
-		{"engine trtllm", func(a map[string]any, _ []map[string]any) []map[string]any {
-			a["kvEngineType"] = "trtllm"
+		{"engine trtllm with ranks", func(a map[string]any, _ []map[string]any) []map[string]any {
+			a["kvEngineType"], a["kvDpRankCount"] = "trtllm", 2
 			delete(a, "kvHashAlgo")
 			return nil
-		}, "kvEngineType", "not supported yet"},
+		}, "kvDpRankCount", "meaningless for kv-engine-type trtllm"},
 		{"engine unknown", set("kvEngineType", "tgi"), "kvEngineType", `kv-engine-type must be one of "vllm", "sglang", "trtllm"`},
 		{"llamacpp rejects kv", set("kvEngineType", "llamacpp"), "kvExactMode", "llamacpp"},
 		{"mode 1 needs decode", setEP(1, "ep_role", 1), "ep_role", "decode"},

@@ -429,9 +429,16 @@ func (r *Rule) ZmqPort() int {
 	return r.Args.KVZmqPort
 }
 
+// DefaultTRTLLMBlockSize is TensorRT-LLM's default tokens_per_block, the
+// block size of a trtllm rule without kvBlockSize.
+const DefaultTRTLLMBlockSize = 32
+
 // BlockSize is the number of tokens per hashed block.
 func (r *Rule) BlockSize() int {
 	if r.Args.KVBlockSize <= 0 {
+		if r.EffectiveEngine() == EngineTRTLLM {
+			return DefaultTRTLLMBlockSize
+		}
 		return DefaultBlockSize
 	}
 	return r.Args.KVBlockSize

@@ -108,7 +108,7 @@ func Validate(r *Rule, env Settings) error {
 	}
 
 	if a.KVBlockSize < 0 || a.KVBlockSize > maxBlockSize {
-		return invalid("serviceArguments.kvBlockSize", "%d is out of range; allowed 1-%d (0 = default 16); it must equal vLLM's --block-size", a.KVBlockSize, maxBlockSize)
+		return invalid("serviceArguments.kvBlockSize", "%d is out of range; allowed 1-%d (0 = default 16, 32 for trtllm); it must equal the engine's block size (vLLM --block-size, SGLang --page-size, TensorRT-LLM tokens_per_block)", a.KVBlockSize, maxBlockSize)
 	}
 	if a.KVZmqPort < 0 || a.KVZmqPort > 65535 {
 		return invalid("serviceArguments.kvZmqPort", "%d is out of range; allowed 1-65535 (0 = default 5557)", a.KVZmqPort)
@@ -206,10 +206,6 @@ func Validate(r *Rule, env Settings) error {
 				return invalid(fmt.Sprintf("endpoints[%d].ep_role", i), "kvExactMode 3 (single pool) endpoints must not carry roles; got ep_role %d, allowed 0", int(e.Role))
 			}
 		}
-	}
-	if engine == EngineTRTLLM {
-		// The drain poller is not wired yet (docs/engines.md, "Wiring").
-		return invalid("serviceArguments.kvEngineType", "\"trtllm\" is not supported yet (its event drain is not polled yet); allowed values: vllm, sglang, llamacpp")
 	}
 	return nil
 }

@@ -65,7 +65,6 @@ func TestValidateRejects(t *testing.T) {
 		{"trtllm kvReplayPort", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVReplayPort = 7000 }, "kvReplayPort", "meaningless for kv-engine-type trtllm"},
 		{"xxhash without seed", func(r *Rule) { r.Args.KVHashAlgo = "xxhash_cbor" }, "kvHashAlgo", "seed"},
 		{"pickle xxhash without seed", func(r *Rule) { r.Args.KVHashAlgo = "xxhash" }, "kvHashAlgo", "PYTHONHASHSEED"},
-		{"engine trtllm", func(r *Rule) { r.Args.KVEngineType = "trtllm" }, "kvEngineType", "not supported yet"},
 		{"engine bogus", func(r *Rule) { r.Args.KVEngineType = "tgi" }, "kvEngineType", `kv-engine-type must be one of "vllm", "sglang", "trtllm"`},
 		{"llamacpp with kv", func(r *Rule) { r.Args.KVEngineType = "llamacpp" }, "kvExactMode", "llamacpp"},
 		{"llamacpp with seed", func(r *Rule) {
@@ -176,6 +175,12 @@ func TestValidateAccepts(t *testing.T) {
 		{"sglang default algo", func(r *Rule) { r.Args.KVEngineType = "sglang" }, DefaultSettings()},
 		{"sglang explicit algo, 8 ranks", func(r *Rule) {
 			r.Args.KVEngineType, r.Args.KVHashAlgo, r.Args.KVDpRankCount = "sglang", "sha256_sglang", 8
+		}, DefaultSettings()},
+		{"trtllm mode 1", func(r *Rule) { r.Args.KVEngineType = "trtllm" }, DefaultSettings()},
+		{"trtllm mode 3, explicit algo, default port", func(r *Rule) {
+			r.Args.KVEngineType, r.Args.KVHashAlgo, r.Args.KVZmqPort, r.Args.KVDpRankCount = "trtllm", "blockhash_trtllm", 5557, 1
+			r.Args.KVExactMode = 3
+			r.Endpoints[0].Role, r.Endpoints[1].Role = 0, 0
 		}, DefaultSettings()},
 		{"vllm data-parallel ranks", func(r *Rule) { r.Args.KVDpRankCount = 4 }, DefaultSettings()},
 		{"vllm explicit", func(r *Rule) { r.Args.KVEngineType = "vllm"; r.Args.KVHashAlgo = "sha256_cbor" }, DefaultSettings()},

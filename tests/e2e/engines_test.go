@@ -175,3 +175,61 @@ func postRank(t *testing.T, url string, body any) rankReply {
 	r := postWith(t, url, body, func(h http.Header) { rank = h.Get("x-enginesim-dp-rank") })
 	return rankReply{r, rank}
 }
+
+// TestGoNoGoGateTRTLLM is the §9 gate for kvEngineType trtllm on a
+// single-pool rule over three TensorRT-LLM engines (enginesim --engine
+// trtllm, 32-token blocks, no kvBlockSize or kvHashAlgo: the engine's
+// defaults). kvgate drains each endpoint's POST /kv_cache_events on its
+// targetPort: one poller per endpoint counts as its subscriber, the
+// inventory fills after a cold request, a warm request sharing the prefix
+// is one tier-1.5 hit on that endpoint, fallthrough stays flat, and the
+// engine that answers reports the cached prefix.
+func TestGoNoGoGateTRTLLM(t *testing.T) {
+	block := testnet.Block(t)
+	tr := engineSpec{engine: enginesim.EngineTRTLLM}
+	engines, _ := startEngines(t, block, []engineSpec{tr, tr, tr})
+	tg := startGateway(t, block)
+	id, base := createKVRule(t, tg, block+"1", engines, nil, map[string]any{"kvExactMode": 3, "kvEngineType": "trtllm"})
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, 3)
+	url := base + "/v1/completions"
+
+	cold := post(t, url, map[string]any{"model": model, "prompt": preamble + " Question: how do I drain a worker?", "max_tokens": 2})
+	if cold.status != 200 || decisionField(cold.decision, "tier") != "3" {
+		t.Fatalf("cold request: %d decision %q (want the rule selector, tier 3): %s", cold.status, cold.decision, cold.body)
+	}
+	ep := decisionField(cold.decision, "ep")
+	waitFor(t, "loxilb_pd_kv_blocks > 0", 5*time.Second, func() bool {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": ep}) > 0
+	})
+	hits := func() float64 { return tg.metric(t, "loxilb_pd_kv_tier15_hits_total", map[string]string{"ep_idx": ep}) }
+	fall := func() float64 {
+		return tg.metric(t, "loxilb_pd_kv_tier15_fallthrough_total", map[string]string{"service": svc})
+	}
+	hitsBefore, fallBefore := hits(), fall()
+	warm := post(t, url, map[string]any{"model": model, "prompt": preamble + " Question: where are the logs?", "max_tokens": 2})
+	if warm.status != 200 {
+		t.Fatalf("warm request: %d %s", warm.status, warm.body)
+	}
+	if d := hits() - hitsBefore; d != 1 {
+		t.Fatalf("tier15_hits_total{ep_idx=%s} rose by %v, want exactly 1 (decision %q)", ep, d, warm.decision)
+	}
+	if d := fall() - fallBefore; d != 0 {
+		t.Fatalf("tier15_fallthrough_total rose by %v under warm traffic", d)
+	}
+	if decisionField(warm.decision, "tier") != "1.5" || decisionField(warm.decision, "ep") != ep || warm.engine != cold.engine {
+		t.Fatalf("warm decision %q answered by %q; want tier 1.5 on ep %s, engine %q", warm.decision, warm.engine, ep, cold.engine)
+	}
+	if warm.cached() == 0 {
+		t.Fatalf("the TensorRT-LLM engine reports no cached tokens for the warm request: %s", warm.body)
+	}
+	for i, e := range engines {
+		if e.ID() == cold.engine {
+			continue
+		}
+		if st, err := e.Stats(context.Background()); err != nil || st.CachedBlocks != 0 {
+			t.Fatalf("engine %d holds %d blocks (err %v); it should never have seen the prompt", i, st.CachedBlocks, err)
+		}
+	}
+	assertLoadsZero(t, tg, id)
+}

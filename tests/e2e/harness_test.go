@@ -100,7 +100,7 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 			if us == 0 {
 				us = 20
 			}
-			return enginesim.Config{
+			cfg := enginesim.Config{
 				Engine: s.engine, BlockSize: s.blockSize, DPSize: s.dpSize,
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
 				PythonHashSeed: "0", HashSeedSet: true, Role: s.role, LoRAModules: s.lora,
@@ -109,6 +109,10 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 				PrefillUsPerToken: us, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
 				Logger: quietLogger(),
 			}
+			if s.engine == enginesim.EngineTRTLLM {
+				cfg.KVEventsEndpoint, cfg.ReplayEndpoint = "none", "none" // drained over HTTP
+			}
+			return cfg
 		})
 	if err != nil {
 		t.Fatal(err)

@@ -99,8 +99,8 @@ func TestSGLangAdapterVectors(t *testing.T) {
 	}
 }
 
-// TestParseEngine maps kvEngineType to the ZeroMQ adapters; TensorRT-LLM
-// has none (its events are drained over HTTP).
+// TestParseEngine maps kvEngineType to the ingest adapters; llama.cpp has
+// none (it publishes no KV events).
 func TestParseEngine(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
@@ -110,7 +110,7 @@ func TestParseEngine(t *testing.T) {
 		{"", EngineVLLM, true},
 		{"vllm", EngineVLLM, true},
 		{"sglang", EngineSGLang, true},
-		{"trtllm", 0, false},
+		{"trtllm", EngineTRTLLM, true},
 		{"llamacpp", 0, false},
 	} {
 		got, err := ParseEngine(tc.in)
