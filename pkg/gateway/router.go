@@ -229,6 +229,10 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 				r.m.KVSkip(r.service, "block_size")
 				r.log.Debug("KV tier skipped: engines publish a block_size that is not a multiple of kvBlockSize", "block_size", bs, "kvBlockSize", st.gran.HashBlockSize())
 				sr.Hashes, sr.Upstream = nil, selector.ReasonHashes
+			} else if algo, bad := st.gran.Refused(); bad {
+				r.m.KVSkip(r.service, "hash_algo")
+				r.log.Debug("KV tier skipped: the engines hash blocks with an algorithm kvgate does not compute", "kv_cache_hash_algo", algo)
+				sr.Hashes, sr.Upstream = nil, selector.ReasonHashes
 			} else {
 				sr.Hashes = ingest.EveryKth(sr.Hashes, st.gran.Step())
 			}

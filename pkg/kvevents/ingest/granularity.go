@@ -28,6 +28,10 @@ type Granularity struct {
 
 	mu  sync.Mutex
 	eps map[int]int // ep_idx → the block size its primary group last published
+	// algo holds the endpoints whose engine reports a block-hash algorithm
+	// kvgate does not compute (TensorRT-LLM's /server_info), by ep_idx.
+	algo    map[int]string
+	refused atomic.Pointer[string] // set while every endpoint heard from refuses
 
 	step     atomic.Int32 // lcm of the usable k, ≥ 1
 	badSize  atomic.Int32 // a non-multiple block size, when no endpoint is usable
@@ -94,10 +98,64 @@ func (g *Granularity) observe(ep, blockSize int) (k int, ok, changed bool) {
 func (g *Granularity) forget(ep int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	delete(g.algo, ep)
 	if _, ok := g.eps[ep]; ok {
 		delete(g.eps, ep)
 		g.recompute()
 	}
+	g.recomputeAlgo()
+}
+
+// refuseAlgo records that ep's engine hashes blocks with algo, which kvgate
+// does not compute ("" clears it).
+func (g *Granularity) refuseAlgo(ep int, algo string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if algo == "" {
+		delete(g.algo, ep)
+	} else {
+		if g.algo == nil {
+			g.algo = map[int]string{}
+		}
+		g.algo[ep] = algo
+	}
+	g.recomputeAlgo()
+}
+
+// recomputeAlgo sets refused when every endpoint heard from refuses;
+// callers hold mu.
+func (g *Granularity) recomputeAlgo() {
+	if len(g.algo) == 0 {
+		g.refused.Store(nil)
+		return
+	}
+	var one string
+	for ep := range g.eps {
+		a, ok := g.algo[ep]
+		if !ok {
+			g.refused.Store(nil)
+			return
+		}
+		one = a
+	}
+	if one == "" {
+		for _, a := range g.algo {
+			one = a
+			break
+		}
+	}
+	g.refused.Store(&one)
+}
+
+// Refused reports whether every endpoint heard from runs a block-hash
+// algorithm kvgate does not compute, and one such algorithm: requests then
+// skip the KV tier by name (guard hashes, kvgate_kv_skip_total{cause=
+// "hash_algo"}), see docs/engines.md.
+func (g *Granularity) Refused() (algo string, bad bool) {
+	if p := g.refused.Load(); p != nil {
+		return *p, true
+	}
+	return "", false
 }
 
 // recompute derives step and the unusable flag; callers hold mu.

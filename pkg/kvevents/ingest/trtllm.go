@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/inventory"
@@ -53,6 +55,61 @@ type drainPoller struct {
 	// either is not a gap.
 	lastAll  int64
 	knownAll bool
+	// refused is the engine's kv_cache_hash_algo when kvgate does not
+	// compute it: the drain is still taken (one consumer), nothing stored.
+	refused string
+}
+
+// trtllmServerInfo is what kvgate reads of trtllm-serve's GET /server_info.
+type trtllmServerInfo struct {
+	TokensPerBlock int    `json:"tokens_per_block"`
+	HashAlgo       string `json:"kv_cache_hash_algo"`
+}
+
+// readServerInfo checks the engine's block size and block-key algorithm
+// once the endpoint answers. Older builds lack /server_info or the fields;
+// the drained blocks' sizes then tell the block size.
+func (p *drainPoller) readServerInfo(ctx context.Context) {
+	url := strings.TrimSuffix(p.url, trtllmDrainPath) + "/server_info"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		p.log.Debug("kv drain: /server_info unreadable", "err", err)
+		return
+	}
+	defer resp.Body.Close()
+	var info trtllmServerInfo
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info) != nil {
+		p.log.Debug("kv drain: no usable /server_info", "status", resp.StatusCode)
+		return
+	}
+	g := p.ingest.Granularity
+	if info.TokensPerBlock > 0 && g != nil {
+		var res IngestResult
+		if p.ingest.blockSizeBad(info.TokensPerBlock, &res) {
+			p.log.Warn("kv drain: the engine's tokens_per_block is not kvBlockSize; its blocks can never match a request (requests skip the KV tier with reason hashes, kvgate_kv_skip_total{cause=\"block_size\"})",
+				"tokens_per_block", info.TokensPerBlock, "kvBlockSize", g.HashBlockSize())
+		}
+	}
+	switch info.HashAlgo {
+	case "", "v1_block_key", "auto":
+		// auto resolves to the v1 block key on the KV cache manager kvgate
+		// follows (docs/engines.md).
+		p.refused = ""
+	default:
+		if p.refused == "" {
+			p.log.Error("kv drain: the engine's kv_cache_hash_algo is not v1_block_key; kvgate does not compute it, so this endpoint is not scored (requests skip with reason hashes, kvgate_kv_skip_total{cause=\"hash_algo\"})",
+				"kv_cache_hash_algo", info.HashAlgo)
+		}
+		p.refused = info.HashAlgo
+		p.clearAll(ClearUnverified)
+	}
+	if g != nil {
+		g.refuseAlgo(p.ingest.EPIdx, p.refused)
+	}
 }
 
 func newDrainPoller(e *endpointSub, t Target, opts Options) *drainPoller {
@@ -105,6 +162,7 @@ func (p *drainPoller) run(ctx context.Context) {
 		}
 		if !up {
 			p.log.Info("kv drain: polling")
+			p.readServerInfo(ctx)
 		}
 		setUp(true)
 		failDelay, failLogged = p.opts.RebuildDelay, false
@@ -195,6 +253,9 @@ func (p *drainPoller) apply(evs []trtllm.Event) {
 		}
 		p.last[rank] = e.EventID
 		p.lastAll, p.knownAll = e.EventID, true
+		if p.refused != "" {
+			continue // not our hashes: nothing to store
+		}
 		res, err := p.ingest.applyTRTLLM(e)
 		if err != nil {
 			p.log.Warn("kv drain: event not applied", "event_id", e.EventID, "err", err)

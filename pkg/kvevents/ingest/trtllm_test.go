@@ -26,19 +26,29 @@ type drainServer struct {
 	bodies []string
 	status int
 	calls  int
+	info   string // the /server_info body; "" answers 404, as older builds
 	srv    *httptest.Server
 }
 
 func startDrainServer(t *testing.T, bodies ...string) *drainServer {
 	t.Helper()
-	d := &drainServer{bodies: bodies, status: http.StatusOK}
+	return startDrainServerInfo(t, "", bodies...)
+}
+
+func startDrainServerInfo(t *testing.T, info string, bodies ...string) *drainServer {
+	t.Helper()
+	d := &drainServer{bodies: bodies, status: http.StatusOK, info: info}
 	d.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if r.Method == http.MethodGet && r.URL.Path == "/server_info" && d.info != "" {
+			_, _ = w.Write([]byte(d.info))
+			return
+		}
 		if r.Method != http.MethodPost || r.URL.Path != "/kv_cache_events" {
 			http.NotFound(w, r)
 			return
 		}
-		d.mu.Lock()
-		defer d.mu.Unlock()
 		d.calls++
 		if d.status != http.StatusOK {
 			w.WriteHeader(d.status)
@@ -86,6 +96,12 @@ func (d *drainServer) served(t *testing.T, n int) {
 // kvBlockSize bs and returns the inventory, the recorder and the log.
 func followDrain(t *testing.T, d *drainServer, bs int, maxBytes int) (*inventory.Index, *recorder, *syncbuf.Buffer) {
 	t.Helper()
+	ix, rec, logs, _ := followDrainGran(t, d, bs, maxBytes)
+	return ix, rec, logs
+}
+
+func followDrainGran(t *testing.T, d *drainServer, bs int, maxBytes int) (*inventory.Index, *recorder, *syncbuf.Buffer, *Granularity) {
+	t.Helper()
 	ix, err := inventory.New(inventory.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -98,11 +114,12 @@ func followDrain(t *testing.T, d *drainServer, bs int, maxBytes int) (*inventory
 	m := NewManager(opts)
 	t.Cleanup(m.Close)
 	host, port := d.hostPort(t)
+	g := NewExactGranularity(bs)
 	if err := m.Reconcile([]Target{{Service: 1, EPIdx: 0, IP: host, Port: port, Ranks: 1, Engine: EngineTRTLLM,
-		Inventory: ix, Granularity: NewExactGranularity(bs)}}); err != nil {
+		Inventory: ix, Granularity: g}}); err != nil {
 		t.Fatal(err)
 	}
-	return ix, rec, logs
+	return ix, rec, logs, g
 }
 
 // storedEv renders a stored event of full 4-token blocks with the given hashes.
@@ -304,5 +321,44 @@ func TestTRTLLMDrainUnreachable(t *testing.T) {
 	d2.served(t, 1)
 	if n := ix.Blocks(0); n != 0 {
 		t.Fatalf("%d blocks of the wrong size stored", n)
+	}
+}
+
+// TestTRTLLMServerInfo: /server_info's kv_cache_hash_algo and
+// tokens_per_block decide whether the endpoint can be scored, before any
+// block is drained.
+func TestTRTLLMServerInfo(t *testing.T) {
+	body := list(created(0), storedEv(1, nil, 10))
+	for _, tc := range []struct {
+		name       string
+		info       string
+		blocks     int
+		refused    bool
+		badBlock   bool
+		logFragmnt string
+	}{
+		{"v1 block key", `{"tokens_per_block":4,"kv_cache_hash_algo":"v1_block_key"}`, 1, false, false, ""},
+		{"auto", `{"tokens_per_block":4,"kv_cache_hash_algo":"auto"}`, 1, false, false, ""},
+		{"older build without the fields", `{"model":"m"}`, 1, false, false, ""},
+		{"v2 sha256 is refused", `{"tokens_per_block":4,"kv_cache_hash_algo":"v2_sha256"}`, 0, true, false, "not v1_block_key"},
+		{"tokens_per_block 32 behind kvBlockSize 4", `{"tokens_per_block":32,"kv_cache_hash_algo":"v1_block_key"}`, 1, false, true, "tokens_per_block is not kvBlockSize"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := startDrainServerInfo(t, tc.info, body)
+			ix, _, logs, g := followDrainGran(t, d, 4, 1<<20)
+			d.served(t, 1)
+			if n := ix.Blocks(0); n != tc.blocks {
+				t.Errorf("%d blocks, want %d", n, tc.blocks)
+			}
+			if algo, bad := g.Refused(); bad != tc.refused || (bad && algo != "v2_sha256") {
+				t.Errorf("Refused() = %q, %v; want %v", algo, bad, tc.refused)
+			}
+			if _, bad := g.Unusable(); bad != tc.badBlock {
+				t.Errorf("Unusable() = %v, want %v", bad, tc.badBlock)
+			}
+			if tc.logFragmnt != "" && !strings.Contains(logs.String(), tc.logFragmnt) {
+				t.Errorf("log lacks %q:\n%s", tc.logFragmnt, logs.String())
+			}
+		})
 	}
 }
