@@ -374,7 +374,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 	f.StringVar(&kvHashAlgo, "kv-hash-algo", "", "block-hash algorithm: sha256_cbor|xxhash_cbor|sha256|xxhash (default from the engine: sha256_cbor)")
 	f.IntVar(&kvBlock, "kv-block-size", 0, "tokens per block; must equal vLLM --block-size (0 = 16)")
 	f.IntVar(&kvWarmup, "kv-warmup", 0, "kvWarmupSec: stored, inert (as in the spec)")
-	f.StringVar(&kvEngine, "kv-engine-type", "", "engine: vllm|sglang|llamacpp (trtllm is not supported yet)")
+	f.StringVar(&kvEngine, "kv-engine-type", "", "engine: vllm|sglang|trtllm|llamacpp (llamacpp without KV fields)")
 	f.IntVar(&kvRanks, "kv-dp-ranks", 0, "kvDpRankCount: data-parallel ranks per endpoint, 1-8")
 	f.IntVar(&kvReplay, "kv-replay-port", 0, "KV-event replay port (0 = kv-zmq-port + LLB_KV_REPLAY_PORT_OFFSET)")
 	f.StringVar(&kvHashSeed, "kv-hash-seed", "", "NONE_HASH seed for this rule (vLLM's PYTHONHASHSEED); overrides LLB_KV_NONE_HASH_SEED")
