@@ -16,9 +16,9 @@
 // Keys: sockets are keyed by their socket cookie (SO_COOKIE), which is unique
 // for the life of the kernel and readable from both userspace and BPF.
 
-#include "vmlinux.h"
-#include "bpf_helpers.h"
-#include "bpf_endian.h"
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -26,7 +26,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define MAX_ENDPOINTS 256
 #define NO_ENDPOINT 0xffffffff
 
-// TCP states (include/net/tcp_states.h), not in vmlinux.h as macros.
+// TCP states (include/net/tcp_states.h), not in the UAPI headers.
 #define KV_TCP_ESTABLISHED 1
 
 // One spliced response: backend socket -> client socket.

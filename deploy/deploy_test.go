@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -645,7 +644,7 @@ func TestDaemonSetEnvironment(t *testing.T) {
 			t.Errorf("DaemonSet sets %s, which docs/configuration.md does not list", name)
 		}
 	}
-	// Every current variable is set explicitly (spec §6.5: reproducible runs);
+	// Every current variable is set explicitly (docs/configuration.md: reproducible runs);
 	// the legacy switch is read only when LOXILB_KV_LB_MODE is unset.
 	for name := range documented {
 		if _, ok := env[name]; !ok && name != "LOXILB_KV_UNIFIED_MODE" {
@@ -822,9 +821,9 @@ func TestDaemonSetShape(t *testing.T) {
 	}
 }
 
-// TestExampleRuleAndEngines checks the §8.1 rule validates with pkg/config
+// TestExampleRuleAndEngines checks the example rule (docs/api.md) validates with pkg/config
 // under the DaemonSet's environment, and that the example vLLM engines agree
-// with it on every leg of the parity triad (spec §6.1).
+// with it on every leg of the parity triad (docs/deploy.md).
 func TestExampleRuleAndEngines(t *testing.T) {
 	_, kvgate := kvgatePod(t)
 	env := containerEnv(kvgate)
@@ -1057,7 +1056,7 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("the go command is needed to build cmd/kvgate: %v", err)
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "kvgate")

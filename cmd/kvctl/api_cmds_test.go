@@ -64,7 +64,7 @@ func kvctl(t *testing.T, apiURL string, args ...string) (string, int, error) {
 	return out.String(), code, err
 }
 
-// The spec's §8.1 loxicmd line, with kvctl in place of loxicmd.
+// The loxicmd line of docs/api.md (LoxiLB's guide's), with kvctl in place of loxicmd.
 const specLine = `create lb 10.10.10.254 --tcp=8080:8000 --endpoints=192.0.2.1:1,192.0.2.2:1 --mode=fullproxy --select=persist --kv-exact-mode=1 --kv-zmq-port=5557 --kv-hash-algo=sha256_cbor --kv-block-size=16 --kv-warmup=30 --ep-role=prefill,decode`
 
 const specCurlBody = `{

@@ -50,29 +50,9 @@ func newAPIClient(cmd *cobra.Command) (*apiClient, error) {
 		if u.Scheme != "https" {
 			return nil, badInput("--cacert, --cert and --key need an https:// --api-server (got %s)", base)
 		}
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-		if cacert != "" {
-			b, err := os.ReadFile(cacert)
-			if err != nil {
-				return nil, badInput("--cacert: %v", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(b) {
-				return nil, badInput("--cacert %s: no PEM certificate in it", cacert)
-			}
-			cfg.RootCAs = pool
+		if tr.TLSClientConfig, err = clientTLS(cacert, cert, key); err != nil {
+			return nil, err
 		}
-		if (cert == "") != (key == "") {
-			return nil, badInput("--cert and --key go together")
-		}
-		if cert != "" {
-			pair, err := tls.LoadX509KeyPair(cert, key)
-			if err != nil {
-				return nil, badInput("--cert/--key: %v", err)
-			}
-			cfg.Certificates = []tls.Certificate{pair}
-		}
-		tr.TLSClientConfig = cfg
 	}
 	c := &apiClient{base: strings.TrimRight(base, "/"), http: &http.Client{Timeout: 60 * time.Second, Transport: tr}}
 	if tf := flagValue(cmd, "token-file"); tf != "" {
@@ -82,6 +62,35 @@ func newAPIClient(cmd *cobra.Command) (*apiClient, error) {
 		}
 	}
 	return c, nil
+}
+
+// clientTLS builds the client's TLS settings from --cacert (the CA bundle
+// the server's certificate must chain to; the system pool when empty) and
+// --cert/--key (a client certificate for mTLS; both or neither).
+func clientTLS(cacert, cert, key string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cacert != "" {
+		b, err := os.ReadFile(cacert)
+		if err != nil {
+			return nil, badInput("--cacert: %v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, badInput("--cacert %s: no PEM certificate in it", cacert)
+		}
+		cfg.RootCAs = pool
+	}
+	if (cert == "") != (key == "") {
+		return nil, badInput("--cert and --key go together")
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, badInput("--cert/--key: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // readToken reads a token file: the token alone, or the server's

@@ -18,6 +18,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/spf13/cobra"
 )
 
@@ -172,9 +173,6 @@ type lbRule struct {
 
 var lbModes = map[string]int{"default": 0, "onearm": 1, "fullnat": 2, "dsr": 3, "fullproxy": 4, "hostonearm": 5}
 
-var lbSelectors = map[string]int{"rr": 0, "hash": 1, "priority": 2, "persist": 3, "lc": 4, "n2": 5, "n3": 6,
-	"chwbl": 8, "gpuaware": 9, "wrr-hash": 10, "chwbl-wrr": 10}
-
 var epRoles = map[string]int{"normal": 0, "none": 0, "prefill": 1, "decode": 2}
 
 func nameOf(table map[string]int, v int) string {
@@ -295,7 +293,7 @@ func newCreateLBCmd() *cobra.Command {
 		chwblLevel, chwblFlags, chwblFactor, chwblRepl                 int
 		probePort, probeTimeout, probeRetries, probeInterval           int
 		pdDisagg, pdCacheAware, cbEnable, chwblSalt, pdReceipt, asJSON bool
-		wildcardVIP                                                    bool
+		wildcardVIP, trustTemplate                                     bool
 	)
 	c := &cobra.Command{
 		Use:     "lb EXTERNAL-IP --tcp=PORT:TARGETPORT --endpoints=IP:WEIGHT,...",
@@ -305,7 +303,7 @@ func newCreateLBCmd() *cobra.Command {
 EXTERNAL-IP/PORT/tcp again updates the rule: endpoints that stay keep their
 ep_idx, inventory and subscriber.
 
-Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
+Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selection):
   kvctl create lb 10.10.10.254 --tcp=8080:8000 --endpoints=192.0.2.1:1,192.0.2.2:1 \
     --mode=fullproxy --select=persist --kv-exact-mode=1 --kv-zmq-port=5557 \
     --kv-hash-algo=sha256_cbor --kv-block-size=16 --kv-warmup=30 --ep-role=prefill,decode`,
@@ -319,9 +317,9 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 			if err != nil {
 				return err
 			}
-			s, err := lookupName("select", sel, lbSelectors, "rr, hash, priority, persist, lc, n2, n3, chwbl, gpuaware, wrr-hash")
+			s, err := selector.ParseSel(sel)
 			if err != nil {
-				return err
+				return badInput("--select %q: allowed values: %s", sel, selector.SelAllowed)
 			}
 			eps, err := parseEndpoints(endpoints, target, epRole, nixlPorts)
 			if err != nil {
@@ -336,7 +334,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 				CHWBLMeanLoadFactor: chwblFactor, CHWBLReplication: chwblRepl, CHWBLPrefixHashLevel: chwblLevel,
 				CHWBLPrefixHashFlags: chwblFlags, CHWBLEnableCacheSalt: chwblSalt,
 				ProbeType: probeType, ProbePort: probePort, ProbeReq: probeReq, ProbeTimeout: probeTimeout,
-				ProbeRetries: probeRetries, ProbeInterval: probeInterval,
+				ProbeRetries: probeRetries, ProbeInterval: probeInterval, TrustRequestChatTemplate: trustTemplate,
 			}}}
 			if cmd.Flags().Changed("kv-lora-adapters") {
 				if rule.ServiceArguments.KVLoraAdapters, err = parseLoraAdapters(kvLoraAdapters); err != nil {
@@ -378,6 +376,7 @@ Example (spec §8.1, a vLLM P/D pool with KV-aware prefill selection):
 	f.IntVar(&kvRanks, "kv-dp-ranks", 0, "kvDpRankCount: data-parallel ranks per endpoint, 1-8")
 	f.IntVar(&kvReplay, "kv-replay-port", 0, "KV-event replay port (0 = kv-zmq-port + LLB_KV_REPLAY_PORT_OFFSET)")
 	f.StringVar(&kvHashSeed, "kv-hash-seed", "", "NONE_HASH seed for this rule (vLLM's PYTHONHASHSEED); overrides LLB_KV_NONE_HASH_SEED")
+	f.BoolVar(&trustTemplate, "trust-request-chat-template", false, "render a request's own chat_template to route it (set it when the engines run vLLM's --trust-request-chat-template); off, such requests are forwarded unrouted under reason tokenize")
 	f.StringVar(&kvLoraAdapters, "kv-lora-adapters", "", "LoRA adapters the engines serve, NAME[=BASE-MODEL],...: a request for NAME hashes with its lora_name; its prompt is tokenized with BASE-MODEL's staged tokenizer (default: one staged under NAME)")
 	f.StringVar(&epRole, "ep-role", "", "per-endpoint roles aligned with --endpoints: normal|prefill|decode|0|1|2")
 	f.StringVar(&nixlPorts, "nixl-port", "", "per-endpoint NIXL ports aligned with --endpoints (0 = target port)")
@@ -488,7 +487,7 @@ func printRules(out io.Writer, rules []lbRule) error {
 	for _, r := range rules {
 		a := r.ServiceArguments
 		head := fmt.Sprintf("%d\t%s\t%d\t%s\t%s\t%s\t%d", a.ServiceID, a.ExternalIP, a.Port, a.Protocol,
-			nameOf(lbSelectors, a.Sel), nameOf(lbModes, a.Mode), a.KVExactMode)
+			a.Sel, nameOf(lbModes, a.Mode), a.KVExactMode)
 		if len(r.Endpoints) == 0 {
 			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\n", head)
 		}

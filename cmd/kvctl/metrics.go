@@ -17,7 +17,7 @@ func newGetMetricsCmd() *cobra.Command {
 		Use:   "metrics [--grep RE]",
 		Short: "Print kvgate's Prometheus metrics, optionally only lines matching RE",
 		Long: `Print GET /netlox/v1/metrics. With --grep, only the lines matching the regular
-expression (Go syntax, like grep -E), e.g. the spec's §9.1 engagement check:
+expression (Go syntax, like grep -E), e.g. the engagement check of docs/deploy.md:
   kvctl get metrics --grep 'loxilb_pd_kv|kv_subscriber_connected'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -138,17 +138,7 @@ func printStatus(out io.Writer, st status.Status) error {
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  EP\tADDRESS\tROLE\tHEALTH\tBREAKER\tADMIN\tIN-FLIGHT\tBLOCKS\tSUBSCRIBER\tLAST EVENT\tHITS\tHIT RATE")
 		for _, e := range r.Endpoints {
-			sub, last := "-", "-"
-			if e.Subscriber != nil {
-				sub = "down"
-				if e.Subscriber.Connected {
-					sub = "connected"
-				}
-				last = "never"
-				if a := e.Subscriber.LastEventAgeSeconds; a >= 0 {
-					last = (time.Duration(a) * time.Second).String() + " ago"
-				}
-			}
+			sub, last := subscriberColumns(e.Subscriber)
 			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.EPIdx, e.Addr, e.Role, e.Health, e.Breaker, e.Admin,
 				num(e.Inflight), num(e.Blocks), sub, last, num(e.HitsTotal), spark(e.HitRate))
 		}
@@ -157,6 +147,23 @@ func printStatus(out io.Writer, st status.Status) error {
 		}
 	}
 	return nil
+}
+
+// subscriberColumns are the SUBSCRIBER and LAST EVENT cells of an endpoint:
+// "-" for an endpoint without a KV-event subscriber.
+func subscriberColumns(s *status.Subscriber) (sub, last string) {
+	if s == nil {
+		return "-", "-"
+	}
+	sub = "down"
+	if s.Connected {
+		sub = "connected"
+	}
+	last = "never"
+	if a := s.LastEventAgeSeconds; a >= 0 {
+		last = (time.Duration(a) * time.Second).String() + " ago"
+	}
+	return sub, last
 }
 
 func misses(m map[string]float64) string {

@@ -69,7 +69,7 @@ def stat(title, targets, unit="short", w=4, h=5, desc="", thresholds=None):
 green_red = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 red_green = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
 
-# ---------------- Engagement (spec §9) ----------------
+# ---------------- Engagement (docs/deploy.md, go/no-go) ----------------
 row("Engagement: is KV-aware routing deciding? (spec §9)")
 stat("Tier-1.5 hits (range)",
      [(f'sum(increase(loxilb_pd_kv_tier15_hits_total{{{SEL}}}[$__range]))', "hits")],

@@ -20,7 +20,7 @@ func scrape(t *testing.T, e *Engine) string {
 	return string(b)
 }
 
-// TestPrefillDecodeRoles follows ENGINES.md §A: the proxy sends the prefill
+// TestPrefillDecodeRoles follows docs/pd.md's protocol: the proxy sends the prefill
 // leg with do_remote_decode and max_tokens=1, gets kv_transfer_params back,
 // and forwards them verbatim to the decoder, which then skips the prefill
 // cost of everything but the last prompt token.

@@ -1,5 +1,5 @@
 // Package api is kvgate's management HTTP API: LoxiLB's load-balancer REST
-// paths (spec §8.1; LOXILB_REFERENCE.md §1), the KV inventory endpoint and
+// paths (docs/api.md), the KV inventory endpoint and
 // the Prometheus exposition.
 //
 // The API owns the rule table: it validates posted rules, allocates
@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/status"
 	"github.com/prometheus/client_golang/prometheus"
@@ -122,6 +123,8 @@ type Options struct {
 	// address checks (config.CheckAddresses); nil means config.HostAddrs.
 	HostAddrs func() (local, broadcast func(netip.Addr) bool)
 	Log       *slog.Logger
+	// Guard recovers and counts a panic in one API request; nil still recovers.
+	Guard *recovery.Guard
 }
 
 // Readiness reports whether the daemon is ready for traffic and, if not,
@@ -486,7 +489,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		h = s.opts.Middleware(h)
 	}
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           s.opts.Guard.Handler(recovery.API, h),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      5 * time.Minute, // a large inventory takes a while to stream
@@ -494,7 +497,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes:    64 << 10,
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	s.opts.Guard.Go(recovery.API, func() { errc <- srv.Serve(ln) })
 	select {
 	case err := <-errc:
 		return err

@@ -494,8 +494,22 @@ func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, erro
 		if n < 0 {
 			n = -1
 		}
+		// Size the result before building it: "a"*N replaced by a long
+		// string would otherwise allocate far past the bound first.
+		if grow := len(nw) - len(old); grow > 0 {
+			count := strings.Count(s, old)
+			if old == "" {
+				count = utf8.RuneCountInString(s) + 1
+			}
+			if n >= 0 {
+				count = min(count, int(min(n, 1<<30)))
+			}
+			if count > 0 && int64(count) > int64(r.cfg.maxOutput-len(s))/int64(grow) {
+				return nil, fmt.Errorf("%w: value larger than %d bytes", ErrLimit, r.cfg.maxOutput)
+			}
+		}
 		res := strings.Replace(s, old, nw, int(min(n, 1<<30)))
-		if err := r.checkSize(len(res)); err != nil {
+		if err := r.build(len(res)); err != nil {
 			return nil, err
 		}
 		return res, nil
@@ -564,6 +578,13 @@ func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, erro
 				return nil, fmt.Errorf("sequence item %d: expected str instance, %s found", i, typeName(it))
 			}
 			parts[i] = str
+		}
+		size := len(s) * max(len(parts)-1, 0)
+		for _, p := range parts {
+			size += len(p)
+		}
+		if err := r.build(size); err != nil { // before building it
+			return nil, err
 		}
 		res := strings.Join(parts, s)
 		if err := r.checkSize(len(res)); err != nil {
@@ -655,7 +676,7 @@ func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, erro
 		if !ok {
 			return nil, fmt.Errorf("%s() width must be an integer", name)
 		}
-		if err := r.checkSize(int(min(w, 1<<31))); err != nil {
+		if err := r.build(int(min(w, 1<<31))); err != nil {
 			return nil, err
 		}
 		fill := " "

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
-	"unicode/utf8"
 )
 
 type filterFunc func(r *renderer, v any, args []any, kw *Dict) (any, error)
@@ -884,11 +883,14 @@ func filterToJSON(r *renderer, v any, args []any, kw *Dict) (any, error) {
 		}
 		o.itemSep, o.keySep = is, ks
 	}
+	if err := r.checkValue(v); err != nil {
+		return nil, err
+	}
 	s, err := pyJSONDumps(v, o)
 	if err != nil {
 		return nil, err
 	}
-	return s, r.checkSize(len(s))
+	return s, r.build(len(s))
 }
 
 // ---- tests ----
@@ -1044,6 +1046,9 @@ func globalRange(r *renderer, args []any, kw *Dict) (any, error) {
 	}
 	if n > maxRange {
 		return nil, fmt.Errorf("range too big. The sandbox blocks ranges larger than MAX_RANGE (%d)", maxRange)
+	}
+	if err := r.build(int(n) * itemBytes); err != nil { // a loop over range() rebuilds it each pass
+		return nil, err
 	}
 	out := make([]any, n)
 	for i := range out {
@@ -1267,5 +1272,3 @@ func pyFormat(format string, args []any, kw *Dict) (any, error) {
 	}
 	return b.String(), nil
 }
-
-var _ = utf8.RuneLen

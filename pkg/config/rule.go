@@ -1,13 +1,13 @@
 // Package config is kvgate's rule model and its process settings.
 //
 // A Rule is one load-balancer rule as the management API receives it
-// (spec §8.1; LoxiLB's serviceArguments and endpoints, with their exact JSON
+// (docs/api.md; LoxiLB's serviceArguments and endpoints, with their exact JSON
 // names). Fields keep the value the operator posted: an omitted field is zero,
 // and the Effective*/accessor methods apply the defaults, as the reference
 // does, so a GET shows what was configured rather than the defaults.
 //
-// Settings is the process-wide environment (spec §6.5, §8.2 and the reference
-// gateway's variables), parsed and validated once at start-up. Other packages
+// Settings is the process-wide environment (LoxiLB's variables, listed in
+// docs/configuration.md), parsed and validated once at start-up. Other packages
 // take their own option structs; the daemon maps Settings into them.
 package config
 
@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/selector"
 )
 
 // Role is an endpoint's P/D role (the reference's ep_role).
@@ -102,12 +104,12 @@ const MaxEndpoints = 256
 // ServiceArguments is the rule's serviceArguments object. JSON names are the
 // reference's, snake_case and camelCase mixed exactly as LoxiLB spells them.
 type ServiceArguments struct {
-	ExternalIP string `json:"externalIP"`
-	Port       int    `json:"port"`
-	Protocol   string `json:"protocol"`
-	Sel        int    `json:"sel"`
-	Mode       int    `json:"mode"`
-	Name       string `json:"name,omitempty"`
+	ExternalIP string       `json:"externalIP"`
+	Port       int          `json:"port"`
+	Protocol   string       `json:"protocol"`
+	Sel        selector.Sel `json:"sel"`
+	Mode       int          `json:"mode"`
+	Name       string       `json:"name,omitempty"`
 	// WildcardVIP must be true for an externalIP of 0.0.0.0 or ::, which
 	// listens on every interface of the host. Ours (docs/api.md "Addresses").
 	WildcardVIP bool `json:"wildcardVip,omitempty"`
@@ -137,6 +139,13 @@ type ServiceArguments struct {
 	// tokenizer); a bare name uses the tokenizer staged under the adapter's
 	// own name. Ours; the reference has no LoRA support.
 	KVLoraAdapters []string `json:"kvLoraAdapters,omitempty"`
+	// TrustRequestChatTemplate lets a request's own chat_template be
+	// rendered to route it, mirroring vLLM's --trust-request-chat-template
+	// (set it when the engines run with that flag). Off (the default), a
+	// request carrying chat_template is forwarded unchanged under guard
+	// reason tokenize: vLLM refuses such requests, and rendering untrusted
+	// Jinja costs kvgate CPU and memory. Ours.
+	TrustRequestChatTemplate bool `json:"trustRequestChatTemplate,omitempty"`
 
 	PDBootstrapPort       int  `json:"pdBootstrapPort,omitempty"`
 	PDDisaggMode          bool `json:"pd_disagg_mode,omitempty"`
@@ -377,7 +386,7 @@ func (r *Rule) KVEnabled() bool {
 }
 
 // PDDisagg reports whether the rule is a P/D rule: pd_disagg_mode, or implied
-// by kvExactMode 1 (spec §8.1's example omits pd_disagg_mode).
+// by kvExactMode 1 (the example rule of docs/api.md omits pd_disagg_mode).
 func (r *Rule) PDDisagg() bool {
 	return r.Args.PDDisaggMode || r.Args.KVExactMode == KVModePD
 }

@@ -7,64 +7,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
-)
 
-// LBMode is the Tier-1.5 load-blend arm (LOXILB_KV_LB_MODE).
-type LBMode string
-
-const (
-	LBModeOff          LBMode = "off"
-	LBModeHard         LBMode = "hard"
-	LBModeSoft         LBMode = "soft"
-	LBModeAdaptive     LBMode = "adaptive"
-	LBModeAdaptiveSoft LBMode = "adaptive-soft"
-)
-
-// SpillRelief is LOXILB_KV_SPILL_RELIEF.
-type SpillRelief int
-
-const (
-	// SpillReliefAuto: on for kvExactMode 3, off for kvExactMode 1.
-	SpillReliefAuto SpillRelief = iota
-	SpillReliefOn
-	SpillReliefOff
-)
-
-func (s SpillRelief) String() string {
-	switch s {
-	case SpillReliefOn:
-		return "on"
-	case SpillReliefOff:
-		return "off"
-	}
-	return "auto"
-}
-
-// Enabled resolves the relief setting for a rule's kvExactMode.
-func (s SpillRelief) Enabled(kvExactMode int) bool {
-	switch s {
-	case SpillReliefOn:
-		return true
-	case SpillReliefOff:
-		return false
-	}
-	return kvExactMode == KVModeSinglePool
-}
-
-// ScoreMode is LOXILB_KV_SCORE: how overlap is counted.
-type ScoreMode string
-
-const (
-	// ScoreLeading counts the leading run of consecutive matched blocks, the
-	// prefix vLLM can reuse (default). LOXILB_KV_SCORE spells it "leading"
-	// or "prefix" (alias).
-	ScoreLeading ScoreMode = "prefix"
-	// ScoreOverlap counts every matched block (the spec's literal definition).
-	ScoreOverlap ScoreMode = "overlap"
+	"github.com/kvgate/kvgate/pkg/inventory"
+	"github.com/kvgate/kvgate/pkg/selector"
 )
 
 // Settings is kvgate's process environment, parsed and validated once.
-// Variable names are the spec's and the reference gateway's.
+// Variable names are LoxiLB's (docs/configuration.md). The selector's knobs
+// carry pkg/selector's own types and spellings, so the daemon hands them over
+// without translating.
 type Settings struct {
 	// LLB_KV_NONE_HASH_SEED: the NONE_HASH seed; must equal vLLM's PYTHONHASHSEED.
 	// NoneHashSeedSet distinguishes unset from set-but-empty.
@@ -79,13 +30,13 @@ type Settings struct {
 	LoadGuard bool
 
 	// LOXILB_KV_LB_MODE (or the legacy LOXILB_KV_UNIFIED_MODE). Default hard.
-	LBMode LBMode
+	LBMode selector.LBMode
 	// LOXILB_KV_MEAN_LOAD_FACTOR: (1+ε)·100, 100-1000. Default 175.
 	MeanLoadFactor int
 	// LOXILB_KV_LOAD_PENALTY: soft-mode λ, 1-100000. Default 32.
 	LoadPenalty int
 	// LOXILB_KV_SPILL_RELIEF: auto, on or off. Default auto.
-	SpillRelief SpillRelief
+	SpillRelief selector.Relief
 	// LOXILB_KV_COLDSTART_SEED_N: every Nth hit seeds a cold endpoint; 0 disables. Default 16.
 	ColdStartSeedN int
 	// LOXILB_KV_COLDSTART_MIN_BLOCKS: fewer blocks than this is cold. Default 16; 0 is read as 1.
@@ -95,9 +46,12 @@ type Settings struct {
 	// LOXILB_KV_ZERO_HIT_N: zero-hit watchdog threshold, > 0. Default 50.
 	ZeroHitN int
 	// LOXILB_KV_SCORE: leading (alias prefix; the leading run, default) or overlap.
-	Score ScoreMode
+	Score selector.ScoreMode
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
+	// LLB_KV_MAX_PROMPT_TOKENS: a prompt with more tokens is not routed by
+	// KV (guard reason tokenize), 1-16777216. Default 262144.
+	MaxPromptTokens int
 	// LLB_KV_MAX_FRAME_BYTES: largest ZMTP frame or message taken from a KV peer, 4096-1073741824. Default 64 MiB.
 	MaxFrameBytes int
 	// LOXILB_KV_TRTLLM_POLL_MIN_MS / _MAX_MS: bounds of the TensorRT-LLM
@@ -126,17 +80,20 @@ type Settings struct {
 // DefaultSettings is the environment with nothing set.
 func DefaultSettings() Settings {
 	return Settings{
-		MinMatchTokens:     16,
-		LBMode:             LBModeHard,
-		MeanLoadFactor:     175,
-		LoadPenalty:        32,
-		SpillRelief:        SpillReliefAuto,
-		ColdStartSeedN:     16,
-		ColdStartMinBlocks: 16,
-		MaxBlocks:          1_000_000,
-		ZeroHitN:           50,
-		Score:              ScoreLeading,
+		// The selector's and the inventory's own defaults, so the two
+		// cannot drift apart (TestSettingsDefaultsAreThePackages').
+		MinMatchTokens:     selector.DefaultMinMatchTokens,
+		LBMode:             selector.LBHard,
+		MeanLoadFactor:     selector.DefaultMeanLoadFactor,
+		LoadPenalty:        selector.DefaultLoadPenalty,
+		SpillRelief:        selector.ReliefAuto,
+		ColdStartSeedN:     selector.DefaultColdStartSeedN,
+		ColdStartMinBlocks: selector.DefaultColdStartMinBlocks,
+		MaxBlocks:          inventory.DefaultMaxBlocks,
+		ZeroHitN:           selector.DefaultZeroHitN,
+		Score:              selector.ScorePrefix,
 		ReplayPortOffset:   1000,
+		MaxPromptTokens:    262144,
 		MaxFrameBytes:      64 << 20,
 		TRTLLMPollMin:      5 * time.Millisecond,
 		TRTLLMPollMax:      20 * time.Millisecond,
@@ -187,52 +144,27 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 		p.fail("LLB_KV_NONE_HASH_SEED", s.NoneHashSeed, fmt.Sprintf("longer than %d bytes", maxSeedLen))
 	}
 	p.boolean("LLB_KV_HASH_DEBUG", &s.HashDebug)
-	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, 4096)
+	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, selector.MaxMinMatchTokens)
 	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
 
-	if v, ok := p.get("LOXILB_KV_LB_MODE"); ok {
-		switch m := LBMode(strings.ToLower(v)); m {
-		case LBModeOff, LBModeHard, LBModeSoft, LBModeAdaptive, LBModeAdaptiveSoft:
-			s.LBMode = m
-		default:
-			p.fail("LOXILB_KV_LB_MODE", v, "allowed values: off, hard, soft, adaptive, adaptive-soft")
-		}
+	if _, ok := p.get("LOXILB_KV_LB_MODE"); ok {
+		parsed(&p, "LOXILB_KV_LB_MODE", &s.LBMode, selector.ParseLBMode)
 	} else if v, ok := p.get("LOXILB_KV_UNIFIED_MODE"); ok {
 		// Legacy switch: an off spelling turns the blend off, anything else is hard.
 		if isOffWord(v) {
-			s.LBMode = LBModeOff
+			s.LBMode = selector.LBOff
 		}
 	}
-	p.integer("LOXILB_KV_MEAN_LOAD_FACTOR", &s.MeanLoadFactor, 100, 1000)
-	p.integer("LOXILB_KV_LOAD_PENALTY", &s.LoadPenalty, 1, 100000)
-	if v, ok := p.get("LOXILB_KV_SPILL_RELIEF"); ok {
-		switch {
-		case strings.EqualFold(v, "auto"):
-			s.SpillRelief = SpillReliefAuto
-		case isOnWord(v):
-			s.SpillRelief = SpillReliefOn
-		case isOffWord(v):
-			s.SpillRelief = SpillReliefOff
-		default:
-			p.fail("LOXILB_KV_SPILL_RELIEF", v, "allowed values: auto, on (1, true, yes), off (0, false, no)")
-		}
-	}
+	p.integer("LOXILB_KV_MEAN_LOAD_FACTOR", &s.MeanLoadFactor, selector.MinMeanLoadFactor, selector.MaxMeanLoadFactor)
+	p.integer("LOXILB_KV_LOAD_PENALTY", &s.LoadPenalty, 1, selector.MaxLoadPenalty)
+	parsed(&p, "LOXILB_KV_SPILL_RELIEF", &s.SpillRelief, selector.ParseRelief)
 	p.integer("LOXILB_KV_COLDSTART_SEED_N", &s.ColdStartSeedN, 0, 1<<20)
 	p.integer("LOXILB_KV_COLDSTART_MIN_BLOCKS", &s.ColdStartMinBlocks, 0, 1<<30)
-	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, 1000, 100_000_000)
+	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, inventory.MinMaxBlocks, inventory.MaxMaxBlocks)
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
-	if v, ok := p.get("LOXILB_KV_SCORE"); ok {
-		switch strings.ToLower(v) {
-		case "leading", "prefix":
-			s.Score = ScoreLeading
-		case "overlap":
-			s.Score = ScoreOverlap
-		default:
-			// pkg/selector's ParseScoreMode gives the same text.
-			p.fail("LOXILB_KV_SCORE", v, "allowed values: leading (the default; alias prefix), overlap")
-		}
-	}
+	parsed(&p, "LOXILB_KV_SCORE", &s.Score, selector.ParseScoreMode)
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
+	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
 	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)
 	pollMin, pollMax := int(s.TRTLLMPollMin/time.Millisecond), int(s.TRTLLMPollMax/time.Millisecond)
 	p.integer("LOXILB_KV_TRTLLM_POLL_MIN_MS", &pollMin, 1, 10000)
@@ -272,6 +204,26 @@ func (p *envParser) get(name string) (string, bool) {
 
 func (p *envParser) fail(name, value, why string) {
 	p.errs = append(p.errs, fmt.Errorf("environment variable %s=%q is invalid: %s", name, value, why))
+}
+
+// parsed reads a variable through one of pkg/selector's Parse functions, so
+// the spellings are the selector's and the error names the variable.
+func parsed[T any](p *envParser, name string, dst *T, parse func(string) (T, error)) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	x, err := parse(v)
+	if err != nil {
+		why := err.Error()
+		var pe *selector.ParseError
+		if errors.As(err, &pe) {
+			why = "allowed values: " + pe.Allowed
+		}
+		p.fail(name, v, why)
+		return
+	}
+	*dst = x
 }
 
 func (p *envParser) integer(name string, dst *int, lo, hi int) {

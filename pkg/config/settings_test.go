@@ -1,9 +1,13 @@
 package config
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/inventory"
+	"github.com/kvgate/kvgate/pkg/selector"
 )
 
 func lookupOf(env map[string]string) func(string) (string, bool) {
@@ -18,9 +22,9 @@ func TestSettingsDefaults(t *testing.T) {
 	if s != DefaultSettings() {
 		t.Fatalf("empty env %+v != defaults %+v", s, DefaultSettings())
 	}
-	if s.LBMode != LBModeHard || s.MeanLoadFactor != 175 || s.LoadPenalty != 32 || s.MinMatchTokens != 16 ||
+	if s.LBMode != selector.LBHard || s.MeanLoadFactor != 175 || s.LoadPenalty != 32 || s.MinMatchTokens != 16 ||
 		s.ColdStartSeedN != 16 || s.ColdStartMinBlocks != 16 || s.MaxBlocks != 1_000_000 || s.ZeroHitN != 50 ||
-		s.Score != ScoreLeading || s.ReplayPortOffset != 1000 || s.PrefillTimeout != 30*time.Second ||
+		s.Score != selector.ScorePrefix || s.ReplayPortOffset != 1000 || s.PrefillTimeout != 30*time.Second ||
 		s.DecodeSilence != 120*time.Second || s.OriginErrThreshold != 3 || !s.DecodeOnlyFallback || s.NoneHashSeedSet {
 		t.Fatalf("defaults wrong: %+v", s)
 	}
@@ -40,26 +44,31 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LLB_KV_MIN_MATCH_TOKENS": "0"}, func(s Settings) bool { return s.MinMatchTokens == 0 }},
 		{map[string]string{"LLB_KV_MIN_MATCH_TOKENS": "4096"}, func(s Settings) bool { return s.MinMatchTokens == 4096 }},
 		{map[string]string{"LLB_KV_LOADGUARD": "1"}, func(s Settings) bool { return s.LoadGuard }},
-		{map[string]string{"LOXILB_KV_LB_MODE": "adaptive-soft"}, func(s Settings) bool { return s.LBMode == LBModeAdaptiveSoft }},
-		{map[string]string{"LOXILB_KV_LB_MODE": "off", "LOXILB_KV_UNIFIED_MODE": "1"}, func(s Settings) bool { return s.LBMode == LBModeOff }},
-		{map[string]string{"LOXILB_KV_UNIFIED_MODE": "No"}, func(s Settings) bool { return s.LBMode == LBModeOff }},
-		{map[string]string{"LOXILB_KV_UNIFIED_MODE": "whatever"}, func(s Settings) bool { return s.LBMode == LBModeHard }},
+		{map[string]string{"LOXILB_KV_LB_MODE": "adaptive-soft"}, func(s Settings) bool { return s.LBMode == selector.LBAdaptiveSoft }},
+		{map[string]string{"LOXILB_KV_LB_MODE": "off", "LOXILB_KV_UNIFIED_MODE": "1"}, func(s Settings) bool { return s.LBMode == selector.LBOff }},
+		{map[string]string{"LOXILB_KV_UNIFIED_MODE": "No"}, func(s Settings) bool { return s.LBMode == selector.LBOff }},
+		{map[string]string{"LOXILB_KV_UNIFIED_MODE": "whatever"}, func(s Settings) bool { return s.LBMode == selector.LBHard }},
 		{map[string]string{"LOXILB_KV_MEAN_LOAD_FACTOR": "1000"}, func(s Settings) bool { return s.MeanLoadFactor == 1000 }},
 		{map[string]string{"LOXILB_KV_LOAD_PENALTY": "100000"}, func(s Settings) bool { return s.LoadPenalty == 100000 }},
-		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "Yes"}, func(s Settings) bool { return s.SpillRelief == SpillReliefOn }},
-		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "FALSE"}, func(s Settings) bool { return s.SpillRelief == SpillReliefOff }},
-		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "auto"}, func(s Settings) bool {
-			return s.SpillRelief == SpillReliefAuto && s.SpillRelief.Enabled(3) && !s.SpillRelief.Enabled(1)
+		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "Yes"}, func(s Settings) bool { return s.SpillRelief == selector.ReliefOn }},
+		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "FALSE"}, func(s Settings) bool { return s.SpillRelief == selector.ReliefOff }},
+		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "auto"}, func(s Settings) bool { return s.SpillRelief == selector.ReliefAuto }},
+		{map[string]string{"LOXILB_KV_SPILL_RELIEF": "on", "LOXILB_KV_SCORE": " Overlap ", "LOXILB_KV_LB_MODE": "SOFT"}, func(s Settings) bool {
+			return s.SpillRelief == selector.ReliefOn && s.Score == selector.ScoreOverlap && s.LBMode == selector.LBSoft
 		}},
+		{map[string]string{"LOXILB_KV_UNIFIED_MODE": "0"}, func(s Settings) bool { return s.LBMode == selector.LBOff }},
+		{map[string]string{"LOXILB_KV_UNIFIED_MODE": "off", "LOXILB_KV_LB_MODE": " "}, func(s Settings) bool { return s.LBMode == selector.LBOff }},
 		{map[string]string{"LOXILB_KV_COLDSTART_SEED_N": "0"}, func(s Settings) bool { return s.ColdStartSeedN == 0 }},
 		{map[string]string{"LOXILB_KV_COLDSTART_MIN_BLOCKS": "0"}, func(s Settings) bool { return s.EffectiveColdStartMinBlocks() == 1 }},
 		{map[string]string{"LOXILB_KV_MAX_BLOCKS": "1000"}, func(s Settings) bool { return s.MaxBlocks == 1000 }},
 		{map[string]string{"LOXILB_KV_ZERO_HIT_N": "1"}, func(s Settings) bool { return s.ZeroHitN == 1 }},
-		{map[string]string{"LOXILB_KV_SCORE": "overlap"}, func(s Settings) bool { return s.Score == ScoreOverlap }},
-		{map[string]string{"LOXILB_KV_SCORE": "prefix"}, func(s Settings) bool { return s.Score == ScoreLeading }},
-		{map[string]string{"LOXILB_KV_SCORE": "leading"}, func(s Settings) bool { return s.Score == ScoreLeading }},
-		{map[string]string{"LOXILB_KV_SCORE": "LEADING"}, func(s Settings) bool { return s.Score == ScoreLeading }},
+		{map[string]string{"LOXILB_KV_SCORE": "overlap"}, func(s Settings) bool { return s.Score == selector.ScoreOverlap }},
+		{map[string]string{"LOXILB_KV_SCORE": "prefix"}, func(s Settings) bool { return s.Score == selector.ScorePrefix }},
+		{map[string]string{"LOXILB_KV_SCORE": "leading"}, func(s Settings) bool { return s.Score == selector.ScorePrefix }},
+		{map[string]string{"LOXILB_KV_SCORE": "LEADING"}, func(s Settings) bool { return s.Score == selector.ScorePrefix }},
 		{map[string]string{"LLB_KV_REPLAY_PORT_OFFSET": "0"}, func(s Settings) bool { return s.ReplayPortOffset == 0 }},
+		{map[string]string{"LLB_KV_MAX_PROMPT_TOKENS": "1024"}, func(s Settings) bool { return s.MaxPromptTokens == 1024 }},
+		{map[string]string{}, func(s Settings) bool { return s.MaxPromptTokens == 262144 }},
 		{map[string]string{"LLB_KV_MAX_FRAME_BYTES": "4096"}, func(s Settings) bool { return s.MaxFrameBytes == 4096 }},
 		{map[string]string{"LOXILB_KV_TRTLLM_POLL_MIN_MS": "1", "LOXILB_KV_TRTLLM_POLL_MAX_MS": "10000"}, func(s Settings) bool {
 			return s.TRTLLMPollMin == time.Millisecond && s.TRTLLMPollMax == 10*time.Second
@@ -104,6 +113,7 @@ func TestSettingsErrorsNameVariable(t *testing.T) {
 		"LOXILB_KV_ZERO_HIT_N":           "0",
 		"LOXILB_KV_SCORE":                "best",
 		"LLB_KV_REPLAY_PORT_OFFSET":      "1e3",
+		"LLB_KV_MAX_PROMPT_TOKENS":       "0",
 		"LLB_KV_MAX_FRAME_BYTES":         "4095",
 		"LOXILB_KV_TRTLLM_POLL_MIN_MS":   "0",
 		"LOXILB_KV_TRTLLM_POLL_MAX_MS":   "10001",
@@ -138,7 +148,77 @@ func TestSettingsFromEnvGetenv(t *testing.T) {
 		}
 		return ""
 	})
-	if err != nil || s.LBMode != LBModeSoft {
+	if err != nil || s.LBMode != selector.LBSoft {
 		t.Fatalf("%v %+v", err, s)
+	}
+}
+
+// TestSettingsSelectorKnobErrors: the selector's knobs are parsed with
+// pkg/selector's parsers, and the start-up error keeps the documented text
+// (docs/configuration.md).
+func TestSettingsSelectorKnobErrors(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{"LOXILB_KV_LB_MODE", "medium", `environment variable LOXILB_KV_LB_MODE="medium" is invalid: allowed values: off, hard, soft, adaptive, adaptive-soft`},
+		{"LOXILB_KV_SPILL_RELIEF", " sometimes ", `environment variable LOXILB_KV_SPILL_RELIEF="sometimes" is invalid: allowed values: auto, on (1, true, yes), off (0, false, no)`},
+		{"LOXILB_KV_SCORE", "leading-run", `environment variable LOXILB_KV_SCORE="leading-run" is invalid: allowed values: leading (the default; alias prefix), overlap`},
+	} {
+		_, err := SettingsFromLookup(lookupOf(map[string]string{tc.name: tc.value}))
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%s=%q: error %v\nwant %s", tc.name, tc.value, err, tc.want)
+		}
+	}
+}
+
+// TestSettingsDefaultsAreThePackages': an empty environment gives exactly the
+// selector's and the inventory's defaults, and the documented ranges are
+// theirs (one source of truth, docs/configuration.md).
+func TestSettingsDefaultsAreThePackages(t *testing.T) {
+	s, o := DefaultSettings(), selector.DefaultOptions()
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"LLB_KV_MIN_MATCH_TOKENS", s.MinMatchTokens, o.MinMatchTokens},
+		{"LOXILB_KV_LB_MODE", s.LBMode, o.LBMode},
+		{"LOXILB_KV_MEAN_LOAD_FACTOR", s.MeanLoadFactor, o.MeanLoadFactor},
+		{"LOXILB_KV_LOAD_PENALTY", s.LoadPenalty, o.LoadPenalty},
+		{"LOXILB_KV_SPILL_RELIEF", s.SpillRelief, o.SpillRelief},
+		{"LOXILB_KV_COLDSTART_SEED_N", s.ColdStartSeedN, o.ColdStartSeedN},
+		{"LOXILB_KV_COLDSTART_MIN_BLOCKS", s.ColdStartMinBlocks, o.ColdStartMinBlocks},
+		{"LOXILB_KV_ZERO_HIT_N", s.ZeroHitN, o.ZeroHitN},
+		{"LOXILB_KV_SCORE", s.Score, o.Score},
+		{"LLB_KV_LOADGUARD", s.LoadGuard, o.LoadGuard},
+		{"LOXILB_KV_MAX_BLOCKS", s.MaxBlocks, inventory.DefaultMaxBlocks},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: config default %v, package default %v", c.name, c.got, c.want)
+		}
+	}
+	// The bounds config accepts are the ones the packages validate.
+	for _, c := range []struct {
+		name   string
+		lo, hi int
+		set    func(*selector.Options, int)
+	}{
+		{"LLB_KV_MIN_MATCH_TOKENS", 0, selector.MaxMinMatchTokens, func(o *selector.Options, v int) { o.MinMatchTokens = v }},
+		{"LOXILB_KV_MEAN_LOAD_FACTOR", selector.MinMeanLoadFactor, selector.MaxMeanLoadFactor, func(o *selector.Options, v int) { o.MeanLoadFactor = v }},
+		{"LOXILB_KV_LOAD_PENALTY", 1, selector.MaxLoadPenalty, func(o *selector.Options, v int) { o.LoadPenalty = v }},
+	} {
+		for _, v := range []int{c.lo, c.hi} {
+			env := map[string]string{c.name: strconv.Itoa(v)}
+			if _, err := SettingsFromLookup(lookupOf(env)); err != nil {
+				t.Errorf("%s=%d rejected by config: %v", c.name, v, err)
+			}
+			o := selector.DefaultOptions()
+			c.set(&o, v)
+			if err := o.Validate(); err != nil {
+				t.Errorf("%s=%d rejected by the selector: %v", c.name, v, err)
+			}
+		}
+		for _, v := range []int{c.lo - 1, c.hi + 1} {
+			if _, err := SettingsFromLookup(lookupOf(map[string]string{c.name: strconv.Itoa(v)})); err == nil {
+				t.Errorf("%s=%d accepted by config", c.name, v)
+			}
+		}
 	}
 }

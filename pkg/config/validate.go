@@ -40,7 +40,7 @@ const (
 	MaxLoraAdapterLen = 256
 )
 
-// Validate checks a posted rule against spec §8.1 and the reference's check
+// Validate checks a posted rule against docs/api.md and LoxiLB's check
 // list. env supplies the process seed (an xxhash rule needs a seed). The first
 // failure is returned as a *ValidationError.
 func Validate(r *Rule, env Settings) error {
@@ -399,6 +399,8 @@ func firstKVField(a *ServiceArguments) string {
 		return "kvHashSeed"
 	case len(a.KVLoraAdapters) > 0:
 		return "kvLoraAdapters"
+	case a.TrustRequestChatTemplate:
+		return "trustRequestChatTemplate"
 	}
 	return ""
 }

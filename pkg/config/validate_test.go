@@ -110,6 +110,9 @@ func TestValidateRejects(t *testing.T) {
 		{"lora needs mode 4", func(r *Rule) {
 			*r = Rule{Args: ServiceArguments{ExternalIP: "10.0.0.1", Port: 80, KVLoraAdapters: []string{"a"}}}
 		}, "kvLoraAdapters", "mode 4"},
+		{"trustRequestChatTemplate needs mode 4", func(r *Rule) {
+			*r = Rule{Args: ServiceArguments{ExternalIP: "10.0.0.1", Port: 80, TrustRequestChatTemplate: true}}
+		}, "trustRequestChatTemplate", "mode 4"},
 		{"lora empty entry", func(r *Rule) { r.Args.KVLoraAdapters = []string{"a", ""} }, "kvLoraAdapters", "empty"},
 		{"lora blank entry", func(r *Rule) { r.Args.KVLoraAdapters = []string{" "} }, "kvLoraAdapters", "space"},
 		{"lora too long", func(r *Rule) { r.Args.KVLoraAdapters = []string{strings.Repeat("a", 257)} }, "kvLoraAdapters", "256 bytes"},

@@ -12,7 +12,7 @@ type Mode string
 
 const (
 	// ModeAuto picks the path the benchmark showed better for token streams
-	// (see AutoPrefersKernel and docs/datapath.md), falling back to userspace
+	// (see AutoPrefersKernel and docs/body-leg.md), falling back to userspace
 	// when the kernel path cannot be set up.
 	ModeAuto Mode = "auto"
 	// ModeSockmap requires the eBPF sockmap splice; startup fails without it.
@@ -21,7 +21,7 @@ const (
 	ModeUserspace Mode = "userspace"
 )
 
-// AutoPrefersKernel records the benchmark's verdict (docs/datapath.md,
+// AutoPrefersKernel records the benchmark's verdict (docs/body-leg.md,
 // docs/benchmarks.md): --datapath=auto tries the sockmap splice, because for
 // many concurrent token streams it cost far less proxy CPU (≈0.1–0.15× nginx)
 // and less total CPU per chunk than the userspace copy. (Bulk bodies are
@@ -144,7 +144,7 @@ func New(cfg Config) (*Selected, error) {
 	}
 	reason := "--datapath=" + string(cfg.Mode)
 	if cfg.Mode == ModeAuto || cfg.Mode == "" {
-		reason = "auto: sockmap measured better for token streams (docs/datapath.md)"
+		reason = "auto: sockmap measured better for token streams (docs/body-leg.md)"
 	}
 	log.Info("datapath selected", "path", k.Path(), "mode", string(cfg.Mode), "reason", reason)
 	return &Selected{BodyLeg: k, Reason: reason, stats: k, closer: k}, nil

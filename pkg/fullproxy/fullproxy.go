@@ -48,6 +48,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/epset"
 )
@@ -135,7 +136,7 @@ type Decision struct {
 	EndpointID string
 	// Decode is the decode endpoint a P/D (mode 1) decision pairs with the
 	// prefill Endpoint, -1 otherwise; DecodeAddr is its dial address. The
-	// two-leg P/D exchange (issue 9) reads them; the single-leg forward
+	// two-leg P/D exchange (docs/pd.md) reads them; the single-leg forward
 	// ignores them.
 	Decode     int
 	DecodeAddr string
@@ -235,6 +236,9 @@ type Config struct {
 	// PD, for a pd_disagg_mode rule, serves requests through the two-leg
 	// prefill/decode flow (pd_hook.go); nil means the plain path only.
 	PD PDHandler
+	// Guard recovers a panic in one connection's handling (the connection
+	// closes, the proxy keeps serving); nil still recovers, uncounted.
+	Guard *recovery.Guard
 }
 
 // Server is one rule's listener and its connections.
@@ -334,7 +338,7 @@ func (s *Server) Serve() error {
 			nc.Close()
 			continue
 		}
-		go s.serveConn(c)
+		s.cfg.Guard.Go(recovery.Conn, func() { s.serveConn(c) })
 	}
 }
 

@@ -20,14 +20,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
-	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/metrics"
+	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
@@ -93,11 +94,16 @@ type Gateway struct {
 	access  *slog.Logger
 	store   *state.Store
 	status  *status.Collector
+	// guard recovers, logs and counts (kvgate_panics_total) a panic in any
+	// goroutine the daemon starts, so one bad input cannot end the process.
+	guard *recovery.Guard
+	// inspect bounds the request bodies tokenized at once (inspect.go).
+	inspect *inspectGate
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
 	// pdTotal is LLB_PD_MAX_TOTAL_INFLIGHT, shared by every P/D rule (health.go).
-	pdTotal *health.TotalGate
+	pdTotal *admission.TotalGate
 }
 
 type ruleRuntime struct {
@@ -147,6 +153,8 @@ func New(opts Options) (*Gateway, error) {
 	}()
 	g.Metrics = metrics.New(metrics.Options{Version: opts.Version, Revision: opts.Revision})
 	g.Metrics.SetDatapath(g.leg.Path())
+	g.guard = recovery.New(g.log, g.Metrics)
+	g.inspect = newInspectGate(inspectBudgetBytes, inspectFreeBytes, g.guard)
 	for _, path := range []string{"userspace", "sockmap"} {
 		if _, ok := g.leg.Stats().Moved[path]; ok || path == g.leg.Path() {
 			g.Metrics.SetSplicedBytesSource(path, func() uint64 { return g.leg.Stats().Moved[path] })
@@ -159,7 +167,7 @@ func New(opts Options) (*Gateway, error) {
 	// would otherwise log two WARN lines.
 	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
-	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady)
+	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, g.guard)
 	defer func() {
 		if !built {
 			g.ready.close()
@@ -172,10 +180,12 @@ func New(opts Options) (*Gateway, error) {
 	so.PollMin, so.PollMax = opts.Settings.TRTLLMPollMin, opts.Settings.TRTLLMPollMax
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
+	so.Guard = g.guard
 	g.subs = ingest.NewManager(so)
 
 	g.status = g.newStatus()
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log}
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log,
+		Guard: g.guard}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -203,8 +213,8 @@ func New(opts Options) (*Gateway, error) {
 // the subscribers stop. Rules are already persisted.
 func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
-	go func() { apiErr <- g.API.Serve(ctx, apiLn) }()
-	go g.status.Run(ctx)
+	g.guard.Go(recovery.API, func() { apiErr <- g.API.Serve(ctx, apiLn) })
+	g.guard.Go(recovery.Poller, func() { g.status.Run(ctx) })
 	var err error
 	select {
 	case <-ctx.Done():
@@ -230,13 +240,13 @@ func (g *Gateway) Shutdown() {
 	var wg sync.WaitGroup
 	for _, rt := range rts {
 		wg.Add(1)
-		go func() {
+		g.guard.Go(recovery.Conn, func() {
 			defer wg.Done()
 			if err := rt.server.Shutdown(ctx); err != nil {
 				g.log.Warn("shutdown grace exhausted; streams cut", "service", rt.rule.ServiceID, "grace", g.opts.ShutdownGrace)
 			}
 			rt.health.close()
-		}()
+		})
 	}
 	wg.Wait()
 	g.ready.close()
@@ -325,7 +335,8 @@ func (g *Gateway) create(rule *config.Rule) error {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
 	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
-	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id)}
+	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
+		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	rt.router.state.Store(st)
 	if _, err := rh.newFlow(rule, rt.router); err != nil {
 		return err
@@ -336,6 +347,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 		Service: strconv.Itoa(id), Addr: addr, Router: rh.router(rt.router), Leg: g.leg, Loads: loads,
 		Observer: rh.observer(&proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}), Limits: g.opts.Limits, PD: rh.pdHandler(),
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
+		Guard: g.guard,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
@@ -350,12 +362,12 @@ func (g *Gateway) create(rule *config.Rule) error {
 		_ = srv.Close()
 		return err
 	}
-	go func() {
+	g.guard.Go(recovery.Conn, func() {
 		defer close(rt.served)
 		if err := srv.Serve(); err != nil {
 			g.log.Error("proxy stopped", "service", id, "err", err)
 		}
-	}()
+	})
 
 	g.mu.Lock()
 	g.rules[id] = rt
@@ -433,12 +445,12 @@ func (g *Gateway) remove(rule *config.Rule) {
 	g.unregisterEndpoints(rule)
 	g.reconcile()
 	g.releaseVIP(rule)
-	go func() {
+	g.guard.Go(recovery.Conn, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.opts.ShutdownGrace)
 		defer cancel()
 		_ = rt.server.Shutdown(ctx)
 		rt.health.close()
-	}()
+	})
 	g.Metrics.DeleteRule(rule.ServiceID)
 	g.log.Info("rule removed", "service", rule.ServiceID)
 }

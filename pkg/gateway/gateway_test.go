@@ -29,7 +29,7 @@ func TestSelectorOptionsFromSettings(t *testing.T) {
 	if o.LBMode != selector.LBHard || o.Score != selector.ScorePrefix || o.MinMatchTokens != 16 || o.MeanLoadFactor != 175 {
 		t.Fatalf("defaults mapped to %+v", o)
 	}
-	s.LBMode, s.Score, s.SpillRelief, s.MinMatchTokens = config.LBModeOff, config.ScoreOverlap, config.SpillReliefOn, 0
+	s.LBMode, s.Score, s.SpillRelief, s.MinMatchTokens = selector.LBOff, selector.ScoreOverlap, selector.ReliefOn, 0
 	o, err = selectorOptions(s)
 	if err != nil {
 		t.Fatal(err)

@@ -14,12 +14,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/pd"
+	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -32,10 +34,11 @@ type ruleHealth struct {
 	settings config.Settings
 	m        *metrics.Metrics
 	log      *slog.Logger
+	guard    *recovery.Guard // the daemon's panic guard, for the probe goroutines
 
 	tracker   atomic.Pointer[health.Tracker]
-	admission *health.Admission // P/D rules only
-	flow      *pd.Flow          // P/D rules only
+	admission *admission.Controller // P/D rules only
+	flow      *pd.Flow              // P/D rules only
 	sel       *selector.Selector
 	// probeUp is told when an endpoint's probe comes back, so the KV
 	// subscriber can check for an engine restart (docs/ingest.md).
@@ -49,10 +52,10 @@ type ruleHealth struct {
 
 // newRuleHealth builds the tracker (and, for a P/D rule, the admission
 // controller); start begins probing once the selector exists.
-func newRuleHealth(rule *config.Rule, s config.Settings, total *health.TotalGate, m *metrics.Metrics, log *slog.Logger) (*ruleHealth, error) {
+func newRuleHealth(rule *config.Rule, s config.Settings, total *admission.TotalGate, m *metrics.Metrics, log *slog.Logger) (*ruleHealth, error) {
 	h := &ruleHealth{service: rule.ServiceID, pdRule: rule.PDDisagg(), settings: s, m: m, log: log}
 	if h.pdRule {
-		a, err := health.NewAdmission(health.AdmissionConfig{
+		a, err := admission.New(admission.Config{
 			ServiceID: uint32(rule.ServiceID), MaxInflightPerEP: s.MaxInflightPerEP, QueueDepthPerEP: s.QueueDepthPerEP,
 			MaxPark: s.MaxPark, PrefillTimeout: s.PrefillTimeout, Total: total, Observer: healthObserver{m},
 		})
@@ -148,7 +151,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	}
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
-		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(),
+		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
 	}, targets, h.log)
 	if err != nil {
 		return fmt.Errorf("service %d: %w", rule.ServiceID, err)
@@ -159,10 +162,10 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	h.mu.Lock()
 	h.stop, h.done, h.probeKey = cancel, done, probeKey(rule)
 	h.mu.Unlock()
-	go func() {
+	h.guard.Go(recovery.Probe, func() {
 		defer close(done)
 		p.Run(ctx)
-	}()
+	})
 	return nil
 }
 
@@ -377,7 +380,7 @@ func (o *pdObserver) Request(model, phase, status string) { o.m.AIPDRequest(mode
 func (g *Gateway) ruleHealth(rule *config.Rule) (*ruleHealth, error) {
 	g.mu.Lock()
 	if g.pdTotal == nil {
-		t, err := health.NewTotalGate(g.opts.Settings.MaxTotalInflight)
+		t, err := admission.NewTotalGate(g.opts.Settings.MaxTotalInflight)
 		if err != nil {
 			g.mu.Unlock()
 			return nil, fmt.Errorf("gateway: %w", err)
@@ -387,9 +390,11 @@ func (g *Gateway) ruleHealth(rule *config.Rule) (*ruleHealth, error) {
 	total := g.pdTotal
 	g.mu.Unlock()
 	h, err := newRuleHealth(rule, g.opts.Settings, total, g.Metrics, g.log)
-	if err == nil {
-		service := uint32(rule.ServiceID)
-		h.probeUp = func(ep int) { g.subs.Verify(service, ep) }
+	if err != nil {
+		return nil, err
 	}
-	return h, err
+	h.guard = g.guard
+	service := uint32(rule.ServiceID)
+	h.probeUp = func(ep int) { g.subs.Verify(service, ep) }
+	return h, nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
@@ -40,7 +41,7 @@ type preloader struct {
 	done   chan struct{}
 }
 
-func newPreloader(pool *tokenizer.Pool, dir string, log *slog.Logger, setGauge func(bool)) *preloader {
+func newPreloader(pool *tokenizer.Pool, dir string, log *slog.Logger, setGauge func(bool), guard *recovery.Guard) *preloader {
 	if dir == "" {
 		dir = tokenizer.DefaultDir
 	}
@@ -49,7 +50,7 @@ func newPreloader(pool *tokenizer.Pool, dir string, log *slog.Logger, setGauge f
 		pending: map[string]bool{}, seen: map[string]bool{}, wake: make(chan struct{}, 1),
 		ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	p.setGauge(true)
-	go p.run()
+	guard.Go(recovery.Poller, p.run)
 	return p
 }
 

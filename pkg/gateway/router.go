@@ -54,6 +54,10 @@ type router struct {
 	pool    *tokenizer.Pool
 	m       *metrics.Metrics
 	log     *slog.Logger
+	// maxTokens is LLB_KV_MAX_PROMPT_TOKENS; gate bounds the bodies being
+	// tokenized at once, process-wide (inspect.go).
+	maxTokens int
+	gate      *inspectGate
 }
 
 // scratch is the per-request state kept across connect-failure retries.
@@ -198,14 +202,36 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 		return sc
 	}
 
-	t1 := time.Now()
-	ids, err := r.tokenize(st, f)
-	sc.stages = append(sc.stages, fullproxy.Stage{Name: "tokenize", Duration: time.Since(t1)})
-	if err != nil {
-		r.log.Debug("tokenize miss", "model", f.Model, "err", err)
+	// Bounded inspection (docs/tokenizer.md, "Bounds"): a request that would
+	// cost too much is forwarded unchanged under reason tokenize, with the
+	// detail in kvgate_kv_skip_total{cause}.
+	skip := func(cause string, err error) *scratch {
+		r.log.Debug("tokenize miss", "model", f.Model, "cause", cause, "err", err)
+		if r.m != nil { // nil in the router's unit tests
+			r.m.KVSkip(r.service, cause)
+		}
 		sr.Upstream = selector.ReasonTokenize
 		sc.attempt = r.sel.Begin(sr)
 		return sc
+	}
+	if cause := r.refuse(st, f); cause != "" {
+		return skip(cause, nil)
+	}
+	release, ok := r.gate.acquire(len(req.Body))
+	if !ok {
+		return skip(causeBusy, nil)
+	}
+	t1 := time.Now()
+	ids, err := func() ([]uint32, error) {
+		defer release() // a recovered panic must not keep the budget forever
+		return r.tokenize(st, f)
+	}()
+	sc.stages = append(sc.stages, fullproxy.Stage{Name: "tokenize", Duration: time.Since(t1)})
+	if err == nil && r.maxTokens > 0 && len(ids) > r.maxTokens {
+		err = &tokenizer.LimitError{Cause: tokenizer.CauseTokens, Detail: fmt.Sprintf("%d tokens, limit %d", len(ids), r.maxTokens)}
+	}
+	if err != nil {
+		return skip(skipCause(err), err)
 	}
 	ids = reqfacts.Truncate(ids, f.TruncatePromptTokens)
 	sc.tokens = len(ids)
@@ -243,6 +269,28 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 	return sc
 }
 
+// refuse names why a request must not be tokenized at all, or "": a request
+// chat_template on a rule that does not trust them (vLLM refuses those
+// unless started with --trust-request-chat-template, and rendering untrusted
+// Jinja is the costliest thing a body can ask of kvgate), or a token-id
+// prompt above LLB_KV_MAX_PROMPT_TOKENS.
+func (r *router) refuse(st *ruleState, f *reqfacts.Facts) string {
+	if f.Kind == reqfacts.KindChat && f.ChatTemplate != "" && !st.rule.Args.TrustRequestChatTemplate {
+		return causeUntrusted
+	}
+	if p, ok := f.FirstPrompt(); ok && p.IsTokens && r.maxTokens > 0 && len(p.Tokens) > r.maxTokens {
+		return causeTokens
+	}
+	return ""
+}
+
+// limits bound one request's encode: LLB_KV_MAX_PROMPT_TOKENS, the word
+// bound that keeps BPE from running for seconds on one pathological word,
+// and tokenizeBudget.
+func (r *router) limits() tokenizer.Limits {
+	return tokenizer.Limits{MaxTokens: r.maxTokens, MaxWordBytes: tokenizer.DefaultMaxWordBytes, Deadline: time.Now().Add(tokenizeBudget)}
+}
+
 // tokenize produces the prompt ids vLLM computes for the request: chat
 // through the model's template, completion strings with the tokenizer's
 // special tokens unless add_special_tokens says otherwise, token ids as
@@ -250,8 +298,12 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 // own engine request; the first shares the request's prefix). A LoRA
 // adapter's prompt is encoded with its base model's tokenizer, as vLLM does.
 func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
-	if f.Kind == reqfacts.KindCompletion && f.Prompts[0].IsTokens {
-		return f.Prompts[0].Tokens, nil
+	first, isCompletion := f.FirstPrompt()
+	if f.Kind == reqfacts.KindCompletion && !isCompletion {
+		return nil, errors.New("completion without a prompt")
+	}
+	if isCompletion && first.IsTokens {
+		return first.Tokens, nil
 	}
 	model := f.Model
 	if base, ok := st.loraTokenizer[f.LoRA]; ok && f.LoRA != "" {
@@ -261,8 +313,8 @@ func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.Kind == reqfacts.KindCompletion {
-		return m.EncodePrompt(f.Prompts[0].Text, f.AddSpecialTokens)
+	if isCompletion {
+		return m.EncodePromptLimited(first.Text, f.AddSpecialTokens, r.limits())
 	}
 	tools := f.Tools
 	if len(tools) > 0 {
@@ -280,6 +332,7 @@ func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
 		ChatTemplateKwargs:   f.ChatTemplateKwargs,
 		ChatTemplate:         f.ChatTemplate,
 		AddSpecialTokens:     f.SpecialTokens(),
+		Limits:               r.limits(),
 	})
 	return ids, err
 }
@@ -289,8 +342,8 @@ func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
 func trieText(f *reqfacts.Facts) string {
 	switch f.Kind {
 	case reqfacts.KindCompletion:
-		if !f.Prompts[0].IsTokens {
-			return f.Prompts[0].Text
+		if p, ok := f.FirstPrompt(); ok && !p.IsTokens {
+			return p.Text
 		}
 	case reqfacts.KindChat:
 		for _, m := range f.Messages {
@@ -383,32 +436,19 @@ func selectorRule(r *config.Rule) selector.Rule {
 	return out
 }
 
-// selectorOptions maps the process settings (parsed once by pkg/config) to
-// the selector's options.
+// selectorOptions hands the process settings (parsed once by pkg/config,
+// already in the selector's types) to the selector.
 func selectorOptions(s config.Settings) (selector.Options, error) {
 	o := selector.DefaultOptions()
 	o.MinMatchTokens = s.MinMatchTokens
-	mode, err := selector.ParseLBMode(string(s.LBMode))
-	if err != nil {
-		return o, err
-	}
-	o.LBMode = mode
+	o.LBMode = s.LBMode
 	o.MeanLoadFactor = s.MeanLoadFactor
 	o.LoadPenalty = s.LoadPenalty
-	switch s.SpillRelief {
-	case config.SpillReliefOn:
-		o.SpillRelief = selector.ReliefOn
-	case config.SpillReliefOff:
-		o.SpillRelief = selector.ReliefOff
-	default:
-		o.SpillRelief = selector.ReliefAuto
-	}
+	o.SpillRelief = s.SpillRelief
 	o.ColdStartSeedN = s.ColdStartSeedN
 	o.ColdStartMinBlocks = s.ColdStartMinBlocks
 	o.ZeroHitN = s.ZeroHitN
-	if s.Score == config.ScoreOverlap {
-		o.Score = selector.ScoreOverlap
-	}
+	o.Score = s.Score
 	o.LoadGuard = s.LoadGuard
 	return o, o.Validate()
 }

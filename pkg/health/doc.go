@@ -9,14 +9,15 @@
 //     rules) or consecutive origin 5xx (LLB_PD_ORIGIN_ERR_THRESHOLD) open it
 //     for 30 s, then half-open admits at most 3 trial requests and a success
 //     closes it;
-//   - admin state (an operator's up/down);
-//   - admission control for P/D prefill endpoints: a per-endpoint in-flight
-//     cap that sheds (429 pd_overloaded) or parks the request in a bounded
-//     per-endpoint FIFO with a park timeout (504 pd_admission_park_timeout),
-//     plus a total in-flight cap.
+//   - admin state (an operator's up/down).
+//
+// P/D admission control (the in-flight caps, parking and shedding) is load
+// shaping, not health: it lives in pkg/pd/admission, and a Tracker only
+// reports its saturated endpoints (AttachAdmission) and drains it when an
+// endpoint drops.
 //
 // A Tracker (one per rule) satisfies selector.StateSource and
-// selector.EngineSource; an Admission satisfies selector.LoadSource. Every
+// selector.EngineSource. Every
 // transition is pushed at once to subscribers, so the selector's exclusion
 // state is current and Selector.DropEndpoint can drop the sessions and trie
 // entries of an endpoint that went down. Time comes from a Clock so the state

@@ -42,18 +42,6 @@ func (f *fakeClock) NewTimer(d time.Duration) Timer {
 	return t
 }
 
-func (f *fakeClock) pending() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n := 0
-	for _, t := range f.timers {
-		if !t.fired && !t.stopped {
-			n++
-		}
-	}
-	return n
-}
-
 func (f *fakeClock) Advance(d time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -79,10 +67,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 type countObs struct {
-	mu                            sync.Mutex
-	flips                         []BreakerState
-	probeUps, probeDowns          int
-	shed, queued, parkTO, scrapeF int
+	mu                   sync.Mutex
+	flips                []BreakerState
+	probeUps, probeDowns int
+	scrapeF              int
 }
 
 func (o *countObs) BreakerFlip(_ uint32, _ int, to BreakerState) {
@@ -99,10 +87,7 @@ func (o *countObs) ProbeTransition(_ uint32, _ int, up bool) {
 	}
 	o.mu.Unlock()
 }
-func (o *countObs) AdmissionShed(uint32)        { o.mu.Lock(); o.shed++; o.mu.Unlock() }
-func (o *countObs) AdmissionQueued(uint32)      { o.mu.Lock(); o.queued++; o.mu.Unlock() }
-func (o *countObs) AdmissionParkTimeout(uint32) { o.mu.Lock(); o.parkTO++; o.mu.Unlock() }
-func (o *countObs) ScrapeFailed(uint32, int)    { o.mu.Lock(); o.scrapeF++; o.mu.Unlock() }
+func (o *countObs) ScrapeFailed(uint32, int) { o.mu.Lock(); o.scrapeF++; o.mu.Unlock() }
 
 func (o *countObs) get(f func(*countObs) int) int {
 	o.mu.Lock()

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/recovery"
 )
 
 // Probe types (probetype).
@@ -41,6 +43,8 @@ type ProbeConfig struct {
 	// (KV and P/D rules).
 	Scrape      bool
 	MetricsPath string // default /metrics, on the target port
+	// Guard recovers a panic in one target's probe loop; nil still recovers.
+	Guard *recovery.Guard
 }
 
 // Target is one endpoint to probe.
@@ -127,10 +131,10 @@ func (p *Prober) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, tg := range p.targets {
 		wg.Add(1)
-		go func() {
+		p.cfg.Guard.Go(recovery.Probe, func() {
 			defer wg.Done()
 			p.loop(ctx, tg)
-		}()
+		})
 	}
 	wg.Wait()
 	p.client.CloseIdleConnections()

@@ -221,7 +221,7 @@ func (v invScorer) Score(hashes []uint64, eligible epset.Set, leading bool, coun
 }
 func (v invScorer) Blocks(ep int) int { return len(v[ep]) }
 
-// TestRetryThenProbe: spec §4/§7 with real sockets. EP0 holds the warm
+// TestRetryThenProbe: docs/pd.md's worked example with real sockets. EP0 holds the warm
 // prefix and dies. The next request fails to connect to EP0, is retried with
 // EP0 excluded and lands on EP2 (second-best overlap); the breaker counts
 // the failure. Then the probe marks EP0 down, the transition drops its
@@ -252,17 +252,12 @@ func TestRetryThenProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adm, err := NewAdmission(AdmissionConfig{ServiceID: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.AttachAdmission(adm)
 	prompt := []uint64{11, 12, 13}
 	opts := selector.DefaultOptions()
 	opts.ColdStartSeedN = 0
 	sel, err := selector.New(selector.Rule{ServiceID: 1, KVExactMode: 1, PD: true, BlockSize: 16, Endpoints: []selector.Endpoint{
 		{Idx: 0, Role: selector.RolePrefill}, {Idx: 1, Role: selector.RoleDecode}, {Idx: 2, Role: selector.RolePrefill},
-	}}, opts, selector.Deps{Scorer: invScorer{0: prompt, 2: prompt[:1]}, Loads: adm, Engine: tr, States: tr})
+	}}, opts, selector.Deps{Scorer: invScorer{0: prompt, 2: prompt[:1]}, Engine: tr, States: tr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,12 +56,6 @@ type Observer interface {
 	BreakerFlip(serviceID uint32, ep int, to BreakerState)
 	// ProbeTransition: an endpoint's probe state changed (up or down).
 	ProbeTransition(serviceID uint32, ep int, up bool)
-	// AdmissionShed: loxilb_pd_admission_shed_total (429 pd_overloaded).
-	AdmissionShed(serviceID uint32)
-	// AdmissionQueued: loxilb_pd_admission_queued_total (a request parked).
-	AdmissionQueued(serviceID uint32)
-	// AdmissionParkTimeout: a parked request timed out (504 pd_admission_park_timeout).
-	AdmissionParkTimeout(serviceID uint32)
 	// ScrapeFailed: the engine /metrics scrape of ep failed.
 	ScrapeFailed(serviceID uint32, ep int)
 }
@@ -71,9 +65,6 @@ type NopObserver struct{}
 
 func (NopObserver) BreakerFlip(uint32, int, BreakerState) {}
 func (NopObserver) ProbeTransition(uint32, int, bool)     {}
-func (NopObserver) AdmissionShed(uint32)                  {}
-func (NopObserver) AdmissionQueued(uint32)                {}
-func (NopObserver) AdmissionParkTimeout(uint32)           {}
 func (NopObserver) ScrapeFailed(uint32, int)              {}
 
 // probeState is the probe state machine of one endpoint.
@@ -128,7 +119,7 @@ type Tracker struct {
 
 	snap      atomic.Pointer[selector.States] // Saturated is filled from admission at read time
 	nextDue   atomic.Int64                    // unix ns of the earliest open breaker's half-open time
-	admission atomic.Pointer[Admission]
+	admission atomic.Pointer[Shaper]
 
 	figures [epset.Max]engineFigures
 }
@@ -186,8 +177,26 @@ func (t *Tracker) Subscribe(f func(Transition)) {
 	t.mu.Unlock()
 }
 
-// AttachAdmission makes States report a's saturated endpoints.
-func (t *Tracker) AttachAdmission(a *Admission) { t.admission.Store(a) }
+// Shaper is the P/D load shaping a Tracker consults: pkg/pd/admission's
+// Controller. It lives there, not here, because it is request admission,
+// not endpoint health; the Tracker only reports its saturated set and
+// drains it when an endpoint drops.
+type Shaper interface {
+	// Saturated is the set of endpoints at their in-flight cap.
+	Saturated() epset.Set
+	// Drain wakes every request parked on ep so it selects again.
+	Drain(ep int)
+}
+
+// AttachAdmission makes States report a's saturated endpoints, and drains
+// a's parked requests of an endpoint that goes down. A nil a detaches.
+func (t *Tracker) AttachAdmission(a Shaper) {
+	if a == nil {
+		t.admission.Store(nil)
+		return
+	}
+	t.admission.Store(&a)
+}
 
 // publish rebuilds the snapshot; call with t.mu held.
 func (t *Tracker) publishLocked(adminDown epset.Set) {
@@ -241,7 +250,7 @@ func (t *Tracker) notify(trs []Transition) {
 	if a := t.admission.Load(); a != nil {
 		for _, tr := range trs {
 			if tr.Drops() {
-				a.Drain(tr.Ep)
+				(*a).Drain(tr.Ep)
 			}
 		}
 	}
@@ -277,7 +286,7 @@ func (t *Tracker) States() selector.States {
 	}
 	st := *t.snap.Load()
 	if a := t.admission.Load(); a != nil {
-		st.Saturated = a.Saturated()
+		st.Saturated = (*a).Saturated()
 	}
 	return st
 }

@@ -342,7 +342,7 @@ func BenchmarkAdd(b *testing.B) {
 	b.ReportMetric(float64(2*len(batch)*b.N)/(threadCPU()-c0).Seconds()/1e6, "cpu-Mhash/s")
 }
 
-// BenchmarkScoreSmall is the selector's case (issue 7): a 64-block prompt
+// BenchmarkScoreSmall is the selector's case (docs/ingest.md): a 64-block prompt
 // over 64 endpoints holding a spread of prefixes of it, table in cache. It
 // measures Score's fixed costs rather than memory latency.
 func BenchmarkScoreSmall(b *testing.B) {

@@ -424,17 +424,7 @@ func (t *table) scoreOverlap(hashes []uint64, eligible epset.Set, counts *[epset
 			if x == 0 {
 				continue
 			}
-			p := &planes[w]
-			for r, k := runLen, 0; r != 0; r, k = r>>1, k+1 {
-				if r&1 == 0 {
-					continue
-				}
-				for y, j := x, k; y != 0 && j < len(p); j++ {
-					c := p[j] & y
-					p[j] ^= y
-					y = c
-				}
-			}
+			addPlanes(&planes[w], x, runLen)
 		}
 	}
 	for start := 0; start < len(hashes); start += scoreChunkSize {
@@ -457,6 +447,23 @@ func (t *table) scoreOverlap(hashes []uint64, eligible epset.Set, counts *[epset
 			for ; v != 0; v &= v - 1 {
 				counts[w<<6|bits.TrailingZeros64(v)] += 1 << k
 			}
+		}
+	}
+}
+
+// addPlanes adds n to the count of every endpoint in mask x, in the
+// bit-sliced counters p (plane k holds bit k of 64 endpoints' counts): for
+// each set bit k of n, a ripple-carry add of x starting at plane k
+// (docs/ingest.md, "Inventory index design").
+func addPlanes(p *[32]uint64, x uint64, n uint32) {
+	for r, k := n, 0; r != 0; r, k = r>>1, k+1 {
+		if r&1 == 0 {
+			continue
+		}
+		for y, j := x, k; y != 0 && j < len(p); j++ {
+			c := p[j] & y
+			p[j] ^= y
+			y = c
 		}
 	}
 }

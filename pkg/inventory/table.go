@@ -274,18 +274,6 @@ func (t *table) countMember(m member, delta int64) {
 	t.memberCount[m] += delta
 }
 
-func (t *table) membersOf(ep int) int64 {
-	var n int64
-	for r := 0; r < MaxRanks; r++ {
-		m := int(makeMember(ep, r))
-		if m >= len(t.memberCount) {
-			break
-		}
-		n += t.memberCount[m]
-	}
-	return n
-}
-
 // retarget moves one slot of generation g from set from to set to, keeping
 // every count in step. Call with the write lock held.
 func (t *table) retarget(from, to uint32, g uint8) {
@@ -450,23 +438,32 @@ func (t *table) add(m member, hashes []uint64) error {
 	return nil
 }
 
+// addMember adds member m to the hash already in slot i and refreshes the
+// slot to generation g (a re-stored block is young again).
+func (t *table) addMember(s *shard, i int, k56 uint64, m member, g uint8) error {
+	from := s.slots[i].id
+	to, ok := t.sets.apply(from, opAdd|transitionOp(m))
+	if !ok {
+		return errTableFull{}
+	}
+	old := uint8(s.slots[i].key() >> keyBits)
+	if to != from {
+		t.retarget(from, to, old)
+		s.slots[i].id = to
+	}
+	if old != g {
+		t.moveGen(to, old, g)
+		s.slots[i].setKey(uint64(g)<<keyBits | k56)
+	}
+	return nil
+}
+
 func (t *table) addOne(s *shard, k56 uint64, m member) error {
 	g := uint8(t.gen)
 	i, d, found := s.find(k56)
 	if found {
-		from := s.slots[i].id
-		to, ok := t.sets.apply(from, opAdd|transitionOp(m))
-		if !ok {
-			return errTableFull{}
-		}
-		old := uint8(s.slots[i].key() >> keyBits)
-		if to != from {
-			t.retarget(from, to, old)
-			s.slots[i].id = to
-		}
-		if old != g {
-			t.moveGen(to, old, g)
-			s.slots[i].setKey(uint64(g)<<keyBits | k56)
+		if err := t.addMember(s, i, k56, m, g); err != nil {
+			return err
 		}
 	} else {
 		to, ok := t.sets.single(m)
@@ -641,27 +638,43 @@ func (t *table) evict(e int) {
 		}
 		t.rw.Lock()
 		for n := scanBudget; n > 0 && t.count[e] > t.maxBlocks && a.hist[target] > 0; n-- {
-			p := &a.hand
-			s := &t.shards[p.shard]
-			if p.slot < len(s.slots) {
-				id := s.slots[p.slot].id
-				if id != emptySet && t.sets.eps[id].Has(e) && uint8(s.slots[p.slot].key()>>keyBits) == target {
-					to, ok := t.sets.apply(id, op)
-					if ok {
-						t.evicted[e]++
-						idle = 0
-						if t.setSlot(s, p.slot, to) {
-							if s.sparse() {
-								t.markSparse(p.shard)
-							}
-							continue // the successor moved into this slot
-						}
-					}
-				}
+			evicted, stay := t.evictSlot(e, &a.hand, target, op)
+			if evicted {
+				idle = 0
+			}
+			if stay {
+				continue // the successor moved into this slot
 			}
 			idle++
-			t.advance(p)
+			t.advance(&a.hand)
 		}
 		t.unlock()
 	}
+}
+
+// evictSlot drops endpoint e from the slot under the hand p when that slot
+// holds e at generation target. It reports whether it evicted, and whether
+// the slot's successor moved into it (backward-shift deletion), in which
+// case the hand must stay. Write lock held.
+func (t *table) evictSlot(e int, p *slotPos, target uint8, op transitionOp) (evicted, stay bool) {
+	s := &t.shards[p.shard]
+	if p.slot >= len(s.slots) {
+		return false, false
+	}
+	id := s.slots[p.slot].id
+	if id == emptySet || !t.sets.eps[id].Has(e) || uint8(s.slots[p.slot].key()>>keyBits) != target {
+		return false, false
+	}
+	to, ok := t.sets.apply(id, op)
+	if !ok {
+		return false, false
+	}
+	t.evicted[e]++
+	if !t.setSlot(s, p.slot, to) {
+		return true, false
+	}
+	if s.sparse() {
+		t.markSparse(p.shard)
+	}
+	return true, true
 }

@@ -13,9 +13,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// eventVectors mirrors testdata/vllm_event_vectors.json, a verbatim copy of
-// /work/shared/vectors/vllm_event_vectors.json (payloads written by msgspec
-// from vLLM's own struct definitions).
+// eventVectors mirrors testdata/vllm_event_vectors.json, the project's vLLM
+// event vectors copied verbatim (payloads written by msgspec from vLLM's own
+// struct definitions; docs/parity.md).
 type eventVectors struct {
 	TS       float64 `json:"ts"`
 	Payloads []struct {

@@ -72,14 +72,20 @@ func TestNewErrors(t *testing.T) {
 }
 
 func typeName(err error) string {
-	switch err.(type) {
-	case *UnsupportedError:
+	var (
+		unsupported *UnsupportedError
+		unset       *UnsetSeedError
+		blockSize   *BlockSizeError
+		unknown     *UnknownAlgoError
+	)
+	switch {
+	case errors.As(err, &unsupported):
 		return "*kvhash.UnsupportedError"
-	case *UnsetSeedError:
+	case errors.As(err, &unset):
 		return "*kvhash.UnsetSeedError"
-	case *BlockSizeError:
+	case errors.As(err, &blockSize):
 		return "*kvhash.BlockSizeError"
-	case *UnknownAlgoError:
+	case errors.As(err, &unknown):
 		return "*kvhash.UnknownAlgoError"
 	}
 	return "other"

@@ -94,7 +94,8 @@ func (h *Hasher) extendEngine(parent []byte, blockIndex int, block []uint32, ext
 	if h.debug != nil {
 		h.logBlock(blockIndex, len(block), u, s.input)
 	}
-	digest := append(digestDst[:0], s.parent[:]...)
+	digest := digestDst[:0] // the caller's buffer, reused
+	digest = append(digest, s.parent[:]...)
 	h.scratch.Put(s)
 	return digest, u
 }

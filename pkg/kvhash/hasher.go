@@ -314,7 +314,8 @@ func (h *Hasher) Extend(parent []byte, blockIndex int, block []uint32, extra Ext
 	if h.debug != nil {
 		h.logBlock(blockIndex, len(block), hash, s.input)
 	}
-	digest = append(digestDst[:0], d...)
+	digest = digestDst[:0] // the caller's buffer, reused
+	digest = append(digest, d...)
 	h.scratch.Put(s)
 	return digest, hash
 }

@@ -66,7 +66,8 @@ type pickler struct {
 }
 
 func (p *pickler) begin(dst []byte) {
-	p.buf = append(dst[:0], pkProto, 5)
+	p.buf = dst[:0] // the caller's buffer, reused
+	p.buf = append(p.buf, pkProto, 5)
 	p.openFrame()
 }
 

@@ -8,8 +8,9 @@ import (
 	"testing"
 )
 
-// hashVectors mirrors testdata/vllm_hash_vectors.json, a verbatim copy of
-// /work/shared/vectors/vllm_hash_vectors.json (computed by executing vLLM's code).
+// hashVectors mirrors testdata/vllm_hash_vectors.json, the project's vLLM
+// hash vectors copied verbatim (computed by executing vLLM's code;
+// docs/parity.md).
 type hashVectors struct {
 	Sequences map[string][]uint32 `json:"sequences"`
 	NoneHash  []struct {

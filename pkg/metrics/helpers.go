@@ -41,7 +41,7 @@ func (m *Metrics) scopes() *scoped {
 
 // InitRule pre-creates a rule's series at 0: the nine miss reasons, the
 // fallthrough counter and the tier-1 hit counters, so that rate() and the
-// spec's §9 assertions work before the first request. Calling it again for
+// go/no-go assertions of docs/deploy.md work before the first request. Calling it again for
 // the same rule is harmless.
 func (m *Metrics) InitRule(service int) {
 	s := itoa(service)
@@ -179,8 +179,9 @@ func (m *Metrics) SubscriberClear(service, epIdx int, reason string) {
 	m.SubscriberClears.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
 }
 
-// KVSkip counts a request whose KV tier was skipped for a named cause
-// (guard reason hashes); cause is block_size.
+// KVSkip counts a request whose KV tier was skipped for a named cause:
+// block_size (guard reason hashes), or a request-side bound (reason
+// tokenize; docs/tokenizer.md, Bounds).
 func (m *Metrics) KVSkip(service int, cause string) {
 	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
 }
@@ -384,3 +385,6 @@ func (s *splicedBytes) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v), p)
 	}
 }
+
+// Panicked implements recovery.Observer: kvgate_panics_total{where}.
+func (m *Metrics) Panicked(where string) { m.Panics.WithLabelValues(where).Inc() }

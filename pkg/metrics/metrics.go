@@ -2,10 +2,10 @@
 // kvgate, registered against one *prometheus.Registry that the management API
 // serves on GET /netlox/v1/metrics and /metrics.
 //
-// Names and labels follow the spec (§10.2) and the reference gateway
-// (LOXILB_REFERENCE.md §3), so dashboards and the spec's §9 go/no-go checks
-// work unchanged. Where kvgate adds a label to a reference series it says so;
-// series of kvgate's own use the kvgate_ prefix.
+// Names and labels are LoxiLB's (the table in docs/api.md), so dashboards
+// and the go/no-go checks of docs/deploy.md work unchanged. Where kvgate
+// adds a label to a LoxiLB series it says so; series of kvgate's own use the
+// kvgate_ prefix.
 //
 // Other packages do not import this one: each defines a small observer
 // interface, and the daemon adapts *Metrics to it with the helper methods
@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -42,7 +43,7 @@ type Options struct {
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	// KV tier (spec §10.2; reference §3.1). kvgate adds the service label to
+	// KV tier (docs/selection.md). kvgate adds the service label to
 	// the hit, miss, fallthrough, spill and cold-seed counters so that several
 	// rules do not collide; queries by ep_idx or reason keep working.
 	Tier15Hits        *prometheus.CounterVec // loxilb_pd_kv_tier15_hits_total{service,ep_idx}
@@ -54,7 +55,7 @@ type Metrics struct {
 	Tier1SessionHits  *prometheus.CounterVec // kvgate_tier1_session_hits_total{service}
 	Tier1TrieHits     *prometheus.CounterVec // kvgate_tier1_trie_hits_total{service}
 
-	// Inventory and subscribers (reference §3.1, plus kvgate's own).
+	// Inventory and subscribers (LoxiLB's, plus kvgate's own; docs/ingest.md).
 	KVBlocks             *prometheus.GaugeVec   // loxilb_pd_kv_blocks{service,ep_idx}
 	KVBlocksOtherMedium  *prometheus.GaugeVec   // kvgate_kv_blocks_other_medium{service,ep_idx}
 	EPInfo               *prometheus.GaugeVec   // loxilb_pd_ep_info{service,ep_idx,ep,addr}
@@ -70,7 +71,7 @@ type Metrics struct {
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
 
-	// Proxy (issue 8).
+	// Proxy (docs/dataplane.md).
 	TTFB             *prometheus.HistogramVec // loxilb_proxy_http_ttfb_seconds{service}
 	Requests         *prometheus.CounterVec   // kvgate_requests_total{service,ep_idx,outcome}
 	RequestDuration  *prometheus.HistogramVec // kvgate_request_duration_seconds{service,ep_idx,outcome}
@@ -83,7 +84,7 @@ type Metrics struct {
 	AIRequestSeconds *prometheus.HistogramVec // loxilb_ai_request_duration_seconds{model,tenant}
 	AIActiveStreams  *prometheus.GaugeVec     // loxilb_ai_active_streams{model}
 
-	// P/D (issue 9; reference §3.2 and §3.3).
+	// P/D, circuit breaker and admission (LoxiLB's names; docs/pd.md).
 	PDSessionsActive   *prometheus.GaugeVec     // loxilb_pd_sessions_active{service}
 	PDTrieNodes        *prometheus.GaugeVec     // loxilb_pd_trie_nodes{service}
 	PDCBFlips          *prometheus.CounterVec   // loxilb_pd_cb_flips_total{service,ep_idx}
@@ -106,16 +107,19 @@ type Metrics struct {
 	AIPDKVParamsMiss   *prometheus.CounterVec   // loxilb_ai_pd_kv_params_missing_total{model}
 	AIPDSessionHits    *prometheus.CounterVec   // loxilb_ai_pd_session_hits_total{model}
 
-	// Health (issue 9).
+	// Health (docs/health.md).
 	ProbeUp          *prometheus.GaugeVec   // kvgate_endpoint_probe_up{service,ep_idx}
 	ProbeTransitions *prometheus.CounterVec // kvgate_endpoint_probe_transitions_total{service,ep_idx,to}
 	AdminDown        *prometheus.GaugeVec   // kvgate_endpoint_admin_down{service,ep_idx}
 	EngineQueued     *prometheus.GaugeVec   // kvgate_endpoint_engine_waiting{service,ep_idx}
 	EngineCapacity   *prometheus.GaugeVec   // kvgate_endpoint_capacity_blocks{service,ep_idx}
 
-	// Data path (issue 10).
+	// Data path (docs/body-leg.md).
 	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
 	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
+
+	// Reliability: recovered panics.
+	Panics *prometheus.CounterVec // kvgate_panics_total{where}
 
 	// Control plane.
 	Rules     prometheus.Gauge // kvgate_rules
@@ -170,7 +174,7 @@ func New(opts Options) *Metrics {
 	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
 	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
 	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
-	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize).", "service", "cause")
+	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
@@ -218,6 +222,11 @@ func New(opts Options) *Metrics {
 	m.DatapathInfo = f.gauge("kvgate_datapath_info", "Always 1 for the response body path in use (sockmap or userspace).", "path")
 	m.spliced = newSplicedBytes()
 	reg.MustRegister(m.spliced)
+
+	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
+	for _, w := range recovery.Wheres {
+		m.Panics.WithLabelValues(w)
+	}
 
 	m.Rules = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_rules", Help: "Load-balancer rules configured."})
 	reg.MustRegister(m.Rules)

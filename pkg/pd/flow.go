@@ -13,7 +13,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
-	"github.com/kvgate/kvgate/pkg/health"
+	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -112,7 +112,7 @@ type Config struct {
 	// Health and Admission are the rule's health tracker and admission
 	// controller. Required.
 	Health    Health
-	Admission *health.Admission
+	Admission *admission.Controller
 	// PrefillTimeout bounds the prefill leg (all its attempts) and the
 	// decode leg's first byte (LLB_PD_PREFILL_TIMEOUT_SEC; default 30 s).
 	PrefillTimeout time.Duration
@@ -366,13 +366,13 @@ func (r *run) serve(ctx context.Context) bool {
 					cfg.Admission.ReleasePrefill(ep)
 					return x.Fail(503, "pd_pool_unavailable", "the endpoint granted by admission left the rule")
 				}
-			case errors.Is(err, health.ErrDrained) && drains < maxDrainRetries:
+			case errors.Is(err, admission.ErrDrained) && drains < maxDrainRetries:
 				drains++
 				continue
-			case errors.Is(err, health.ErrParkTimeout):
+			case errors.Is(err, admission.ErrParkTimeout):
 				r.record(-1)
 				return x.Fail(504, "pd_admission_park_timeout", "no prefill endpoint had room within the park time")
-			case errors.Is(err, health.ErrOverloaded):
+			case errors.Is(err, admission.ErrOverloaded):
 				r.record(-1)
 				return r.overloaded()
 			case ctx.Err() == nil:

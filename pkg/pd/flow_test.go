@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/fullproxy"
-	"github.com/kvgate/kvgate/pkg/health"
+	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -426,7 +426,7 @@ func TestAdmission(t *testing.T) {
 	}
 	t.Run("shed", func(t *testing.T) {
 		r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){held, decodeOK("d1"), held}, prefillRoles(),
-			rigOptions{admission: health.AdmissionConfig{MaxInflightPerEP: 1}})
+			rigOptions{admission: admission.Config{MaxInflightPerEP: 1}})
 		done := make(chan answer, 2)
 		for i := 0; i < 2; i++ {
 			go func() { done <- r.post(`{"model":"m","prompt":"x"}`) }()
@@ -448,7 +448,7 @@ func TestAdmission(t *testing.T) {
 		rel := make(chan struct{})
 		h := prefillAfter(rel)
 		r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){h, decodeOK("d1"), h}, prefillRoles(),
-			rigOptions{admission: health.AdmissionConfig{MaxInflightPerEP: 1, QueueDepthPerEP: 2, MaxPark: 300 * time.Millisecond}})
+			rigOptions{admission: admission.Config{MaxInflightPerEP: 1, QueueDepthPerEP: 2, MaxPark: 300 * time.Millisecond}})
 		done := make(chan answer, 3)
 		for i := 0; i < 2; i++ {
 			go func() { done <- r.post(`{"model":"m","prompt":"x"}`) }()
@@ -474,7 +474,7 @@ func TestAdmission(t *testing.T) {
 		rel := make(chan struct{})
 		h := prefillAfter(rel)
 		r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){h, decodeOK("d1"), h}, prefillRoles(),
-			rigOptions{admission: health.AdmissionConfig{MaxTotalInflight: 1}})
+			rigOptions{admission: admission.Config{MaxTotalInflight: 1}})
 		done := make(chan answer, 1)
 		go func() { done <- r.post(`{"model":"m","prompt":"x"}`) }()
 		waitUntil(t, func() bool { return r.adm.InFlight(0)+r.adm.InFlight(2) == 1 })

@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
+	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -164,13 +165,13 @@ func (r fixedRouter) Route(context.Context, *fullproxy.Request, epset.Set) (full
 }
 func (fixedRouter) Finish(*fullproxy.Request, fullproxy.Decision, bool) {}
 
-// rig is a P/D rule on loopback: EP0 and EP2 prefill, EP1 decode (spec §4).
+// rig is a P/D rule on loopback: EP0 and EP2 prefill, EP1 decode (docs/pd.md's worked example).
 type rig struct {
 	t       testing.TB
 	eps     []*engine
 	roles   []selector.Role
 	tracker *health.Tracker
-	adm     *health.Admission
+	adm     *admission.Controller
 	flow    *Flow
 	srv     *fullproxy.Server
 	loads   *fullproxy.Loads
@@ -180,7 +181,7 @@ type rig struct {
 }
 
 type rigOptions struct {
-	admission health.AdmissionConfig
+	admission admission.Config
 	cfg       Config // timeouts and fallback
 	receipt   bool
 	nixlPorts map[int]int
@@ -212,7 +213,7 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 	if ac.PrefillTimeout == 0 {
 		ac.PrefillTimeout = 2 * time.Second
 	}
-	r.adm, err = health.NewAdmission(ac)
+	r.adm, err = admission.New(ac)
 	if err != nil {
 		t.Fatal(err)
 	}

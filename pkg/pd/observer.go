@@ -13,7 +13,7 @@ import (
 //
 // Counted elsewhere: admission sheds and queued requests
 // (loxilb_pd_admission_shed_total, loxilb_pd_admission_queued_total, park
-// timeouts) by health.Admission's observer; breaker flips
+// timeouts) by the admission.Controller's observer; breaker flips
 // (loxilb_pd_cb_flips_total) by health.Tracker's; prefill and decode connect
 // failures by the proxy observer's ConnectFailed
 // (loxilb_pd_connect_failover_total); sessions

@@ -64,7 +64,7 @@ func severalPrompts(p json.RawMessage) bool {
 	return len(first) > 0 && (first[0] == '"' || first[0] == '[')
 }
 
-// prefillBody is the prefill leg's body (ENGINES.md §A.2): the stub
+// prefillBody is the prefill leg's body (docs/pd.md, prefill leg): the stub
 // kv_transfer_params, stream false, stream_options removed, max_tokens 1,
 // max_completion_tokens 1 when present, min_tokens and min_completion_tokens
 // removed (restored for decode, which gets the original body).
@@ -85,7 +85,7 @@ func (m body) prefillBody() ([]byte, error) {
 	return json.Marshal(p)
 }
 
-// decodeBody is the decode leg's body (§A.4): the original body plus the
+// decodeBody is the decode leg's body (docs/pd.md): the original body plus the
 // prefill's kv_transfer_params verbatim. Without params it is the original
 // body byte for byte; otherwise the params are spliced in before the closing
 // brace, so every other byte (the prompt above all: the decode engine

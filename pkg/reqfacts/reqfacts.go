@@ -109,6 +109,15 @@ type Facts struct {
 	Problem string
 }
 
+// FirstPrompt is the prompt a list of prompts routes by (see
+// gateway's tokenize); ok is false when the request has no completion prompt.
+func (f *Facts) FirstPrompt() (p Prompt, ok bool) {
+	if f.Kind != KindCompletion || len(f.Prompts) == 0 {
+		return Prompt{}, false
+	}
+	return f.Prompts[0], true
+}
+
 // HasPrompt reports whether the request carries a prompt that can be hashed.
 func (f *Facts) HasPrompt() bool {
 	switch f.Kind {
@@ -207,6 +216,12 @@ func Extract(raw []byte, headerModel string, opts Options) Facts {
 		f.Prompts, f.Problem = parsePrompt(b.Prompt)
 	default:
 		f.Problem = "body has neither prompt nor messages"
+	}
+	if f.Problem != "" {
+		// A rejected prompt or conversation leaves nothing to tokenize: the
+		// kind says so, which keeps the invariant every later stage relies on
+		// (KindCompletion has a prompt, KindChat a message).
+		f.Kind, f.Prompts, f.Messages = KindUnknown, nil, nil
 	}
 	if f.Model == "" && f.Problem == "" {
 		f.Problem = "no model in the body or the X-Model header"

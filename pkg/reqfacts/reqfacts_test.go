@@ -55,13 +55,13 @@ func TestExtract(t *testing.T) {
 		{
 			name:    "negative token id drops the prompt",
 			body:    `{"model":"m","prompt":[1,-2]}`,
-			want:    Facts{Kind: KindCompletion, Model: "m", AddGenerationPrompt: true},
+			want:    Facts{Model: "m", AddGenerationPrompt: true},
 			problem: true,
 		},
 		{
 			name:    "token id above uint32",
 			body:    `{"model":"m","prompt":[4294967296]}`,
-			want:    Facts{Kind: KindCompletion, Model: "m", AddGenerationPrompt: true},
+			want:    Facts{Model: "m", AddGenerationPrompt: true},
 			problem: true,
 		},
 		{
@@ -143,7 +143,7 @@ func TestExtract(t *testing.T) {
 		{
 			name:    "message without role",
 			body:    `{"model":"m","messages":[{"content":"x"}]}`,
-			want:    Facts{Kind: KindChat, Model: "m", AddGenerationPrompt: true},
+			want:    Facts{Model: "m", AddGenerationPrompt: true},
 			problem: true,
 		},
 		{
@@ -167,6 +167,35 @@ func TestExtract(t *testing.T) {
 				t.Fatalf("Extract =\n %#v\nwant\n %#v", got, tc.want)
 			}
 		})
+	}
+}
+
+// rejectedPrompts are prompt values parsePrompt refuses (the bodies of the
+// one-packet daemon crash, and their neighbours).
+var rejectedPrompts = []string{`[]`, `""`, `5`, `true`, `{}`, `[-1]`, `[1.5]`, `[4294967296]`, `[[]]`, `["a",5]`, `[""]`, `[[-1]]`, `"\u0000"x`, `[[1],"a",[]]`, `[1e3]`, `null`}
+
+// TestRejectedPromptHasNoKind: every body whose prompt or messages parsing
+// rejects comes back KindUnknown with nothing to index, so no later stage can
+// reach for Prompts[0] or Messages[0]. These bodies crashed the daemon
+// (index out of range in the gateway's trie key) while the kind stayed
+// "completion".
+func TestRejectedPromptHasNoKind(t *testing.T) {
+	for _, prompt := range rejectedPrompts {
+		for _, shape := range []string{`{"model":"x","prompt":%s}`, `{"model":"x","messages":%s}`, `{"model":"x","messages":[{"role":"user","content":%s}]}`} {
+			body := strings.Replace(shape, "%s", prompt, 1)
+			t.Run(body, func(t *testing.T) {
+				f := Extract([]byte(body), "", Options{})
+				if f.Problem == "" && f.HasPrompt() {
+					return // a valid body (a chat message whose content is a string)
+				}
+				if f.Kind != KindUnknown || len(f.Prompts) != 0 || len(f.Messages) != 0 || f.HasPrompt() {
+					t.Fatalf("rejected body kept kind %v with %d prompts, %d messages (problem %q)", f.Kind, len(f.Prompts), len(f.Messages), f.Problem)
+				}
+				if _, ok := f.FirstPrompt(); ok {
+					t.Fatal("FirstPrompt ok on a rejected body")
+				}
+			})
+		}
 	}
 }
 
@@ -232,11 +261,19 @@ func FuzzExtract(f *testing.F) {
 	for _, s := range seeds {
 		f.Add([]byte(s), "")
 	}
+	for _, p := range rejectedPrompts {
+		f.Add([]byte(`{"model":"x","prompt":`+p+`}`), "")
+		f.Add([]byte(`{"model":"x","messages":`+p+`}`), "")
+	}
 	f.Add([]byte(`{"prompt":"x"}`), "hdr")
 	f.Fuzz(func(t *testing.T, body []byte, header string) {
 		got := Extract(body, header, Options{Adapters: []string{"m"}})
 		if got.HasPrompt() && got.Kind == KindUnknown {
 			t.Fatalf("prompt without a kind: %+v", got)
+		}
+		// The invariant the gateway indexes by: a kind always has its input.
+		if got.Kind == KindCompletion && len(got.Prompts) == 0 || got.Kind == KindChat && len(got.Messages) == 0 {
+			t.Fatalf("kind %v without its input: %+v", got.Kind, got)
 		}
 		for _, p := range got.Prompts {
 			if !p.IsTokens && p.Text == "" {
@@ -263,4 +300,26 @@ func BenchmarkExtractChat(b *testing.B) {
 			b.Fatal(f.Problem)
 		}
 	}
+}
+
+// FuzzParsePrompt: any JSON value as a prompt parses to prompts that are
+// never empty, or to none with a reason; never a panic.
+func FuzzParsePrompt(f *testing.F) {
+	for _, p := range rejectedPrompts {
+		f.Add([]byte(p))
+	}
+	for _, p := range []string{`"hello"`, `["a","b"]`, `[1,2,3]`, `[[1,2],[3]]`, `[4294967295]`, `[0]`, `["a",[1]]`} {
+		f.Add([]byte(p))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		prompts, problem := parsePrompt(raw)
+		if (len(prompts) == 0) == (problem == "") {
+			t.Fatalf("prompts %v with problem %q: want exactly one of them", prompts, problem)
+		}
+		for i, p := range prompts {
+			if p.IsTokens && len(p.Tokens) == 0 || !p.IsTokens && p.Text == "" {
+				t.Fatalf("prompt %d is empty: %+v", i, p)
+			}
+		}
+	})
 }

@@ -130,9 +130,9 @@ func hashPick(set epset.Set, h uint64) int {
 //	in-flight per unit of capacity (L_i/ĉ_i), round-robin among ties.
 func (s *Selector) selectBySel(a *Attempt, c *compiled, elig epset.Set, sc *scratch) int {
 	switch c.rule.Sel {
-	case 1, 5, 6, 10:
+	case SelHash, SelN2, SelN3, SelWRRHash:
 		return hashPick(elig, addrHash(a.req.Client))
-	case 2:
+	case SelPriority:
 		best := -1
 		for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
 			if best < 0 || c.weight[ep] > c.weight[best] {
@@ -140,7 +140,7 @@ func (s *Selector) selectBySel(a *Attempt, c *compiled, elig epset.Set, sc *scra
 			}
 		}
 		return best
-	case 3:
+	case SelPersist:
 		if a.req.Client.IsValid() {
 			s.mu.Lock()
 			ep, _, ok := s.persist.get(a.req.Client, s.elapsed(), c.ttl)
@@ -150,7 +150,7 @@ func (s *Selector) selectBySel(a *Attempt, c *compiled, elig epset.Set, sc *scra
 			}
 		}
 		return rrPick(elig, &s.rrSel)
-	case 4:
+	case SelLeastConn:
 		n := 0
 		for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
 			if n == 0 || sc.load[ep] < sc.load[sc.tied[0]] {
@@ -163,7 +163,7 @@ func (s *Selector) selectBySel(a *Attempt, c *compiled, elig epset.Set, sc *scra
 			}
 		}
 		return pickTied(sc.tied[:n], &s.rrSel)
-	case 8, 9:
+	case SelCHWBL, SelGPUAware:
 		n := 0
 		for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
 			sc.capc[ep] = s.capacity(c, ep)

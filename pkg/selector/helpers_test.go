@@ -157,7 +157,7 @@ func pdRule(prefill, decode []int) Rule {
 	return r
 }
 
-func poolRule(n int, sel int) Rule {
+func poolRule(n int, sel Sel) Rule {
 	r := Rule{ServiceID: 9, KVExactMode: 3, Sel: sel, BlockSize: 16}
 	for i := 0; i < n; i++ {
 		r.Endpoints = append(r.Endpoints, Endpoint{Idx: i, Weight: 1})

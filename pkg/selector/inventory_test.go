@@ -10,7 +10,7 @@ import (
 // The real inventory index satisfies Scorer.
 var _ Scorer = (*inventory.Index)(nil)
 
-// TestWithInventoryIndex runs the spec §4 worked example against the real
+// TestWithInventoryIndex runs the worked example of docs/pd.md against the real
 // index: EP0 and EP2 prefill, EP1 decode; the cold request takes Tier 2, the
 // warm one (shared 2-block preamble) goes to EP0 by tier 1.5.
 func TestWithInventoryIndex(t *testing.T) {

@@ -95,22 +95,8 @@ func adaptiveLambda(total int64) int64 {
 // hit; on a miss d.Reason holds exactly one miss reason.
 func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, d *Decision) bool {
 	req := a.req
-	switch {
-	case c.rule.KVExactMode != 1 && c.rule.KVExactMode != 3:
-		d.Reason = ReasonModeOff
-		return false
-	// Guard B (warmup) is inert: kvWarmupSec is stored but never arms a timer.
-	case !req.HasText || req.Upstream == ReasonTextEmpty:
-		d.Reason = ReasonTextEmpty
-		return false
-	case req.Model == "" || req.Upstream == ReasonModelEmpty:
-		d.Reason = ReasonModelEmpty
-		return false
-	case req.Upstream == ReasonTokenize:
-		d.Reason = ReasonTokenize
-		return false
-	case req.Upstream != ReasonNone:
-		d.Reason = ReasonHashes
+	if r := requestGuard(c, req); r != ReasonNone {
+		d.Reason = r
 		return false
 	}
 	nh := len(req.Hashes)
@@ -159,23 +145,7 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 	}
 	score := int(counts[w])
 
-	// Cold-start seeding: every Nth tier-1.5 hit of the rule goes to the
-	// lowest-index eligible endpoint whose inventory is still cold.
-	seeded := false
-	if n := uint64(s.opts.ColdStartSeedN); n > 0 {
-		if a.tick == 0 {
-			a.tick = s.coldTick.Add(1)
-		}
-		if a.tick%n == 0 {
-			minB := max(1, s.opts.ColdStartMinBlocks)
-			for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
-				if ep != w && s.scorer.Blocks(ep) < minB {
-					w, seeded = ep, true
-					break
-				}
-			}
-		}
-	}
+	w, seeded := s.coldSeed(a, elig, w)
 
 	// Post-filter on a fresh read of the state: a transition since the
 	// exclusion mask was seeded misses as excluded.
@@ -191,6 +161,50 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 	d.Endpoint, d.Tier, d.Reason = w, TierKV, ReasonHit
 	d.Score, d.Spilled, d.ColdSeed = score, spilled, seeded
 	return true
+}
+
+// requestGuard runs the guards that need only the rule and the request's
+// facts, in the ladder's order (docs/selection.md); ReasonNone means the
+// request goes on to scoring.
+func requestGuard(c *compiled, req *Request) Reason {
+	switch {
+	case c.rule.KVExactMode != 1 && c.rule.KVExactMode != 3:
+		return ReasonModeOff
+	// Guard B (warmup) is inert: kvWarmupSec is stored but never arms a timer.
+	case !req.HasText || req.Upstream == ReasonTextEmpty:
+		return ReasonTextEmpty
+	case req.Model == "" || req.Upstream == ReasonModelEmpty:
+		return ReasonModelEmpty
+	case req.Upstream == ReasonTokenize:
+		return ReasonTokenize
+	case req.Upstream != ReasonNone:
+		return ReasonHashes
+	}
+	return ReasonNone
+}
+
+// coldSeed is cold-start seeding: every Nth tier-1.5 hit of the rule goes to
+// the lowest-index eligible endpoint other than the winner w whose inventory
+// is still cold. The tick is drawn once per request, so retries of one
+// request do not advance it.
+func (s *Selector) coldSeed(a *Attempt, elig epset.Set, w int) (int, bool) {
+	n := uint64(s.opts.ColdStartSeedN)
+	if n == 0 {
+		return w, false
+	}
+	if a.tick == 0 {
+		a.tick = s.coldTick.Add(1)
+	}
+	if a.tick%n != 0 {
+		return w, false
+	}
+	minB := max(1, s.opts.ColdStartMinBlocks)
+	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
+		if ep != w && s.scorer.Blocks(ep) < minB {
+			return ep, true
+		}
+	}
+	return w, false
 }
 
 // blend applies LOXILB_KV_LB_MODE to the positive-overlap candidates. It
@@ -222,44 +236,62 @@ func (s *Selector) blend(c *compiled, el []int16, sc *scratch, best int64, arg i
 	w := -1
 	switch mode {
 	case LBHard, LBAdaptive:
-		// Best overlap under its cap; ties to the least loaded, then lowest ep_idx.
-		for _, e := range sc.cands[:n] {
-			ep := int(e)
-			if !underCap(sc.load[ep], mlf, total, sc.capc[ep], sum) {
-				continue
-			}
-			if w < 0 || sc.counts[ep] > sc.counts[w] || (sc.counts[ep] == sc.counts[w] && sc.load[ep] < sc.load[w]) {
-				w = ep
-			}
-		}
-		if w < 0 {
-			// Everyone at or over cap: least loaded, then best overlap, then lowest ep_idx.
-			for _, e := range sc.cands[:n] {
-				ep := int(e)
-				if w < 0 || sc.load[ep] < sc.load[w] || (sc.load[ep] == sc.load[w] && sc.counts[ep] > sc.counts[w]) {
-					w = ep
-				}
-			}
-		}
+		w = hardArm(sc, sc.cands[:n], mlf, total, sum)
 	case LBSoft, LBAdaptiveSoft:
 		lambda := int64(s.opts.LoadPenalty)
 		if mode == LBAdaptiveSoft {
 			lambda = adaptiveLambda(total)
 		}
-		var wc int64
-		for _, e := range sc.cands[:n] {
-			ep := int(e)
-			cost := (best-int64(sc.counts[ep]))*1000 + lambda*sc.load[ep]/sc.capc[ep]
-			if w < 0 || cost < wc ||
-				(cost == wc && (sc.counts[ep] > sc.counts[w] || (sc.counts[ep] == sc.counts[w] && sc.load[ep] < sc.load[w]))) {
-				w, wc = ep, cost
-			}
-		}
+		w = softArm(sc, sc.cands[:n], best, lambda)
 	}
 	if w < 0 {
 		return arg, false, mlf
 	}
 	return w, w != arg, mlf
+}
+
+// hardArm is the bounded-load arm (hard, adaptive): the best overlap under
+// its cap, ties to the least loaded, then the lowest ep_idx; when every
+// candidate is at or over its cap, the least loaded, then the best overlap.
+// It returns -1 only for no candidates.
+func hardArm(sc *scratch, cands []int16, mlf, total, sum int64) int {
+	w := -1
+	for _, e := range cands {
+		ep := int(e)
+		if !underCap(sc.load[ep], mlf, total, sc.capc[ep], sum) {
+			continue
+		}
+		if w < 0 || sc.counts[ep] > sc.counts[w] || (sc.counts[ep] == sc.counts[w] && sc.load[ep] < sc.load[w]) {
+			w = ep
+		}
+	}
+	if w >= 0 {
+		return w
+	}
+	for _, e := range cands {
+		ep := int(e)
+		if w < 0 || sc.load[ep] < sc.load[w] || (sc.load[ep] == sc.load[w] && sc.counts[ep] > sc.counts[w]) {
+			w = ep
+		}
+	}
+	return w
+}
+
+// softArm is the cost arm (soft, adaptive-soft): the lowest
+// (best-overlap)·1000 + λ·L/ĉ, ties to the better overlap, then the least
+// loaded, then the lowest ep_idx. It returns -1 only for no candidates.
+func softArm(sc *scratch, cands []int16, best, lambda int64) int {
+	w := -1
+	var wc int64
+	for _, e := range cands {
+		ep := int(e)
+		cost := (best-int64(sc.counts[ep]))*1000 + lambda*sc.load[ep]/sc.capc[ep]
+		if w < 0 || cost < wc ||
+			(cost == wc && (sc.counts[ep] > sc.counts[w] || (sc.counts[ep] == sc.counts[w] && sc.load[ep] < sc.load[w]))) {
+			w, wc = ep, cost
+		}
+	}
+	return w
 }
 
 // relief is spill relief: when the chosen endpoint is at or over its cap

@@ -2,10 +2,24 @@ package selector
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 )
+
+// The knob types below are the selector's; pkg/config parses the environment
+// into them (docs/configuration.md), so each value has one spelling table.
+
+// ParseError is a value a Parse function does not accept. Allowed lists the
+// accepted spellings, in the words docs/configuration.md and docs/api.md use.
+type ParseError struct {
+	What    string // what was parsed, e.g. "load-blend mode"
+	Value   string
+	Allowed string
+}
+
+func (e *ParseError) Error() string {
+	return fmt.Sprintf("%s %q: allowed values: %s", e.What, e.Value, e.Allowed)
+}
 
 // LBMode is LOXILB_KV_LB_MODE, the load-blend policy of tier 1.5.
 type LBMode uint8
@@ -27,7 +41,8 @@ func (m LBMode) String() string {
 	return "unknown"
 }
 
-// ParseLBMode parses LOXILB_KV_LB_MODE; empty means hard.
+// ParseLBMode parses a LOXILB_KV_LB_MODE value, case-insensitively; empty
+// means hard.
 func ParseLBMode(s string) (LBMode, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -38,7 +53,7 @@ func ParseLBMode(s string) (LBMode, error) {
 			return LBMode(i), nil
 		}
 	}
-	return 0, fmt.Errorf("LOXILB_KV_LB_MODE=%q: want off, hard, soft, adaptive or adaptive-soft", s)
+	return 0, &ParseError{What: "load-blend mode", Value: s, Allowed: "off, hard, soft, adaptive, adaptive-soft"}
 }
 
 // Relief is LOXILB_KV_SPILL_RELIEF.
@@ -60,7 +75,8 @@ func (r Relief) String() string {
 	return "auto"
 }
 
-// ParseRelief parses LOXILB_KV_SPILL_RELIEF: auto (or empty), or a boolean word.
+// ParseRelief parses a LOXILB_KV_SPILL_RELIEF value: auto (or empty), or a
+// boolean word.
 func ParseRelief(s string) (Relief, error) {
 	s = strings.TrimSpace(s)
 	if s == "" || strings.EqualFold(s, "auto") {
@@ -68,7 +84,7 @@ func ParseRelief(s string) (Relief, error) {
 	}
 	b, err := parseBool(s)
 	if err != nil {
-		return 0, fmt.Errorf("LOXILB_KV_SPILL_RELIEF=%q: want auto, on or off", s)
+		return 0, &ParseError{What: "spill relief", Value: s, Allowed: "auto, on (1, true, yes), off (0, false, no)"}
 	}
 	if b {
 		return ReliefOn, nil
@@ -76,23 +92,26 @@ func ParseRelief(s string) (Relief, error) {
 	return ReliefOff, nil
 }
 
-// ScoreMode is LOXILB_KV_SCORE.
+// ScoreMode is LOXILB_KV_SCORE: how an endpoint's overlap is counted.
 type ScoreMode uint8
 
 const (
-	ScorePrefix  ScoreMode = iota // leading run of consecutive matched blocks (default)
-	ScoreOverlap                  // the spec's literal count of matched blocks
+	// ScorePrefix counts the leading run of consecutive matched blocks, the
+	// prefix vLLM can reuse (the default; spelled leading or prefix).
+	ScorePrefix ScoreMode = iota
+	// ScoreOverlap counts every matched block, LoxiLB's literal definition.
+	ScoreOverlap
 )
 
 func (m ScoreMode) String() string {
 	if m == ScoreOverlap {
 		return "overlap"
 	}
-	return "prefix"
+	return "leading"
 }
 
-// ParseScoreMode parses LOXILB_KV_SCORE: leading (alias prefix; also empty,
-// the default) or overlap. The error text is pkg/config's, word for word.
+// ParseScoreMode parses a LOXILB_KV_SCORE value: leading (alias prefix; also
+// empty, the default) or overlap, case-insensitively.
 func ParseScoreMode(s string) (ScoreMode, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "", "leading", "prefix":
@@ -100,9 +119,10 @@ func ParseScoreMode(s string) (ScoreMode, error) {
 	case "overlap":
 		return ScoreOverlap, nil
 	}
-	return 0, fmt.Errorf("environment variable LOXILB_KV_SCORE=%q is invalid: allowed values: leading (the default; alias prefix), overlap", strings.TrimSpace(s))
+	return 0, &ParseError{What: "score mode", Value: strings.TrimSpace(s), Allowed: "leading (the default; alias prefix), overlap"}
 }
 
+// parseBool reads the boolean words LoxiLB's variables accept.
 func parseBool(s string) (bool, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "1", "true", "on", "yes":
@@ -110,7 +130,7 @@ func parseBool(s string) (bool, error) {
 	case "0", "false", "off", "no":
 		return false, nil
 	}
-	return false, fmt.Errorf("not a boolean: %q", s)
+	return false, &ParseError{What: "boolean", Value: strings.TrimSpace(s), Allowed: "1, true, on or yes; or 0, false, off or no"}
 }
 
 // Limits and defaults of the options.
@@ -214,62 +234,6 @@ func (o Options) Validate() error {
 		}
 	}
 	return nil
-}
-
-// OptionsFromEnv reads the environment variables of selection through
-// lookup (os.LookupEnv in the daemon), starting from DefaultOptions. An unset
-// variable keeps its default; a set but invalid one is an error naming it.
-func OptionsFromEnv(lookup func(string) (string, bool)) (Options, error) {
-	o := DefaultOptions()
-	intVar := func(name string, dst *int) error {
-		v, ok := lookup(name)
-		if !ok || strings.TrimSpace(v) == "" {
-			return nil
-		}
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil {
-			return fmt.Errorf("%s=%q: not an integer", name, v)
-		}
-		*dst = n
-		return nil
-	}
-	for _, iv := range []struct {
-		name string
-		dst  *int
-	}{
-		{"LLB_KV_MIN_MATCH_TOKENS", &o.MinMatchTokens},
-		{"LOXILB_KV_MEAN_LOAD_FACTOR", &o.MeanLoadFactor},
-		{"LOXILB_KV_LOAD_PENALTY", &o.LoadPenalty},
-		{"LOXILB_KV_COLDSTART_SEED_N", &o.ColdStartSeedN},
-		{"LOXILB_KV_COLDSTART_MIN_BLOCKS", &o.ColdStartMinBlocks},
-		{"LOXILB_KV_ZERO_HIT_N", &o.ZeroHitN},
-	} {
-		if err := intVar(iv.name, iv.dst); err != nil {
-			return o, err
-		}
-	}
-	var err error
-	if v, ok := lookup("LOXILB_KV_LB_MODE"); ok {
-		if o.LBMode, err = ParseLBMode(v); err != nil {
-			return o, err
-		}
-	}
-	if v, ok := lookup("LOXILB_KV_SPILL_RELIEF"); ok {
-		if o.SpillRelief, err = ParseRelief(v); err != nil {
-			return o, err
-		}
-	}
-	if v, ok := lookup("LOXILB_KV_SCORE"); ok {
-		if o.Score, err = ParseScoreMode(v); err != nil {
-			return o, err
-		}
-	}
-	if v, ok := lookup("LLB_KV_LOADGUARD"); ok && strings.TrimSpace(v) != "" {
-		if o.LoadGuard, err = parseBool(v); err != nil {
-			return o, fmt.Errorf("LLB_KV_LOADGUARD=%q: want 0/1, true/false, on/off or yes/no", v)
-		}
-	}
-	return o, o.Validate()
 }
 
 // SessionKey picks the tier-1 conversation key: the first configured

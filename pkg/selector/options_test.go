@@ -1,64 +1,138 @@
 package selector
 
 import (
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
 	"strings"
 	"testing"
 )
 
-func TestOptionsFromEnv(t *testing.T) {
+// TestParseKnobs: every spelling pkg/config accepts for the selector's knobs
+// (docs/configuration.md), and the errors for the ones it does not.
+func TestParseKnobs(t *testing.T) {
 	tests := []struct {
 		name    string
-		env     map[string]string
-		check   func(Options) bool
-		wantErr string
+		parse   func(string) (fmt.Stringer, error)
+		in      string
+		want    string // String() of the parsed value
+		wantErr string // substring of the error
 	}{
-		{name: "defaults", env: nil, check: func(o Options) bool {
-			return o.MinMatchTokens == 16 && o.LBMode == LBHard && o.MeanLoadFactor == 175 && o.LoadPenalty == 32 &&
-				o.SpillRelief == ReliefAuto && o.ColdStartSeedN == 16 && o.ColdStartMinBlocks == 16 && o.ZeroHitN == 50 &&
-				o.Score == ScorePrefix && !o.LoadGuard
-		}},
-		{name: "all set", env: map[string]string{
-			"LLB_KV_MIN_MATCH_TOKENS": "0", "LOXILB_KV_LB_MODE": "adaptive-soft", "LOXILB_KV_MEAN_LOAD_FACTOR": "300",
-			"LOXILB_KV_LOAD_PENALTY": "100000", "LOXILB_KV_SPILL_RELIEF": "on", "LOXILB_KV_COLDSTART_SEED_N": "0",
-			"LOXILB_KV_COLDSTART_MIN_BLOCKS": "0", "LOXILB_KV_ZERO_HIT_N": "1", "LOXILB_KV_SCORE": "overlap", "LLB_KV_LOADGUARD": "1",
-		}, check: func(o Options) bool {
-			return o.MinMatchTokens == 0 && o.LBMode == LBAdaptiveSoft && o.MeanLoadFactor == 300 && o.LoadPenalty == 100000 &&
-				o.SpillRelief == ReliefOn && o.ColdStartSeedN == 0 && o.ColdStartMinBlocks == 0 && o.ZeroHitN == 1 &&
-				o.Score == ScoreOverlap && o.LoadGuard
-		}},
-		{name: "mode off, relief off", env: map[string]string{"LOXILB_KV_LB_MODE": "off", "LOXILB_KV_SPILL_RELIEF": "false"},
-			check: func(o Options) bool { return o.LBMode == LBOff && o.SpillRelief == ReliefOff }},
-		{name: "empty values keep defaults", env: map[string]string{"LOXILB_KV_LB_MODE": "", "LLB_KV_MIN_MATCH_TOKENS": " "},
-			check: func(o Options) bool { return o.LBMode == LBHard && o.MinMatchTokens == 16 }},
-		{name: "bad mode", env: map[string]string{"LOXILB_KV_LB_MODE": "bounded"}, wantErr: "LOXILB_KV_LB_MODE"},
-		{name: "min match too big", env: map[string]string{"LLB_KV_MIN_MATCH_TOKENS": "4097"}, wantErr: "LLB_KV_MIN_MATCH_TOKENS"},
-		{name: "min match negative", env: map[string]string{"LLB_KV_MIN_MATCH_TOKENS": "-1"}, wantErr: "LLB_KV_MIN_MATCH_TOKENS"},
-		{name: "min match garbage", env: map[string]string{"LLB_KV_MIN_MATCH_TOKENS": "16t"}, wantErr: "LLB_KV_MIN_MATCH_TOKENS"},
-		{name: "mlf low", env: map[string]string{"LOXILB_KV_MEAN_LOAD_FACTOR": "99"}, wantErr: "LOXILB_KV_MEAN_LOAD_FACTOR"},
-		{name: "mlf high", env: map[string]string{"LOXILB_KV_MEAN_LOAD_FACTOR": "1001"}, wantErr: "LOXILB_KV_MEAN_LOAD_FACTOR"},
-		{name: "penalty zero", env: map[string]string{"LOXILB_KV_LOAD_PENALTY": "0"}, wantErr: "LOXILB_KV_LOAD_PENALTY"},
-		{name: "relief garbage", env: map[string]string{"LOXILB_KV_SPILL_RELIEF": "sometimes"}, wantErr: "LOXILB_KV_SPILL_RELIEF"},
-		{name: "seed negative", env: map[string]string{"LOXILB_KV_COLDSTART_SEED_N": "-3"}, wantErr: "LOXILB_KV_COLDSTART_SEED_N"},
-		{name: "min blocks garbage", env: map[string]string{"LOXILB_KV_COLDSTART_MIN_BLOCKS": "x"}, wantErr: "LOXILB_KV_COLDSTART_MIN_BLOCKS"},
-		{name: "zero hit zero", env: map[string]string{"LOXILB_KV_ZERO_HIT_N": "0"}, wantErr: "LOXILB_KV_ZERO_HIT_N"},
-		{name: "score garbage", env: map[string]string{"LOXILB_KV_SCORE": "longest"}, wantErr: "LOXILB_KV_SCORE"},
-		{name: "score leading-run is not a spelling", env: map[string]string{"LOXILB_KV_SCORE": "leading-run"}, wantErr: "allowed values: leading (the default; alias prefix), overlap"},
-		{name: "score leading", env: map[string]string{"LOXILB_KV_SCORE": "leading"}, check: func(o Options) bool { return o.Score == ScorePrefix }},
-		{name: "score prefix alias", env: map[string]string{"LOXILB_KV_SCORE": " Prefix "}, check: func(o Options) bool { return o.Score == ScorePrefix }},
-		{name: "loadguard garbage", env: map[string]string{"LLB_KV_LOADGUARD": "maybe"}, wantErr: "LLB_KV_LOADGUARD"},
+		{"lb empty is hard", lbMode, "", "hard", ""},
+		{"lb hard", lbMode, "hard", "hard", ""},
+		{"lb case", lbMode, " Adaptive-Soft ", "adaptive-soft", ""},
+		{"lb off", lbMode, "off", "off", ""},
+		{"lb soft", lbMode, "soft", "soft", ""},
+		{"lb adaptive", lbMode, "adaptive", "adaptive", ""},
+		{"lb bounded is not a mode", lbMode, "bounded", "", `load-blend mode "bounded": allowed values: off, hard, soft, adaptive, adaptive-soft`},
+		{"relief empty is auto", relief, "", "auto", ""},
+		{"relief auto", relief, "AUTO", "auto", ""},
+		{"relief yes", relief, "Yes", "on", ""},
+		{"relief 1", relief, "1", "on", ""},
+		{"relief false", relief, "FALSE", "off", ""},
+		{"relief no", relief, "no", "off", ""},
+		{"relief sometimes", relief, "sometimes", "", "allowed values: auto, on (1, true, yes), off (0, false, no)"},
+		{"score empty is leading", score, "", "leading", ""},
+		{"score leading", score, "LEADING", "leading", ""},
+		{"score prefix alias", score, " Prefix ", "leading", ""},
+		{"score overlap", score, "overlap", "overlap", ""},
+		{"score leading-run", score, "leading-run", "", "allowed values: leading (the default; alias prefix), overlap"},
+		{"sel rr", sel, "rr", "rr", ""},
+		{"sel number", sel, "3", "persist", ""},
+		{"sel case", sel, " LC ", "lc", ""},
+		{"sel chwbl-wrr alias", sel, "chwbl-wrr", "wrr-hash", ""},
+		{"sel wrr-hash", sel, "wrr-hash", "wrr-hash", ""},
+		{"sel 10", sel, "10", "wrr-hash", ""},
+		{"sel reserved number", sel, "7", "", "allowed values: " + SelAllowed},
+		{"sel reserved name", sel, "reserved", "", "allowed values: " + SelAllowed},
+		{"sel 11", sel, "11", "", `selector "11"`},
+		{"sel negative", sel, "-1", "", `selector "-1"`},
+		{"sel unknown", sel, "random", "", `selector "random"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := OptionsFromEnv(func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+			v, err := tc.parse(tc.in)
 			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want one naming %s", err, tc.wantErr)
+				var pe *ParseError
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.As(err, &pe) {
+					t.Fatalf("err = %v, want a *ParseError containing %q", err, tc.wantErr)
 				}
 				return
 			}
-			if err != nil || !tc.check(o) {
-				t.Fatalf("err %v, options %+v", err, o)
+			if err != nil || v.String() != tc.want {
+				t.Fatalf("got %v, %v; want %s", v, err, tc.want)
 			}
+			// String is a spelling Parse accepts, naming the same value.
+			back, err := tc.parse(v.String())
+			if err != nil || back != v {
+				t.Fatalf("round trip of %s: %v, %v", v, back, err)
+			}
+		})
+	}
+}
+
+func lbMode(s string) (fmt.Stringer, error) { return ParseLBMode(s) }
+func relief(s string) (fmt.Stringer, error) { return ParseRelief(s) }
+func score(s string) (fmt.Stringer, error)  { return ParseScoreMode(s) }
+func sel(s string) (fmt.Stringer, error)    { return ParseSel(s) }
+
+// TestSelValues: the wire numbers are LoxiLB's, and only fullproxy runs the
+// capacity and n2/wrr-hash selectors.
+func TestSelValues(t *testing.T) {
+	for _, tc := range []struct {
+		s         Sel
+		wire      int
+		valid     bool
+		fullProxy bool
+	}{
+		{SelRR, 0, true, false}, {SelHash, 1, true, false}, {SelPriority, 2, true, false}, {SelPersist, 3, true, false},
+		{SelLeastConn, 4, true, false}, {SelN2, 5, true, true}, {SelN3, 6, true, false}, {SelReserved, 7, false, false},
+		{SelCHWBL, 8, true, true}, {SelGPUAware, 9, true, true}, {SelWRRHash, 10, true, true},
+		{Sel(11), 11, false, false}, {Sel(-1), -1, false, false},
+	} {
+		if int(tc.s) != tc.wire || tc.s.Valid() != tc.valid || tc.s.NeedsFullProxy() != tc.fullProxy {
+			t.Errorf("sel %v: wire %d valid %v fullproxy %v", tc.s, int(tc.s), tc.s.Valid(), tc.s.NeedsFullProxy())
+		}
+	}
+	if got := Sel(42).String(); got != "42" {
+		t.Errorf("unnamed sel prints %q", got)
+	}
+}
+
+// TestNoEnvironmentReader: the selector's variables are parsed once, by
+// pkg/config, into the selector's own types. A second reader here drifted
+// before (it lacked the LOXILB_KV_UNIFIED_MODE fallback), so the package must
+// not read the environment or export a reader of it.
+func TestNoEnvironmentReader(t *testing.T) {
+	fset := token.NewFileSet()
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch x := n.(type) {
+			case *ast.SelectorExpr:
+				if id, ok := x.X.(*ast.Ident); ok && id.Name == "os" && (x.Sel.Name == "Getenv" || x.Sel.Name == "LookupEnv" || x.Sel.Name == "Environ") {
+					t.Errorf("%s: %s reads the environment: parse it in pkg/config", fset.Position(x.Pos()), name)
+				}
+			case *ast.FuncDecl:
+				if x.Name.IsExported() && strings.Contains(x.Name.Name, "Env") {
+					t.Errorf("%s: %s: environment readers belong to pkg/config", fset.Position(x.Pos()), x.Name.Name)
+				}
+			}
+			return true
 		})
 	}
 }
@@ -94,17 +168,19 @@ func TestNewRejects(t *testing.T) {
 	}
 }
 
-func FuzzOptionsFromEnv(f *testing.F) {
-	f.Add("hard", "16", "175", "auto", "1")
-	f.Add("adaptive-soft", "0", "1000", "off", "0")
-	f.Add("x", "-1", "abc", "", "yes")
-	f.Fuzz(func(t *testing.T, mode, minTok, mlf, relief, guard string) {
-		env := map[string]string{"LOXILB_KV_LB_MODE": mode, "LLB_KV_MIN_MATCH_TOKENS": minTok,
-			"LOXILB_KV_MEAN_LOAD_FACTOR": mlf, "LOXILB_KV_SPILL_RELIEF": relief, "LLB_KV_LOADGUARD": guard}
-		o, err := OptionsFromEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
-		if err == nil {
-			if verr := o.Validate(); verr != nil {
-				t.Fatalf("accepted options fail Validate: %v", verr)
+// FuzzParse: whatever a parser accepts prints as a spelling it accepts again.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"hard", "adaptive-soft", "auto", "yes", "prefix", "overlap", "chwbl-wrr", "7", "10", " x "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		for _, parse := range []func(string) (fmt.Stringer, error){lbMode, relief, score, sel} {
+			v, err := parse(in)
+			if err != nil {
+				continue
+			}
+			if back, err := parse(v.String()); err != nil || back != v {
+				t.Fatalf("%q parsed to %v, which parses back to %v, %v", in, v, back, err)
 			}
 		}
 	})

@@ -59,8 +59,8 @@ func compile(r Rule, o Options) (*compiled, error) {
 	if r.KVExactMode == 3 && r.PD {
 		return nil, fmt.Errorf("selector: service %d: kvExactMode 3 is incompatible with pd_disagg_mode", r.ServiceID)
 	}
-	if r.Sel < 0 || r.Sel > 10 {
-		return nil, fmt.Errorf("selector: service %d: sel %d: want 0..10", r.ServiceID, r.Sel)
+	if r.Sel < SelRR || r.Sel > SelMax {
+		return nil, fmt.Errorf("selector: service %d: sel %d: want %d..%d", r.ServiceID, int(r.Sel), int(SelRR), int(SelMax))
 	}
 	if r.BlockSize < 0 || r.CacheThreshold < 0 || r.CacheThreshold > 100 || r.BalanceThreshold < 0 || r.SessionTTL < 0 || r.KVWarmupSec < 0 {
 		return nil, fmt.Errorf("selector: service %d: negative or out-of-range rule field", r.ServiceID)
@@ -277,6 +277,23 @@ func (s *Selector) TrieNodes() int {
 
 func (s *Selector) elapsed() time.Duration { return s.now().Sub(s.base) }
 
+// sessionPair looks up a conversation's pinned (prefill, decode) pair. A pin
+// whose prefill endpoint is no longer eligible is dropped, so the
+// conversation re-pins where it lands next.
+func (s *Selector) sessionPair(key string, now, ttl time.Duration, prefE epset.Set) (p, dec int, ok bool) {
+	if key == "" {
+		return 0, 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, dec, ok = s.sessions.get(key, now, ttl)
+	if ok && !prefE.Has(p) {
+		s.sessions.remove(key)
+		return 0, 0, false
+	}
+	return p, dec, ok
+}
+
 // Attempt routes one request, across connect-failure retries. Use it from
 // one goroutine.
 type Attempt struct {
@@ -373,7 +390,7 @@ func (a *Attempt) Commit() Outcome {
 	if c.rule.PD && c.rule.CacheAware && (d.Tier == TierLoad || d.Tier == TierTrie) && a.req.TrieText != "" {
 		s.trie.insert(a.req.TrieText, d.Endpoint)
 	}
-	if !c.rule.PD && c.rule.Sel == 3 && d.Tier == TierSelector && a.req.Client.IsValid() {
+	if !c.rule.PD && c.rule.Sel == SelPersist && d.Tier == TierSelector && a.req.Client.IsValid() {
 		s.persist.put(a.req.Client, d.Endpoint, 0, now)
 	}
 	s.mu.Unlock()
@@ -449,23 +466,14 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 
 	now := s.elapsed()
 	// Tier 1, conversation affinity.
-	if key := a.req.SessionKey; key != "" {
-		s.mu.Lock()
-		p, dec, ok := s.sessions.get(key, now, c.ttl)
-		if ok && !prefE.Has(p) {
-			s.sessions.remove(key)
-			ok = false
+	if p, dec, ok := s.sessionPair(a.req.SessionKey, now, c.ttl, prefE); ok {
+		d.Endpoint, d.Tier = p, TierSession
+		if decE.Has(dec) {
+			d.Decode = dec
+		} else {
+			d.Decode = s.minLoad(decE, sc, &s.rrDecode)
 		}
-		s.mu.Unlock()
-		if ok {
-			d.Endpoint, d.Tier = p, TierSession
-			if decE.Has(dec) {
-				d.Decode = dec
-			} else {
-				d.Decode = s.minLoad(decE, sc, &s.rrDecode)
-			}
-			return d
-		}
+		return d
 	}
 
 	balanced := spread(prefE, sc) <= int64(c.balanceThreshold)
@@ -483,12 +491,13 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 	}
 
 	// Tier 1.5, unless LLB_KV_LOADGUARD sees the prefill pool unbalanced.
-	if s.opts.LoadGuard && !balanced {
+	switch {
+	case s.opts.LoadGuard && !balanced:
 		d.LoadGuard, d.Fallthrough = true, true
-	} else if s.tier15(a, c, prefE, sc, &d) {
+	case s.tier15(a, c, prefE, sc, &d):
 		d.Decode = s.minLoad(decE, sc, &s.rrDecode)
 		return d
-	} else {
+	default:
 		d.Fallthrough = true
 	}
 

@@ -113,12 +113,12 @@ type Rule struct {
 	// mode-1 flow (tiers 1, 1.5, 2) applies. Otherwise the single-pool flow
 	// (tier 1.5, then sel) applies.
 	PD bool
-	// Sel is the rule's selector, the single-pool fallback (0..10).
-	Sel int
+	// Sel is the rule's selector, the single-pool fallback.
+	Sel Sel
 	// BlockSize is kvBlockSize; 0 means 16.
 	BlockSize int
 	// KVWarmupSec is stored and inert: bootstrap replay fills inventories,
-	// so the warmup guard never fires (spec §7, §12).
+	// so the warmup guard never fires (docs/selection.md, guard ladder).
 	KVWarmupSec int
 	// SessionTTL is pd_session_ttl_sec; 0 means 300 s. It is sliding. It is
 	// also the idle timeout of the sel=3 (persist) table.

@@ -2,7 +2,7 @@
 // implements datapath.BodyLeg, and a BPF map of per-endpoint load.
 //
 // Programs (bpf/splice.c, compiled by bpf2go into the committed
-// splice_bpfel.go/.o):
+// splice_bpfel.go/.o and splice_bpfeb.go/.o, one per byte order; gen.go):
 //   - splice_verdict (sk_skb stream verdict on the `backends` sockhash):
 //     redirects each skb arriving on a backend socket to its client socket's
 //     egress (`clients` sockhash), counting bytes and last activity per pair
@@ -14,5 +14,5 @@
 // Config.Instance (pin subdirectory), Config.Threshold (64 KiB),
 // Config.CgroupPath. Metrics (through datapath.Stats, wired by the daemon to
 // pkg/metrics): kvgate_datapath_info{path}, kvgate_spliced_bytes_total{path}.
-// See docs/datapath.md for the design and its failure cases.
+// See docs/body-leg.md for the design and its failure cases.
 package splice

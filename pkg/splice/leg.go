@@ -214,9 +214,7 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 	}); cerr != nil || err != nil {
 		return nil, errors.Join(cerr, err)
 	}
-	var bfd int
 	if cerr := brc.Control(func(fd uintptr) {
-		bfd = int(fd)
 		if s.backendCookie, err = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
 			err = fmt.Errorf("backend SO_COOKIE: %w", err)
 		}
@@ -258,7 +256,6 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 	}); cerr != nil || err != nil {
 		s.backendFD = -1
 	}
-	_ = bfd
 	return s, nil
 }
 

@@ -179,7 +179,7 @@ func (s *Store) Load() ([]config.Rule, error) {
 	case curMissing:
 		return nil, fmt.Errorf("state: %s is missing and %s is unreadable: %w", cur, cur+prevSuffix, prevErr)
 	default:
-		return nil, fmt.Errorf("state: %s is unreadable (%v) and no good previous generation exists (%v)", cur, curErr, prevErr)
+		return nil, fmt.Errorf("state: %s is unreadable (%w) and no good previous generation exists (%w)", cur, curErr, prevErr)
 	}
 }
 

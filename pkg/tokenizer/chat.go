@@ -29,6 +29,8 @@ type ChatRequest struct {
 	// AddSpecialTokens is the request's add_special_tokens (vLLM's chat
 	// default is false: the template writes any BOS itself).
 	AddSpecialTokens bool
+	// Limits bound the encode of the rendered text (zero: unbounded).
+	Limits Limits
 }
 
 // maxCachedTemplates bounds compiled request-supplied templates.
@@ -88,6 +90,7 @@ func (m *Model) RenderChat(req ChatRequest) (string, error) {
 		ContinueFinalMessage: req.ContinueFinalMessage,
 		Kwargs:               kwargs,
 		SpecialTokens:        m.Config.SpecialTokensMap(),
+		Deadline:             req.Limits.Deadline,
 	})
 }
 
@@ -100,7 +103,7 @@ func (m *Model) EncodeChat(req ChatRequest) ([]uint32, string, error) {
 		return nil, "", err
 	}
 	add := req.AddSpecialTokens
-	ids, err := m.EncodePrompt(rendered, &add)
+	ids, err := m.EncodePromptLimited(rendered, &add, req.Limits)
 	if err != nil {
 		return nil, rendered, err
 	}

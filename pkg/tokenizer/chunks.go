@@ -115,7 +115,11 @@ func (c *chunkCache) nextChunkEnd(s string, start int) int {
 }
 
 func (t *Tokenizer) encodeChunked(s string, ids []uint32, sc *encodeScratch) []uint32 {
+	b := sc.budget
 	for start := 0; start < len(s); {
+		if !b.ids(len(ids)) || !b.clock() {
+			return ids
+		}
 		end := t.chunks.nextChunkEnd(s, start)
 		chunk := s[start:end]
 		if cached, ok := t.chunks.get(chunk); ok {
@@ -124,6 +128,9 @@ func (t *Tokenizer) encodeChunked(s string, ids []uint32, sc *encodeScratch) []u
 			from := len(ids)
 			// atStart only matters to Metaspace, which never chunks.
 			ids = t.encodeWords(chunk, false, ids, sc)
+			if b.failed() != nil {
+				return ids // a partial chunk must not be cached
+			}
 			t.chunks.put(chunk, ids[from:])
 		}
 		start = end

@@ -99,11 +99,16 @@ func (m *Model) templateHas(token string, ids []uint32) bool {
 // a BOS (or EOS) is the tokenizer's decision: its post-processor, or
 // add_bos_token / add_eos_token in tokenizer_config.json.
 func (m *Model) EncodePrompt(text string, addSpecial *bool) ([]uint32, error) {
+	return m.EncodePromptLimited(text, addSpecial, Limits{})
+}
+
+// EncodePromptLimited is EncodePrompt under lim (see Limits).
+func (m *Model) EncodePromptLimited(text string, addSpecial *bool, lim Limits) ([]uint32, error) {
 	add := addSpecial == nil || *addSpecial
 	if !add {
-		return m.Tokenizer.Encode(text, false)
+		return m.Tokenizer.EncodeLimited(text, false, lim)
 	}
-	ids, err := m.Tokenizer.Encode(text, false)
+	ids, err := m.Tokenizer.EncodeLimited(text, false, lim)
 	if err != nil {
 		return nil, err
 	}

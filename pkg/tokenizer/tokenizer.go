@@ -63,6 +63,7 @@ type encodeScratch struct {
 	words  []string
 	segs   []segment
 	sub    []segment
+	budget *budget // nil: unbounded (see Limits)
 }
 
 // Option tunes a Tokenizer.
@@ -307,17 +308,31 @@ var ErrInputTooLarge = errors.New("tokenizer: input larger than 64 MiB")
 // whose beginning was seen before only pays for its new part. The ids are
 // identical to a cold run.
 func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error) {
+	return t.EncodeLimited(text, addSpecialTokens, Limits{})
+}
+
+// EncodeLimited is Encode under lim: it stops, returning a *LimitError, as
+// soon as a bound is crossed, so its cost is bounded by the limits rather
+// than by the input. Within the limits its ids equal Encode's.
+func (t *Tokenizer) EncodeLimited(text string, addSpecialTokens bool, lim Limits) ([]uint32, error) {
 	if len(text) > maxEncodeBytes {
 		return nil, ErrInputTooLarge
 	}
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
-	ids := make([]uint32, 0, len(text)/4+8)
+	capHint := len(text)/4 + 8
+	if lim.MaxTokens > 0 {
+		capHint = min(capHint, lim.MaxTokens+8)
+	}
+	ids := make([]uint32, 0, capHint)
 	if addSpecialTokens {
 		ids = append(ids, t.post.prefix...)
 	}
-	ids = t.encodeText(text, ids)
+	ids, err := t.encodeText(text, ids, newBudget(lim, len(ids)))
+	if err != nil {
+		return nil, err
+	}
 	if addSpecialTokens {
 		ids = append(ids, t.post.suffix...)
 	}
@@ -340,14 +355,19 @@ func (t *Tokenizer) putScratch(s *encodeScratch) {
 	clear(s.words[:cap(s.words)])
 	clear(s.segs[:cap(s.segs)])
 	clear(s.sub[:cap(s.sub)])
+	s.budget = nil
 	t.scratch.Put(s)
 }
 
-func (t *Tokenizer) encodeText(text string, ids []uint32) []uint32 {
+func (t *Tokenizer) encodeText(text string, ids []uint32, b *budget) ([]uint32, error) {
 	sc := t.getScratch()
 	defer t.putScratch(sc)
+	sc.budget = b
 	sc.segs = splitAdded(text, t.rawTrie, t.added, true, sc.segs[:0])
 	for _, seg := range sc.segs {
+		if !b.ids(len(ids)) {
+			break
+		}
 		if seg.isToken {
 			ids = append(ids, seg.id)
 			continue
@@ -369,7 +389,13 @@ func (t *Tokenizer) encodeText(text string, ids []uint32) []uint32 {
 			}
 		}
 	}
-	return ids
+	if err := b.failed(); err != nil {
+		return nil, err
+	}
+	if !b.ids(len(ids)) {
+		return nil, b.failed()
+	}
+	return ids, nil
 }
 
 // encodeSection pre-tokenizes and merges one stretch of normalized text.
@@ -390,8 +416,19 @@ func (t *Tokenizer) encodeWords(s string, atStart bool, ids []uint32, sc *encode
 		sc.words = t.pre.preTokenize(sc.pieces, atStart, sc.words[:0])
 		words = sc.words
 	}
+	b := sc.budget
+	// Every word yields at least one id: too many words fail before merging.
+	if !b.ids(len(ids) + len(words) - 1) {
+		return ids
+	}
 	for _, w := range words {
+		if !b.word(w) {
+			break
+		}
 		ids = t.model.encodeWord(w, ids)
+		if !b.ids(len(ids)) {
+			break
+		}
 	}
 	return ids
 }

@@ -225,7 +225,7 @@ func checkSSEEvents(t *testing.T, body []byte) {
 	}
 }
 
-// TestDatapathLargeBodiesBothPaths proves issue 10's first test bullet
+// TestDatapathLargeBodiesBothPaths proves large bodies survive both body legs (docs/body-leg.md)
 // through the real daemon proxy (pkg/gateway, pkg/fullproxy): behind a
 // kvExactMode-0 rule created through the API, a plain net/http backend
 // streams a chunked 100 MiB octet-stream and an SSE stream of 10,000 small

@@ -34,12 +34,12 @@ const preamble = "You are the support assistant of a large inference platform. A
 	"section you used, never invent metrics, and escalate anything about data loss to the on-call engineer. " +
 	"The platform routes requests across GPU workers; each worker keeps a prefix cache of KV blocks."
 
-// TestGoNoGoGate is the spec's §9 go/no-go gate on a mode-1 (P/D) rule
+// TestGoNoGoGate is docs/deploy.md's go/no-go gate on a mode-1 (P/D) rule
 // with EP0 and EP2 prefill and EP1 decode: the subscriber count equals the
 // prefill endpoints, the inventory fills after a cold request, a warm
 // request sharing the prefix raises tier15_hits_total{ep_idx} of the
 // expected prefill endpoint by exactly one, and delivery is proven
-// (§10.2 "dual proof"): the decision names that endpoint, the answer comes
+// (docs/deploy.md's "dual proof"): the decision names that endpoint, the answer comes
 // from the decode engine (x-engine-id), the prefill leg hit the cached
 // prefix there (usage.cached_tokens, copied from the prefill response), and
 // the other prefill engine never saw the prompt.
@@ -97,7 +97,7 @@ func TestGoNoGoGate(t *testing.T) {
 	assertLoadsZero(t, tg, id)
 }
 
-// TestWorkedExampleMode3 is spec §4's worked example on a single-pool rule:
+// TestWorkedExampleMode3 is the worked example (docs/pd.md) on a single-pool rule:
 // two prompts share a 32-token preamble (two full blocks); the second goes
 // where the first went, through tier 1.5 with score 2.
 func TestWorkedExampleMode3(t *testing.T) {

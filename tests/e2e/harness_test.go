@@ -137,7 +137,7 @@ func engineHostPort(t *testing.T, e *enginesim.Engine) (string, int) {
 	return h, n
 }
 
-// ruleJSON renders a spec §8.1-style rule body.
+// ruleJSON renders a rule body shaped like docs/api.md's example.
 func ruleJSON(t *testing.T, vip string, port int, args map[string]any, engines []*enginesim.Engine, roles []int) []byte {
 	t.Helper()
 	a := map[string]any{"externalIP": vip, "port": port, "protocol": "tcp", "sel": 0, "mode": 4}

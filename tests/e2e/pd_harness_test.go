@@ -9,14 +9,14 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 )
 
-// spec §4 topology: EP0 and EP2 prefill, EP1 decode.
+// The worked example's topology (docs/pd.md): EP0 and EP2 prefill, EP1 decode.
 var pdRoles = []int{1, 2, 1}
 
 func pdTopology() []engineSpec {
 	return []engineSpec{{role: enginesim.RolePrefill}, {role: enginesim.RoleDecode}, {role: enginesim.RolePrefill}}
 }
 
-// pdRule creates the §4 mode-1 rule (probes every second) and returns its
+// pdRule creates the worked example's mode-1 rule (probes every second) and returns its
 // service_id and the client URL.
 func pdRule(t *testing.T, tg *testGateway, block, vipHost string, engines []*enginesim.Engine, zmq int, extra map[string]any) (int, string) {
 	t.Helper()
@@ -32,7 +32,7 @@ func pdRule(t *testing.T, tg *testGateway, block, vipHost string, engines []*eng
 }
 
 // startPD starts engines of topo, a userspace gateway tuned by tune (API on
-// <block>.2) and the §4 rule on <block>.1 with extra args; it returns the
+// <block>.2) and the worked example's rule on <block>.1 with extra args; it returns the
 // rule's service_id and completions URL.
 func startPD(t *testing.T, topo []engineSpec, tune func(*config.Settings), extra map[string]any) ([]*enginesim.Engine, *testGateway, int, string) {
 	t.Helper()

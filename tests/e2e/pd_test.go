@@ -17,14 +17,14 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 )
 
-// The §4 prompts: a 32-token preamble (two full blocks) plus a question.
+// The worked example's prompts (docs/pd.md): a 32-token preamble (two full blocks) plus a question.
 var (
 	pdPreamble = tokenIDs(1000, 32)
 	pdPromptA  = append(append([]int{}, pdPreamble...), tokenIDs(5000, 8)...) // 40 tokens: B1, B2, partial B3
 	pdPromptB  = append(append([]int{}, pdPreamble...), tokenIDs(7000, 6)...) // 38 tokens: B1, B2, partial B3'
 )
 
-// TestPDWorkedExampleMode1 is spec §4's worked example on a mode-1 rule:
+// TestPDWorkedExampleMode1 is docs/pd.md's worked example on a mode-1 rule:
 // EP0 and EP2 prefill, EP1 decode. The cold request goes to Tier 2, the
 // warm one to the prefill engine holding the preamble (tier15_hits for its
 // ep_idx, score 2); decode always runs on EP1, which reports the prefill as

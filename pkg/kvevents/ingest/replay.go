@@ -19,6 +19,7 @@ type ReplayStats struct {
 	Batches     int    // replies received and handed to the callback
 	First, Last uint64 // sequence numbers of the first and last reply (valid when Batches > 0)
 	Ended       bool   // the end marker arrived
+	Hashes      int    // block hashes the replayed batches stored (set by the subscriber)
 }
 
 // errReplayStop is returned by a replay callback to end the exchange early.

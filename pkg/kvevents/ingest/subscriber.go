@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents"
@@ -145,6 +146,8 @@ type Options struct {
 	// bounds its body (default MaxFrameBytes).
 	DrainTimeout  time.Duration
 	MaxDrainBytes int
+	// Guard recovers a panic in a rank's goroutines; nil still recovers.
+	Guard *recovery.Guard
 }
 
 func (o Options) withDefaults() Options {
@@ -350,10 +353,12 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 		p := newDrainPoller(e, t, opts)
 		e.obs.RankConnected(e.ref, 0, false)
 		e.wg.Add(1)
-		go func() {
+		opts.Guard.Go(recovery.Subscriber, func() {
 			defer e.wg.Done()
-			p.run(ctx)
-		}()
+			// As for a rank: a recovered panic restarts the poller.
+			for opts.Guard.Run(recovery.Subscriber, func() { p.run(ctx) }) && sleepCtx(ctx, time.Second) {
+			}
+		})
 		return e
 	}
 	for r := range t.Ranks {
@@ -374,10 +379,13 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 	}
 	for _, rs := range e.ranks {
 		e.wg.Add(1)
-		go func() {
+		opts.Guard.Go(recovery.Subscriber, func() {
 			defer e.wg.Done()
-			rs.run(ctx)
-		}()
+			// A recovered panic restarts the rank (after a pause) rather
+			// than leaving the endpoint silently unsubscribed.
+			for opts.Guard.Run(recovery.Subscriber, func() { rs.run(ctx) }) && sleepCtx(ctx, time.Second) {
+			}
+		})
 	}
 	return e
 }
@@ -627,25 +635,31 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
-		for {
-			msg, err := sock.Recv()
-			if err != nil {
-				recvErr <- err
-				close(queue)
-				return
+		panicked := r.opts.Guard.Run(recovery.Subscriber, func() {
+			for {
+				msg, err := sock.Recv()
+				if err != nil {
+					recvErr <- err
+					close(queue)
+					return
+				}
+				var size int64
+				for _, f := range msg.Frames {
+					size += int64(len(f))
+				}
+				if !budget.acquire(size, done) {
+					return
+				}
+				select {
+				case queue <- liveMsg{frames: msg.Frames, size: size}:
+				case <-done:
+					return
+				}
 			}
-			var size int64
-			for _, f := range msg.Frames {
-				size += int64(len(f))
-			}
-			if !budget.acquire(size, done) {
-				return
-			}
-			select {
-			case queue <- liveMsg{frames: msg.Frames, size: size}:
-			case <-done:
-				return
-			}
+		})
+		if panicked { // in Recv, before either send: the rank rebuilds its socket
+			recvErr <- errors.New("kv subscriber: receive panicked")
+			close(queue)
 		}
 	}()
 	if !r.bootstrapped {
@@ -736,7 +750,8 @@ func (r *rankSub) handle(ctx context.Context, m liveMsg) {
 	r.apply(seq, payload)
 }
 
-func (r *rankSub) apply(seq uint64, payload []byte) {
+// apply applies one batch and returns the hashes it stored.
+func (r *rankSub) apply(seq uint64, payload []byte) int {
 	res, err := r.ingest.Apply(payload)
 	if err != nil {
 		r.ep.obs.DecodeError(r.ep.ref, r.rank)
@@ -760,6 +775,7 @@ func (r *rankSub) apply(seq uint64, payload []byte) {
 	r.lastDigest = maphash.Bytes(r.digestSeed, payload)
 	r.noteSeq()
 	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
+	return res.Stored
 }
 
 func (r *rankSub) clear(reason ClearReason) {
@@ -789,9 +805,12 @@ func (r *rankSub) bootstrap(ctx context.Context) {
 	if !r.replayUsable() {
 		return
 	}
+	start := time.Now()
 	st, ok := r.replayFrom(ctx, 0, ReplayBootstrap, r.opts.BootstrapTimeout)
 	if ok {
-		r.log.Info("kv subscriber: bootstrap replay done", "batches", st.Batches, "last_seq", r.seq.Last)
+		secs := time.Since(start).Seconds()
+		r.log.Info("kv subscriber: bootstrap replay done", "batches", st.Batches, "hashes", st.Hashes, "last_seq", r.seq.Last,
+			"seconds", secs, "hashes_per_s", rate(st.Hashes, secs))
 	}
 }
 
@@ -880,7 +899,8 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 	accept func(first bool, seq uint64, payload []byte) bool) (ReplayStats, bool) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	n := 0
+	n, hashes := 0, 0
+	began, lastLog := time.Now(), time.Now()
 	st, err := fetchReplay(rctx, zmtpguard.Wrap(r.replay, uint64(r.opts.MaxFrameBytes)), start, r.opts.MaxReplayBatches, r.opts.DialTimeout, func(seq uint64, payload []byte) error {
 		if accept != nil && !accept(n == 0, seq, payload) {
 			return errReplayStop
@@ -889,9 +909,17 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 		if r.seq.Known && seq <= r.seq.Last {
 			return nil
 		}
-		r.apply(seq, payload)
+		hashes += r.apply(seq, payload)
+		// A large inventory takes a while to replay: say how far it got.
+		if now := time.Now(); now.Sub(lastLog) >= replayProgressEvery {
+			lastLog = now
+			secs := now.Sub(began).Seconds()
+			r.log.Info("kv subscriber: replay progress", "purpose", purpose, "batches", n, "hashes", hashes,
+				"seconds", secs, "hashes_per_s", rate(hashes, secs))
+		}
 		return nil
 	})
+	st.Hashes = hashes
 	ok := err == nil
 	r.ep.obs.Replay(r.ep.ref, r.rank, purpose, ok, n)
 	if err != nil {
@@ -901,4 +929,14 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 		}
 	}
 	return st, ok
+}
+
+// replayProgressEvery is how often a long replay logs its progress.
+const replayProgressEvery = 5 * time.Second
+
+func rate(n int, secs float64) float64 {
+	if secs <= 0 {
+		return 0
+	}
+	return float64(n) / secs
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -253,6 +254,45 @@ func TestBootstrapThenStoreRemoveClear(t *testing.T) {
 // batches (seq 0..2) before the subscriber exists.
 func newHarnessWithHistory(t testing.TB) *harness {
 	t.Helper()
+	return newHarnessWithHistoryLog(t, nil)
+}
+
+// TestBootstrapReportsProgress: the bootstrap replay's closing log line says
+// how many batches and hashes it applied and at what rate, so a large
+// inventory's bootstrap can be followed in the log.
+func TestBootstrapReportsProgress(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	h := newHarnessWithHistoryLog(t, slog.New(slog.NewTextHandler(&buf, nil)))
+	h.waitSeq(0, 2)
+	waitFor(t, "the bootstrap log line", func() bool { return strings.Contains(buf.String(), "bootstrap replay done") })
+	line := buf.String()
+	for _, want := range []string{"batches=3", "hashes=30", "hashes_per_s="} {
+		if !strings.Contains(line, want) {
+			t.Errorf("bootstrap log lacks %q:\n%s", want, line)
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newHarnessWithHistoryLog(t testing.TB, log *slog.Logger) *harness {
+	t.Helper()
 	h := &harness{t: t, ip: loopbackIP(), rec: newRecorder()}
 	h.port = freePort(t, h.ip, 1000)
 	pub := newTestPublisher(t, h.ip, h.port, h.port+1000, 100)
@@ -265,6 +305,9 @@ func newHarnessWithHistory(t testing.TB) *harness {
 	h.target = Target{Service: 7, EPIdx: 3, IP: h.ip, Port: h.port, Ranks: 1, Inventory: ix}
 	opts := testOptions(h.rec)
 	opts.ReplayPortOffset = DefaultReplayPortOffset
+	if log != nil {
+		opts.Logger = log
+	}
 	h.mgr = NewManager(opts)
 	t.Cleanup(h.mgr.Close)
 	if err := h.mgr.Reconcile([]Target{h.target}); err != nil {

@@ -1,4 +1,4 @@
-package health
+package admission
 
 import (
 	"context"
@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/epset"
+	"github.com/kvgate/kvgate/pkg/health"
 )
 
-func newTestAdmission(t *testing.T, cfg AdmissionConfig) (*Admission, *fakeClock, *countObs) {
+func newTestAdmission(t *testing.T, cfg Config) (*Controller, *fakeClock, *countObs) {
 	t.Helper()
 	clk, obs := newFakeClock(), &countObs{}
 	cfg.Clock, cfg.Observer = clk, obs
-	a, err := NewAdmission(cfg)
+	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,7 +22,7 @@ func newTestAdmission(t *testing.T, cfg AdmissionConfig) (*Admission, *fakeClock
 }
 
 func TestAdmissionCap(t *testing.T) {
-	a, _, obs := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 2})
+	a, _, obs := newTestAdmission(t, Config{MaxInflightPerEP: 2})
 	for i := 0; i < 2; i++ {
 		if err := a.AcquirePrefill(0); err != nil {
 			t.Fatal(err)
@@ -60,7 +61,7 @@ func TestAdmissionCap(t *testing.T) {
 }
 
 func TestAdmissionTotalCap(t *testing.T) {
-	a, _, _ := newTestAdmission(t, AdmissionConfig{MaxTotalInflight: 3})
+	a, _, _ := newTestAdmission(t, Config{MaxTotalInflight: 3})
 	for ep := 0; ep < 3; ep++ {
 		if err := a.AcquirePrefill(ep); err != nil {
 			t.Fatal(err)
@@ -78,21 +79,21 @@ func TestAdmissionTotalCap(t *testing.T) {
 func TestAdmissionPark(t *testing.T) {
 	ctx := context.Background()
 	t.Run("queueing off sheds", func(t *testing.T) {
-		a, _, obs := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 1})
+		a, _, obs := newTestAdmission(t, Config{MaxInflightPerEP: 1})
 		_ = a.AcquirePrefill(0)
 		if _, err := a.Park(ctx, epset.Of(0)); !errors.Is(err, ErrOverloaded) || obs.get(func(o *countObs) int { return o.shed }) != 1 {
 			t.Fatalf("park without queue: %v", err)
 		}
 	})
 	t.Run("free candidate admits at once", func(t *testing.T) {
-		a, _, _ := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 1, QueueDepthPerEP: 2})
+		a, _, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 2})
 		_ = a.AcquirePrefill(0)
 		if ep, err := a.Park(ctx, epset.Of(0, 1)); err != nil || ep != 1 {
 			t.Fatalf("ep %d err %v", ep, err)
 		}
 	})
 	t.Run("grant in FIFO order, slot handed over", func(t *testing.T) {
-		a, clk, obs := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 1, QueueDepthPerEP: 2})
+		a, clk, obs := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 2})
 		_ = a.AcquirePrefill(0)
 		type res struct {
 			ep  int
@@ -128,7 +129,7 @@ func TestAdmissionPark(t *testing.T) {
 		}
 	})
 	t.Run("park timeout", func(t *testing.T) {
-		a, clk, obs := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 1, QueueDepthPerEP: 4, MaxPark: 10 * time.Second})
+		a, clk, obs := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 4, MaxPark: 10 * time.Second})
 		_ = a.AcquirePrefill(0)
 		done := make(chan error, 1)
 		go func() { _, err := a.Park(ctx, epset.Of(0)); done <- err }()
@@ -148,7 +149,7 @@ func TestAdmissionPark(t *testing.T) {
 		}
 	})
 	t.Run("park timeout defaults to prefill timeout", func(t *testing.T) {
-		a, clk, _ := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 1, QueueDepthPerEP: 1, PrefillTimeout: 40 * time.Second})
+		a, clk, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 1, PrefillTimeout: 40 * time.Second})
 		_ = a.AcquirePrefill(0)
 		done := make(chan error, 1)
 		go func() { _, err := a.Park(ctx, epset.Of(0)); done <- err }()
@@ -165,7 +166,7 @@ func TestAdmissionPark(t *testing.T) {
 		}
 	})
 	t.Run("drain and cancel", func(t *testing.T) {
-		a, clk, _ := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 1, QueueDepthPerEP: 4})
+		a, clk, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 4})
 		_ = a.AcquirePrefill(0)
 		done := make(chan error, 2)
 		go func() { _, err := a.Park(ctx, epset.Of(0)); done <- err }()
@@ -186,7 +187,7 @@ func TestAdmissionPark(t *testing.T) {
 		}
 	})
 	t.Run("shortest queue", func(t *testing.T) {
-		a, clk, _ := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 1, QueueDepthPerEP: 4})
+		a, _, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 4})
 		_ = a.AcquirePrefill(0)
 		_ = a.AcquirePrefill(1)
 		go func() { _, _ = a.Park(ctx, epset.Of(0, 1)) }()
@@ -195,16 +196,15 @@ func TestAdmissionPark(t *testing.T) {
 		waitFor(t, "parked on 1", func() bool { return a.Parked(1) == 1 })
 		a.Drain(0)
 		a.Drain(1)
-		_ = clk
 	})
 }
 
-func TestAdmissionConfigErrors(t *testing.T) {
-	for _, c := range []AdmissionConfig{
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []Config{
 		{MaxInflightPerEP: -1}, {MaxInflightPerEP: 100000}, {QueueDepthPerEP: MaxQueueDepthPerEP + 1},
 		{MaxPark: -time.Second}, {MaxTotalInflight: -1},
 	} {
-		if _, err := NewAdmission(c); err == nil {
+		if _, err := New(c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
 	}
@@ -212,8 +212,11 @@ func TestAdmissionConfigErrors(t *testing.T) {
 
 // TestTrackerSaturated: States reports the admission controller's saturated set.
 func TestTrackerSaturated(t *testing.T) {
-	tr, _, _ := newTestTracker(t, true, 0, 1)
-	a, _, _ := newTestAdmission(t, AdmissionConfig{MaxInflightPerEP: 1})
+	tr, err := health.NewTracker(health.TrackerConfig{ServiceID: 3, Endpoints: []int{0, 1}, Breaker: health.DefaultBreakerConfig(true), Clock: newFakeClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1})
 	tr.AttachAdmission(a)
 	_ = a.AcquirePrefill(1)
 	if st := tr.States(); !st.Saturated.Has(1) || st.Saturated.Has(0) {
@@ -227,8 +230,8 @@ func TestTotalGateShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a1, _ := NewAdmission(AdmissionConfig{ServiceID: 1, Total: g})
-	a2, _ := NewAdmission(AdmissionConfig{ServiceID: 2, Total: g})
+	a1, _ := New(Config{ServiceID: 1, Total: g})
+	a2, _ := New(Config{ServiceID: 2, Total: g})
 	if a1.AcquirePrefill(0) != nil || a2.AcquirePrefill(0) != nil {
 		t.Fatal("under the gate")
 	}
@@ -241,5 +244,51 @@ func TestTotalGateShared(t *testing.T) {
 	}
 	if _, err := NewTotalGate(-1); err == nil {
 		t.Fatal("negative gate")
+	}
+}
+
+// TestTrackerDrainsAttached: a health.Tracker holds the controller only as a
+// health.Shaper; when an endpoint drops (here admin-down) the requests parked
+// on it wake with ErrDrained, and a detached controller is left alone.
+func TestTrackerDrainsAttached(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		detach   bool
+		wantWake bool
+	}{
+		{"attached: drained", false, true},
+		{"detached: still parked", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := health.NewTracker(health.TrackerConfig{ServiceID: 3, Endpoints: []int{0, 1}, Breaker: health.DefaultBreakerConfig(true), Clock: newFakeClock()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, clk, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1, QueueDepthPerEP: 4})
+			tr.AttachAdmission(a)
+			if tc.detach {
+				tr.AttachAdmission(nil)
+			}
+			_ = a.AcquirePrefill(0)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { _, err := a.Park(ctx, epset.Of(0)); done <- err }()
+			waitFor(t, "parked", func() bool { return a.Parked(0) == 1 && clk.pending() == 1 })
+			tr.SetAdmin(0, true)
+			if tc.wantWake {
+				if err := <-done; !errors.Is(err, ErrDrained) {
+					t.Fatalf("parked request: %v, want ErrDrained", err)
+				}
+				return
+			}
+			if a.Parked(0) != 1 {
+				t.Fatal("a detached controller was drained")
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("after cancel: %v", err)
+			}
+		})
 	}
 }

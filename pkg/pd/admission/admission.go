@@ -1,4 +1,4 @@
-package health
+package admission
 
 import (
 	"container/list"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/epset"
+	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -23,11 +24,30 @@ var (
 	ErrDrained     = errors.New("endpoint went down while the request was parked")
 )
 
+// Observer receives what admission counts. The daemon wires it to
+// pkg/metrics; each method names the metric it feeds. Methods must be cheap
+// and safe for concurrent use.
+type Observer interface {
+	// AdmissionShed: loxilb_pd_admission_shed_total (429 pd_overloaded).
+	AdmissionShed(serviceID uint32)
+	// AdmissionQueued: loxilb_pd_admission_queued_total (a request parked).
+	AdmissionQueued(serviceID uint32)
+	// AdmissionParkTimeout: a parked request timed out (504 pd_admission_park_timeout).
+	AdmissionParkTimeout(serviceID uint32)
+}
+
+// NopObserver ignores everything.
+type NopObserver struct{}
+
+func (NopObserver) AdmissionShed(uint32)        {}
+func (NopObserver) AdmissionQueued(uint32)      {}
+func (NopObserver) AdmissionParkTimeout(uint32) {}
+
 // MaxQueueDepthPerEP bounds LLB_PD_QUEUE_DEPTH_PER_EP.
 const MaxQueueDepthPerEP = 4096
 
-// AdmissionConfig configures admission control for one P/D rule.
-type AdmissionConfig struct {
+// Config configures admission control for one P/D rule.
+type Config struct {
 	ServiceID uint32
 	// MaxInflightPerEP caps in-flight requests per prefill endpoint
 	// (LLB_PD_MAX_INFLIGHT_PER_EP; 0 = off).
@@ -46,11 +66,11 @@ type AdmissionConfig struct {
 	// Total, when set, is a gate shared by every rule of the process
 	// (LLB_PD_MAX_TOTAL_INFLIGHT is process-wide).
 	Total    *TotalGate
-	Clock    Clock
+	Clock    health.Clock
 	Observer Observer
 }
 
-// TotalGate caps in-flight admissions across several Admission controllers
+// TotalGate caps in-flight admissions across several Controllers
 // (LLB_PD_MAX_TOTAL_INFLIGHT). Safe for concurrent use.
 type TotalGate struct {
 	max int64
@@ -95,12 +115,12 @@ type waiter struct {
 	elem *list.Element
 }
 
-// Admission is the admission controller of one P/D rule, and the
+// Controller is the admission controller of one P/D rule, and the
 // authoritative in-flight count L_i per endpoint (selector.LoadSource).
 // Safe for concurrent use.
-type Admission struct {
-	cfg   AdmissionConfig
-	clock Clock
+type Controller struct {
+	cfg   Config
+	clock health.Clock
 	obs   Observer
 
 	inflight [epset.Max]atomic.Int64
@@ -113,8 +133,8 @@ type Admission struct {
 	queues   [epset.Max]*list.List
 }
 
-// NewAdmission validates cfg and builds the controller.
-func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
+// New validates cfg and builds the controller.
+func New(cfg Config) (*Controller, error) {
 	switch {
 	case cfg.MaxInflightPerEP < 0 || cfg.MaxInflightPerEP > 99999:
 		return nil, fmt.Errorf("LLB_PD_MAX_INFLIGHT_PER_EP=%d: want 0..99999", cfg.MaxInflightPerEP)
@@ -131,12 +151,12 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 	if cfg.MaxPark == 0 {
 		cfg.MaxPark = cfg.PrefillTimeout
 	}
-	a := &Admission{cfg: cfg, clock: cfg.Clock, obs: cfg.Observer, gate: cfg.Total}
+	a := &Controller{cfg: cfg, clock: cfg.Clock, obs: cfg.Observer, gate: cfg.Total}
 	if a.gate == nil {
 		a.gate = &TotalGate{max: int64(cfg.MaxTotalInflight)}
 	}
 	if a.clock == nil {
-		a.clock = RealClock{}
+		a.clock = health.RealClock{}
 	}
 	if a.obs == nil {
 		a.obs = NopObserver{}
@@ -145,7 +165,7 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 }
 
 // InFlight is L_i (selector.LoadSource).
-func (a *Admission) InFlight(ep int) int {
+func (a *Controller) InFlight(ep int) int {
 	if ep < 0 || ep >= epset.Max {
 		return 0
 	}
@@ -153,7 +173,7 @@ func (a *Admission) InFlight(ep int) int {
 }
 
 // Saturated is the set of endpoints at the per-endpoint cap.
-func (a *Admission) Saturated() epset.Set {
+func (a *Controller) Saturated() epset.Set {
 	var s epset.Set
 	for i := range s {
 		s[i] = a.satWords[i].Load()
@@ -161,7 +181,7 @@ func (a *Admission) Saturated() epset.Set {
 	return s
 }
 
-func (a *Admission) setSaturatedLocked(ep int) {
+func (a *Controller) setSaturatedLocked(ep int) {
 	bit := uint64(1) << (uint(ep) & 63)
 	w := &a.satWords[ep>>6]
 	at := a.cfg.MaxInflightPerEP > 0 && a.admitted[ep] >= a.cfg.MaxInflightPerEP
@@ -177,13 +197,13 @@ func (a *Admission) setSaturatedLocked(ep int) {
 	}
 }
 
-func (a *Admission) underCapLocked(ep int) bool {
+func (a *Controller) underCapLocked(ep int) bool {
 	return a.cfg.MaxInflightPerEP == 0 || a.admitted[ep] < a.cfg.MaxInflightPerEP
 }
 
 // tryAdmitLocked admits one request on ep if both its cap and the total
 // gate allow.
-func (a *Admission) tryAdmitLocked(ep int) bool {
+func (a *Controller) tryAdmitLocked(ep int) bool {
 	if !a.underCapLocked(ep) || !a.gate.tryAcquire() {
 		return false
 	}
@@ -196,7 +216,7 @@ func (a *Admission) tryAdmitLocked(ep int) bool {
 // AcquirePrefill admits one request on prefill endpoint ep, or returns
 // ErrOverloaded (counted as a shed) when ep or the rule is at its cap.
 // Release it with ReleasePrefill.
-func (a *Admission) AcquirePrefill(ep int) error {
+func (a *Controller) AcquirePrefill(ep int) error {
 	if ep < 0 || ep >= epset.Max {
 		return fmt.Errorf("health: ep_idx %d out of range", ep)
 	}
@@ -212,7 +232,7 @@ func (a *Admission) AcquirePrefill(ep int) error {
 
 // ReleasePrefill ends a request admitted on ep. If a request is parked on
 // ep, it inherits the slot.
-func (a *Admission) ReleasePrefill(ep int) {
+func (a *Controller) ReleasePrefill(ep int) {
 	if ep < 0 || ep >= epset.Max {
 		return
 	}
@@ -235,14 +255,14 @@ func (a *Admission) ReleasePrefill(ep int) {
 
 // Track counts one uncapped in-flight request on ep (a decode endpoint);
 // Untrack ends it.
-func (a *Admission) Track(ep int) {
+func (a *Controller) Track(ep int) {
 	if ep >= 0 && ep < epset.Max {
 		a.inflight[ep].Add(1)
 	}
 }
 
 // Untrack ends a request counted by Track.
-func (a *Admission) Untrack(ep int) {
+func (a *Controller) Untrack(ep int) {
 	if ep >= 0 && ep < epset.Max && a.inflight[ep].Add(-1) < 0 {
 		a.inflight[ep].Add(1)
 	}
@@ -254,7 +274,7 @@ func (a *Admission) Untrack(ep int) {
 // endpoint admitted on (release with ReleasePrefill), or ErrOverloaded
 // (queueing off or every queue full: shed), ErrParkTimeout, ErrDrained, or
 // the context's error.
-func (a *Admission) Park(ctx context.Context, candidates epset.Set) (int, error) {
+func (a *Controller) Park(ctx context.Context, candidates epset.Set) (int, error) {
 	a.mu.Lock()
 	for ep := candidates.Next(0); ep >= 0; ep = candidates.Next(ep + 1) {
 		if a.tryAdmitLocked(ep) {
@@ -302,7 +322,7 @@ func (a *Admission) Park(ctx context.Context, candidates epset.Set) (int, error)
 		a.queues[target].Remove(w.elem)
 		w.done, w.err = true, waitErr
 		a.mu.Unlock()
-		if waitErr == ErrParkTimeout {
+		if errors.Is(waitErr, ErrParkTimeout) {
 			a.obs.AdmissionParkTimeout(a.cfg.ServiceID)
 		}
 		return -1, waitErr
@@ -312,7 +332,7 @@ func (a *Admission) Park(ctx context.Context, candidates epset.Set) (int, error)
 	if err != nil {
 		return -1, err
 	}
-	if waitErr != nil && waitErr != ErrParkTimeout {
+	if waitErr != nil && !errors.Is(waitErr, ErrParkTimeout) {
 		// Granted as the context ended: hand the slot back.
 		a.ReleasePrefill(target)
 		return -1, waitErr
@@ -322,7 +342,7 @@ func (a *Admission) Park(ctx context.Context, candidates epset.Set) (int, error)
 
 // Drain wakes every request parked on ep with ErrDrained (ep went down or
 // its breaker opened).
-func (a *Admission) Drain(ep int) {
+func (a *Controller) Drain(ep int) {
 	if ep < 0 || ep >= epset.Max {
 		return
 	}
@@ -340,7 +360,7 @@ func (a *Admission) Drain(ep int) {
 }
 
 // Parked is the number of requests waiting on ep.
-func (a *Admission) Parked(ep int) int {
+func (a *Controller) Parked(ep int) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if ep < 0 || ep >= epset.Max || a.queues[ep] == nil {
@@ -349,4 +369,4 @@ func (a *Admission) Parked(ep int) int {
 	return a.queues[ep].Len()
 }
 
-var _ selector.LoadSource = (*Admission)(nil)
+var _ selector.LoadSource = (*Controller)(nil)
