@@ -9,6 +9,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -236,6 +237,7 @@ func (m *Manager) Reconcile(targets []Target) error {
 		}
 		want[t.Key()] = t
 	}
+	errs = append(errs, m.oneDrainer(want)...)
 	m.mu.Lock()
 	var stop []*endpointSub
 	for k, s := range m.subs {
@@ -256,6 +258,45 @@ func (m *Manager) Reconcile(targets []Target) error {
 	}
 	m.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// oneDrainer keeps one target per TensorRT-LLM endpoint (ip:port) in want:
+// POST /kv_cache_events is a destructive drain, so two pollers of one
+// engine (two rules over it) would each see half its events. The one already
+// running is kept, else the lowest service id; the others are dropped and
+// reported. Their rules' requests find no inventory there.
+func (m *Manager) oneDrainer(want map[string]Target) []error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	byAddr := map[string][]string{}
+	for k, t := range want {
+		if t.Engine == EngineTRTLLM {
+			addr := net.JoinHostPort(t.IP, strconv.Itoa(t.Port))
+			byAddr[addr] = append(byAddr[addr], k)
+		}
+	}
+	var errs []error
+	for addr, keys := range byAddr {
+		if len(keys) < 2 {
+			continue
+		}
+		slices.SortFunc(keys, func(a, b string) int {
+			_, ra := m.subs[a]
+			_, rb := m.subs[b]
+			if ra != rb {
+				if ra {
+					return -1
+				}
+				return 1
+			}
+			return int(want[a].Service) - int(want[b].Service)
+		})
+		for _, k := range keys[1:] {
+			errs = append(errs, fmt.Errorf("kv target %s: TensorRT-LLM endpoint %s is already drained for service %d; POST /kv_cache_events has one consumer, so this rule gets no inventory from it", k, addr, want[keys[0]].Service))
+			delete(want, k)
+		}
+	}
+	return errs
 }
 
 // Close stops every subscriber. Inventories are left as they are.

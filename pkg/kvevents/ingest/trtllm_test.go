@@ -362,3 +362,33 @@ func TestTRTLLMServerInfo(t *testing.T) {
 		})
 	}
 }
+
+// TestTRTLLMOneDrainer: two rules over one TensorRT-LLM endpoint get one
+// poller (the one already running), since the drain has one consumer; the
+// other is reported, and takes over once the first rule is gone.
+func TestTRTLLMOneDrainer(t *testing.T) {
+	d := startDrainServer(t)
+	host, port := d.hostPort(t)
+	ix1, _ := inventory.New(inventory.Options{})
+	ix2, _ := inventory.New(inventory.Options{})
+	m := NewManager(testOptions(newRecorder()))
+	t.Cleanup(m.Close)
+	a := Target{Service: 2, EPIdx: 0, IP: host, Port: port, Ranks: 1, Engine: EngineTRTLLM, Inventory: ix1}
+	b := Target{Service: 1, EPIdx: 0, IP: host, Port: port, Ranks: 1, Engine: EngineTRTLLM, Inventory: ix2}
+	if err := m.Reconcile([]Target{a}); err != nil {
+		t.Fatal(err)
+	}
+	err := m.Reconcile([]Target{a, b})
+	if err == nil || !strings.Contains(err.Error(), "one consumer") || !strings.Contains(err.Error(), "1/") {
+		t.Fatalf("second drainer of one endpoint: err %v, want it refused", err)
+	}
+	if st := m.Status(); len(st) != 1 || st[0].Service != 2 {
+		t.Fatalf("running %+v, want service 2's poller only (it was first)", st)
+	}
+	if err := m.Reconcile([]Target{b}); err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Status(); len(st) != 1 || st[0].Service != 1 {
+		t.Fatalf("running %+v, want service 1's poller", st)
+	}
+}
