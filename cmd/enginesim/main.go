@@ -98,23 +98,7 @@ Example (three engines on separate loopback addresses, same ports):
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
-			switch cfg.Engine {
-			case enginesim.EngineSGLang:
-				// SGLang's own defaults unless a flag says otherwise.
-				if !cmd.Flags().Changed("prefix-caching-hash-algo") {
-					cfg.HashAlgo = enginesim.DefaultSGLangHashAlgo
-				}
-				if !cmd.Flags().Changed("replay-layout") {
-					cfg.ReplayLayout = "legacy"
-				}
-			case enginesim.EngineTRTLLM:
-				if !cmd.Flags().Changed("prefix-caching-hash-algo") {
-					cfg.HashAlgo = enginesim.DefaultTRTLLMHashAlgo
-				}
-				if !cmd.Flags().Changed("block-size") {
-					cfg.BlockSize = enginesim.DefaultTRTLLMTokensPerBlock
-				}
-			}
+			engineFlagDefaults(cmd, &cfg)
 			if err := checkExplicitZeros(cmd, cfg); err != nil {
 				return err
 			}
@@ -336,4 +320,26 @@ func startReplicas(cfg enginesim.Config, n int, explicitEvents bool, blocks []in
 		addr = addr.Next()
 	}
 	return engines, nil
+}
+
+// engineFlagDefaults gives --engine sglang|trtllm their engine's defaults
+// for the flags whose defaults are vLLM's, unless the flag was given.
+func engineFlagDefaults(cmd *cobra.Command, cfg *enginesim.Config) {
+	changed := cmd.Flags().Changed
+	switch cfg.Engine {
+	case enginesim.EngineSGLang:
+		if !changed("prefix-caching-hash-algo") {
+			cfg.HashAlgo = enginesim.DefaultSGLangHashAlgo
+		}
+		if !changed("replay-layout") {
+			cfg.ReplayLayout = "legacy"
+		}
+	case enginesim.EngineTRTLLM:
+		if !changed("prefix-caching-hash-algo") {
+			cfg.HashAlgo = enginesim.DefaultTRTLLMHashAlgo
+		}
+		if !changed("block-size") {
+			cfg.BlockSize = enginesim.DefaultTRTLLMTokensPerBlock
+		}
+	}
 }

@@ -167,6 +167,37 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// engineDefaults fills the fields whose default depends on Engine: the
+// hash, the block size, where events go and the replay shape.
+func (c Config) engineDefaults() Config {
+	if c.Engine == "" {
+		c.Engine = EngineVLLM
+	}
+	hash, block := DefaultHashAlgo, DefaultBlockSize
+	switch c.Engine {
+	case EngineSGLang:
+		hash = DefaultSGLangHashAlgo
+		if c.ReplayLayout == "" {
+			c.ReplayLayout = "legacy" // SGLang's publisher answers replay with [seq, payload], no topic
+		}
+	case EngineTRTLLM:
+		hash, block = DefaultTRTLLMHashAlgo, DefaultTRTLLMTokensPerBlock
+		if c.KVEventsEndpoint == "" {
+			c.KVEventsEndpoint = "none" // no ZeroMQ: events are drained over HTTP
+		}
+		if c.EventBufferMaxSize == 0 {
+			c.EventBufferMaxSize = DefaultEventBufferMaxSize
+		}
+	}
+	if c.HashAlgo == "" {
+		c.HashAlgo = hash
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = block
+	}
+	return c
+}
+
 // withDefaults fills zero fields.
 func (c Config) withDefaults() Config {
 	if c.Host == "" {
@@ -175,36 +206,7 @@ func (c Config) withDefaults() Config {
 	if c.Model == "" {
 		c.Model = DefaultModel
 	}
-	if c.BlockSize == 0 {
-		c.BlockSize = DefaultBlockSize
-		if c.Engine == EngineTRTLLM {
-			c.BlockSize = DefaultTRTLLMTokensPerBlock
-		}
-	}
-	if c.Engine == EngineTRTLLM {
-		if c.KVEventsEndpoint == "" {
-			c.KVEventsEndpoint = "none" // no ZeroMQ: events are drained over HTTP
-		}
-		if c.EventBufferMaxSize == 0 {
-			c.EventBufferMaxSize = DefaultEventBufferMaxSize
-		}
-	}
-	if c.Engine == "" {
-		c.Engine = EngineVLLM
-	}
-	if c.HashAlgo == "" {
-		c.HashAlgo = DefaultHashAlgo
-		switch c.Engine {
-		case EngineSGLang:
-			c.HashAlgo = DefaultSGLangHashAlgo
-		case EngineTRTLLM:
-			c.HashAlgo = DefaultTRTLLMHashAlgo
-		}
-	}
-	if c.ReplayLayout == "" && c.Engine == EngineSGLang {
-		// SGLang's publisher answers replay with [seq, payload], no topic.
-		c.ReplayLayout = "legacy"
-	}
+	c = c.engineDefaults()
 	if c.PerfModel == "" {
 		c.PerfModel = PerfModelSimple
 	}
@@ -330,6 +332,26 @@ func (c Config) validate() error {
 	if c.MaxNumSeqs < 1 || c.MaxWaiting < 1 || c.MaxModelLen < 1 || c.DefaultMaxTokens < 1 || c.ReplayBuffer < 1 {
 		errs = append(errs, errors.New("max-num-seqs, max-waiting, max-model-len, default-max-tokens and the replay buffer must be positive"))
 	}
+	errs = append(errs, c.validateLoRAModules()...)
+	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
+		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
+	}
+	if c.KVEventsEndpoint != "none" {
+		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("kv-events-endpoint: %w", err))
+		}
+	}
+	if c.ReplayEndpoint != "" && c.ReplayEndpoint != "none" {
+		if err := checkTCPEndpoint(c.ReplayEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("kv-events-replay-endpoint: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateLoRAModules checks --lora-modules names.
+func (c Config) validateLoRAModules() []error {
+	var errs []error
 	seen := map[string]bool{}
 	for _, name := range c.LoRAModules {
 		switch {
@@ -345,6 +367,12 @@ func (c Config) validate() error {
 	if c.DataParallelRank < 0 {
 		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
 	}
+	return errs
+}
+
+// validateDP checks --dp-size (SGLang attention-DP ranks).
+func (c Config) validateDP() error {
+	var errs []error
 	if c.DPSize < 0 || c.DPSize > 8 {
 		errs = append(errs, fmt.Errorf("dp-size %d: want 1..8", c.DPSize))
 	}
@@ -362,24 +390,14 @@ func (c Config) validate() error {
 			errs = append(errs, errors.New("dp-size: rank r's replay is on the replay port + r, so kv-events-replay-endpoint needs a fixed port"))
 		}
 	}
-	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
-		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
-	}
-	if c.KVEventsEndpoint != "none" {
-		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {
-			errs = append(errs, fmt.Errorf("kv-events-endpoint: %w", err))
-		}
-	}
-	if c.ReplayEndpoint != "" && c.ReplayEndpoint != "none" {
-		if err := checkTCPEndpoint(c.ReplayEndpoint); err != nil {
-			errs = append(errs, fmt.Errorf("kv-events-replay-endpoint: %w", err))
-		}
-	}
 	return errors.Join(errs...)
 }
 
 // validateEngine checks the fields that must fit --engine.
 func (c Config) validateEngine() error {
+	if err := c.validateDP(); err != nil {
+		return err
+	}
 	switch c.Engine {
 	case EngineVLLM:
 		if c.HashAlgo == DefaultSGLangHashAlgo || c.HashAlgo == DefaultTRTLLMHashAlgo {

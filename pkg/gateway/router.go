@@ -237,36 +237,47 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 	sc.tokens = len(ids)
 
 	t2 := time.Now()
-	if st.hasher == nil {
-		sr.Upstream = selector.ReasonHashes
-	} else if st.trtllm && f.LoRA != "" {
-		// TensorRT-LLM mixes the adapter's lora_task_id, which no rule field
-		// maps yet: any hash of ours would be the base model's.
-		r.m.KVSkip(r.service, "lora_task_id")
-		sr.Upstream = selector.ReasonHashes
-	} else {
-		if st.trtllm {
-			ids = kvhash.TRTLLMRequestTokens(ids)
-		}
-		sr.Hashes = st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
-		if st.gran != nil {
-			if bs, bad := st.gran.Unusable(); bad {
-				// No hash of ours can match: say why instead of scoring 0.
-				r.m.KVSkip(r.service, "block_size")
-				r.log.Debug("KV tier skipped: engines publish a block_size that is not a multiple of kvBlockSize", "block_size", bs, "kvBlockSize", st.gran.HashBlockSize())
-				sr.Hashes, sr.Upstream = nil, selector.ReasonHashes
-			} else if algo, bad := st.gran.Refused(); bad {
-				r.m.KVSkip(r.service, "hash_algo")
-				r.log.Debug("KV tier skipped: the engines hash blocks with an algorithm kvgate does not compute", "kv_cache_hash_algo", algo)
-				sr.Hashes, sr.Upstream = nil, selector.ReasonHashes
-			} else {
-				sr.Hashes = ingest.EveryKth(sr.Hashes, st.gran.Step())
-			}
-		}
+	var skipped selector.Reason
+	if sr.Hashes, skipped = r.kvHashes(st, ids, f); skipped != selector.ReasonNone {
+		sr.Upstream = skipped
 	}
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "hash", Duration: time.Since(t2)})
 	sc.attempt = r.sel.Begin(sr)
 	return sc
+}
+
+// kvHashes are the request's block hashes as the rule's engine keys its
+// blocks, or ReasonHashes (with kvgate_kv_skip_total's cause) when none of
+// ours can match; ReasonNone otherwise.
+func (r *router) kvHashes(st *ruleState, ids []uint32, f *reqfacts.Facts) ([]uint64, selector.Reason) {
+	switch {
+	case st.hasher == nil:
+		return nil, selector.ReasonHashes
+	case st.trtllm && f.LoRA != "":
+		// TensorRT-LLM mixes the adapter's lora_task_id, which no rule field
+		// maps yet: any hash of ours would be the base model's.
+		r.m.KVSkip(r.service, "lora_task_id")
+		return nil, selector.ReasonHashes
+	}
+	if st.trtllm {
+		ids = kvhash.TRTLLMRequestTokens(ids) // the engine keys all but the last token
+	}
+	hashes := st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
+	if st.gran == nil {
+		return hashes, selector.ReasonNone
+	}
+	if bs, bad := st.gran.Unusable(); bad {
+		// No hash of ours can match: say why instead of scoring 0.
+		r.m.KVSkip(r.service, "block_size")
+		r.log.Debug("KV tier skipped: engines publish a block_size that is not a multiple of kvBlockSize", "block_size", bs, "kvBlockSize", st.gran.HashBlockSize())
+		return nil, selector.ReasonHashes
+	}
+	if algo, bad := st.gran.Refused(); bad {
+		r.m.KVSkip(r.service, "hash_algo")
+		r.log.Debug("KV tier skipped: the engines hash blocks with an algorithm kvgate does not compute", "kv_cache_hash_algo", algo)
+		return nil, selector.ReasonHashes
+	}
+	return ingest.EveryKth(hashes, st.gran.Step()), selector.ReasonNone
 }
 
 // refuse names why a request must not be tokenized at all, or "": a request

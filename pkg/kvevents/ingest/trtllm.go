@@ -293,10 +293,7 @@ func (p *drainPoller) clearAll(reason ClearReason) {
 	p.ep.obs.Blocks(p.ep.ref, p.ingest.Inventory.Blocks(p.ingest.EPIdx))
 }
 
-// applyTRTLLM applies one drained event on its attention-DP rank. Only
-// full blocks of kvBlockSize tokens can match a request; the engine also
-// publishes its trailing partial block, which is not kept. Blocks of cache
-// level 0 are GPU blocks and score; the secondary level is kept apart.
+// applyTRTLLM applies one drained event on its attention-DP rank.
 func (in *Ingester) applyTRTLLM(e *trtllm.Event) (IngestResult, error) {
 	var res IngestResult
 	rank := e.Rank()
@@ -307,38 +304,7 @@ func (in *Ingester) applyTRTLLM(e *trtllm.Event) (IngestResult, error) {
 		err = in.Inventory.ClearRank(in.EPIdx, rank)
 		res.Cleared = true
 	case trtllm.Stored:
-		want := 0
-		if in.Granularity != nil {
-			want = in.Granularity.HashBlockSize()
-		}
-		byLevel := map[string][]uint64{}
-		for j := range d.Blocks {
-			b := &d.Blocks[j]
-			n := len(b.Tokens)
-			if want > 0 && n != want {
-				// A block larger than kvBlockSize, or a short one that is not
-				// the last, shows the engine's tokens_per_block differs.
-				if (n > want || j < len(d.Blocks)-1) && in.blockSizeBad(n, &res) {
-					res.Unmatchable++
-				}
-				continue
-			}
-			if want > 0 && in.blockSizeBad(want, &res) {
-				res.Unmatchable++
-				continue
-			}
-			m := inventory.MediumGPU
-			if b.CacheLevel != 0 {
-				m = trtllmSecondary
-			}
-			byLevel[m] = append(byLevel[m], b.BlockHash)
-		}
-		for m, hs := range byLevel {
-			if err = in.Inventory.Add(in.EPIdx, rank, m, hs); err != nil {
-				break
-			}
-			res.Stored += len(hs)
-		}
+		err = in.storeTRTLLM(rank, d.Blocks, &res)
 	case trtllm.Removed:
 		if err = in.Inventory.Remove(in.EPIdx, rank, inventory.MediumGPU, d.BlockHashes); err == nil {
 			err = in.Inventory.Remove(in.EPIdx, rank, trtllmSecondary, d.BlockHashes)
@@ -360,4 +326,44 @@ func (in *Ingester) applyTRTLLM(e *trtllm.Event) (IngestResult, error) {
 		return res, fmt.Errorf("apply trtllm %s: %w", d.Type, err)
 	}
 	return res, nil
+}
+
+// storeTRTLLM adds a stored event's blocks. Only full blocks of kvBlockSize
+// tokens can match a request; the engine also publishes its trailing
+// partial block, which is not kept. Blocks of cache level 0 are GPU blocks
+// and score; the secondary level is kept apart.
+func (in *Ingester) storeTRTLLM(rank int, blocks []trtllm.Block, res *IngestResult) error {
+	want := 0
+	if in.Granularity != nil {
+		want = in.Granularity.HashBlockSize()
+	}
+	var gpu, secondary []uint64
+	for j := range blocks {
+		b := &blocks[j]
+		if n := len(b.Tokens); want > 0 && n != want {
+			// A block larger than kvBlockSize, or a short one that is not
+			// the last, shows the engine's tokens_per_block differs.
+			if (n > want || j < len(blocks)-1) && in.blockSizeBad(n, res) {
+				res.Unmatchable++
+			}
+			continue
+		}
+		if want > 0 && in.blockSizeBad(want, res) {
+			res.Unmatchable++
+			continue
+		}
+		if b.CacheLevel == 0 {
+			gpu = append(gpu, b.BlockHash)
+		} else {
+			secondary = append(secondary, b.BlockHash)
+		}
+	}
+	if err := in.Inventory.Add(in.EPIdx, rank, inventory.MediumGPU, gpu); err != nil {
+		return err
+	}
+	if err := in.Inventory.Add(in.EPIdx, rank, trtllmSecondary, secondary); err != nil {
+		return err
+	}
+	res.Stored += len(gpu) + len(secondary)
+	return nil
 }
