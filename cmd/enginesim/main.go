@@ -44,6 +44,7 @@ func newCommand() *cobra.Command {
 		chunked       bool
 		replicaBlocks []int
 		replicaSpeed  []float64
+		loraTaskIDs   map[string]int64
 	)
 	cmd := &cobra.Command{
 		Use:   "enginesim",
@@ -99,6 +100,15 @@ Example (three engines on separate loopback addresses, same ports):
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
 			engineFlagDefaults(cmd, &cfg)
+			for name, id := range loraTaskIDs {
+				if id < 0 {
+					return fmt.Errorf("--lora-task-ids %s=%d: a task id is not negative", name, id)
+				}
+				if cfg.LoRATaskIDs == nil {
+					cfg.LoRATaskIDs = map[string]uint64{}
+				}
+				cfg.LoRATaskIDs[name] = uint64(id)
+			}
 			if err := checkExplicitZeros(cmd, cfg); err != nil {
 				return err
 			}
@@ -168,6 +178,7 @@ Example (three engines on separate loopback addresses, same ports):
 	f := cmd.Flags()
 	f.SortFlags = false
 	f.StringVar(&cfg.Engine, "engine", enginesim.EngineVLLM, "engine to simulate: vllm; sglang (sha256_sglang page hashes, SGLang's KV-event payloads, legacy replay, /get_server_info; --block-size is the page size); trtllm (v1 block keys over all but the last token, no ZeroMQ: POST /kv_cache_events drain, /server_info; --block-size is tokens_per_block, default 32)")
+	f.StringToInt64Var(&loraTaskIDs, "lora-task-ids", nil, "--engine trtllm: each LoRA module's lora_task_id, name=N[,name=N] (TensorRT-LLM keys LoRA blocks by task id)")
 	f.IntVar(&cfg.EventBufferMaxSize, "event-buffer-max-size", 0, "--engine trtllm: events kept for POST /kv_cache_events, oldest dropped beyond (KvCacheConfig.event_buffer_max_size; default 10000)")
 	f.StringVar(&cfg.Host, "host", def.Host, "address to listen on (HTTP, and the default KV-event endpoints)")
 	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")

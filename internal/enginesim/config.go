@@ -82,6 +82,9 @@ type Config struct {
 	// model and hashed with the adapter name in every block's extra keys;
 	// its events carry it as lora_name. No weights: only the cache identity.
 	LoRAModules []string
+	// LoRATaskIDs gives each LoRA module its TensorRT-LLM lora_task_id
+	// (--engine trtllm, where block keys mix the task id, not the name).
+	LoRATaskIDs map[string]uint64
 
 	// Tokenizer turns text and chat into token ids. Nil means the built-in
 	// byte-level tokenizer, which matches no real model (token-id prompts are
@@ -414,8 +417,13 @@ func (c Config) validateEngine() error {
 		if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
 			errs = append(errs, errors.New("engine trtllm: hash-block-size must be 0 or equal to block-size (tokens_per_block)"))
 		}
-		if c.Role != RoleBoth || len(c.LoRAModules) > 0 || c.BytesBlockHashes {
-			errs = append(errs, errors.New("engine trtllm: P/D roles, LoRA adapters (lora_task_id) and raw-digest hashes are not simulated"))
+		if c.Role != RoleBoth || c.BytesBlockHashes {
+			errs = append(errs, errors.New("engine trtllm: P/D roles and raw-digest hashes are not simulated"))
+		}
+		for _, m := range c.LoRAModules {
+			if _, ok := c.LoRATaskIDs[m]; !ok {
+				errs = append(errs, fmt.Errorf("engine trtllm: lora module %q has no lora_task_id (--lora-task-ids %s=N)", m, m))
+			}
 		}
 		if c.EventBufferMaxSize < 1 || c.EventBufferMaxSize > 1<<20 {
 			errs = append(errs, fmt.Errorf("event-buffer-max-size %d: want 1..1048576", c.EventBufferMaxSize))

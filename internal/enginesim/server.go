@@ -399,6 +399,9 @@ func (e *Engine) generationParams(kind string, ids []uint32, g generationRequest
 		p.includeUsage = g.StreamOptions.IncludeUsage
 	}
 	p.extra.LoRAName = lora
+	if id, ok := e.cfg.LoRATaskIDs[lora]; ok && lora != "" && e.cfg.Engine == EngineTRTLLM {
+		p.extra.LoRATaskID, p.extra.HasLoRATaskID = id, true
+	}
 	if g.CacheSalt != nil {
 		p.extra.CacheSalt = *g.CacheSalt
 	}

@@ -32,7 +32,8 @@ func drainEvents(t *testing.T, e *Engine) []trtllm.Event {
 }
 
 // TestTRTLLMModeHashVectors: a TensorRT-LLM-mode engine serving each golden
-// vector's tokens plus one more (the KV cache manager keys every token but
+// vector's tokens (with its cache_salt, and its lora_task_id as a LoRA
+// module's) plus one more (the KV cache manager keys every token but
 // the last) drains exactly the block keys TensorRT-LLM's own hasher gave,
 // after a created event, with event ids counting from 0, and a second drain
 // is empty (the drain is destructive).
@@ -56,18 +57,24 @@ func TestTRTLLMModeHashVectors(t *testing.T) {
 	}
 	ran := 0
 	for _, v := range vs.TRTLLM {
-		if v.LoRATaskID != nil || slices.Max(v.Tokens) >= 1<<31 {
-			continue // no LoRA task ids in enginesim; vocabulary ids stay below 2^31
+		if slices.Max(v.Tokens) >= 1<<31 {
+			continue // vocabulary ids stay below 2^31
 		}
 		ran++
 		t.Run(v.Name, func(t *testing.T) {
-			e := startEngine(t, Config{Engine: EngineTRTLLM, BlockSize: v.BlockSize, KVEventsEndpoint: "none", ReplayEndpoint: "none"})
+			cfg := Config{Engine: EngineTRTLLM, BlockSize: v.BlockSize, KVEventsEndpoint: "none", ReplayEndpoint: "none"}
+			model := DefaultModel
+			if v.LoRATaskID != nil {
+				model = "adapter-t"
+				cfg.LoRAModules, cfg.LoRATaskIDs = []string{model}, map[string]uint64{model: *v.LoRATaskID}
+			}
+			e := startEngine(t, cfg)
 			prompt := make([]uint32, 0, len(v.Tokens)+1)
 			for _, tok := range v.Tokens {
 				prompt = append(prompt, uint32(tok))
 			}
 			prompt = append(prompt, 7) // not keyed: its KV is computed with the first output token
-			body := map[string]any{"model": DefaultModel, "prompt": prompt, "max_tokens": 1}
+			body := map[string]any{"model": model, "prompt": prompt, "max_tokens": 1}
 			if v.CacheSalt != "" {
 				body["cache_salt"] = v.CacheSalt
 			}
@@ -100,7 +107,7 @@ func TestTRTLLMModeHashVectors(t *testing.T) {
 			}
 		})
 	}
-	if ran < 5 {
+	if ran < 9 {
 		t.Fatalf("only %d vectors ran", ran)
 	}
 }
@@ -138,7 +145,7 @@ func TestTRTLLMModeSurface(t *testing.T) {
 	}{
 		{"vllm hash", Config{Engine: EngineTRTLLM, HashAlgo: "sha256_cbor"}},
 		{"zmq endpoint", Config{Engine: EngineTRTLLM, KVEventsEndpoint: "tcp://127.0.0.1:5557"}},
-		{"lora", Config{Engine: EngineTRTLLM, LoRAModules: []string{"a"}}},
+		{"lora without a task id", Config{Engine: EngineTRTLLM, LoRAModules: []string{"a"}, LoRATaskIDs: map[string]uint64{"b": 1}}},
 		{"trtllm hash on vllm", Config{HashAlgo: "blockhash_trtllm"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

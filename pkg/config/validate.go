@@ -137,6 +137,9 @@ func Validate(r *Rule, env Settings) error {
 	if err := validateLoraAdapters(r); err != nil {
 		return err
 	}
+	if err := validateLoraTaskIDs(r); err != nil {
+		return err
+	}
 	if err := validateHashAlgo(r); err != nil {
 		return err
 	}
@@ -283,6 +286,32 @@ func validateLoraAdapters(r *Rule) error {
 	return nil
 }
 
+// validateLoraTaskIDs checks kvLoraTaskIds: a trtllm rule's map from its
+// kvLoraAdapters names to TensorRT-LLM lora_task_ids.
+func validateLoraTaskIDs(r *Rule) error {
+	const field = "serviceArguments.kvLoraTaskIds"
+	ids := r.Args.KVLoraTaskIDs
+	if len(ids) == 0 {
+		return nil
+	}
+	if r.EffectiveEngine() != EngineTRTLLM {
+		return invalid(field, "applies to kvEngineType trtllm only (other engines key LoRA blocks by adapter name); remove kvLoraTaskIds")
+	}
+	if len(ids) > MaxLoraAdapters {
+		return invalid(field, "%d entries; at most %d per rule", len(ids), MaxLoraAdapters)
+	}
+	names := make(map[string]bool, len(r.Args.KVLoraAdapters))
+	for _, a := range r.LoraAdapters() {
+		names[a.Name] = true
+	}
+	for name := range ids {
+		if !names[name] {
+			return invalid(field, "%q is not a kvLoraAdapters name; each key must name an adapter the rule lists", name)
+		}
+	}
+	return nil
+}
+
 func validateCHWBL(a *ServiceArguments) error {
 	if a.CHWBLMeanLoadFactor != 0 && (a.CHWBLMeanLoadFactor < 100 || a.CHWBLMeanLoadFactor > 300) {
 		return invalid("serviceArguments.chwbl_mean_load_factor", "%d is out of range; allowed 100-300", a.CHWBLMeanLoadFactor)
@@ -399,6 +428,8 @@ func firstKVField(a *ServiceArguments) string {
 		return "kvHashSeed"
 	case len(a.KVLoraAdapters) > 0:
 		return "kvLoraAdapters"
+	case len(a.KVLoraTaskIDs) > 0:
+		return "kvLoraTaskIds"
 	case a.TrustRequestChatTemplate:
 		return "trustRequestChatTemplate"
 	}

@@ -62,6 +62,16 @@ func TestValidateRejects(t *testing.T) {
 		}, "kvExactMode", "kv-engine-type trtllm supports kvExactMode 1 or 3 (HTTP-polled event plane)"},
 		{"trtllm kvZmqPort", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVZmqPort = 6000 }, "kvZmqPort", "kvZmqPort is meaningless for kv-engine-type trtllm"},
 		{"trtllm kvDpRankCount 2", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVDpRankCount = 2 }, "kvDpRankCount", "kvDpRankCount is meaningless for kv-engine-type trtllm"},
+		{"kvLoraTaskIds on vllm", func(r *Rule) {
+			r.Args.KVLoraAdapters, r.Args.KVLoraTaskIDs = []string{"a"}, map[string]uint64{"a": 7}
+		}, "kvLoraTaskIds", "trtllm only"},
+		{"kvLoraTaskIds unknown adapter", func(r *Rule) {
+			r.Args.KVEngineType = "trtllm"
+			r.Args.KVLoraAdapters, r.Args.KVLoraTaskIDs = []string{"a=Qwen/Qwen3-0.6B"}, map[string]uint64{"b": 7}
+		}, "kvLoraTaskIds", `"b" is not a kvLoraAdapters name`},
+		{"kvLoraTaskIds needs mode 4", func(r *Rule) {
+			*r = Rule{Args: ServiceArguments{ExternalIP: "10.0.0.1", Port: 80, KVLoraTaskIDs: map[string]uint64{"a": 1}}}
+		}, "kvLoraTaskIds", "mode 4"},
 		{"trtllm kvReplayPort", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVReplayPort = 7000 }, "kvReplayPort", "meaningless for kv-engine-type trtllm"},
 		{"xxhash without seed", func(r *Rule) { r.Args.KVHashAlgo = "xxhash_cbor" }, "kvHashAlgo", "seed"},
 		{"pickle xxhash without seed", func(r *Rule) { r.Args.KVHashAlgo = "xxhash" }, "kvHashAlgo", "PYTHONHASHSEED"},
@@ -184,6 +194,11 @@ func TestValidateAccepts(t *testing.T) {
 			r.Args.KVEngineType, r.Args.KVHashAlgo, r.Args.KVZmqPort, r.Args.KVDpRankCount = "trtllm", "blockhash_trtllm", 5557, 1
 			r.Args.KVExactMode = 3
 			r.Endpoints[0].Role, r.Endpoints[1].Role = 0, 0
+		}, DefaultSettings()},
+		{"trtllm lora task ids", func(r *Rule) {
+			r.Args.KVEngineType = "trtllm"
+			r.Args.KVLoraAdapters = []string{"a=Qwen/Qwen3-0.6B", "b"}
+			r.Args.KVLoraTaskIDs = map[string]uint64{"a": 0, "b": 1<<64 - 3}
 		}, DefaultSettings()},
 		{"vllm data-parallel ranks", func(r *Rule) { r.Args.KVDpRankCount = 4 }, DefaultSettings()},
 		{"vllm explicit", func(r *Rule) { r.Args.KVEngineType = "vllm"; r.Args.KVHashAlgo = "sha256_cbor" }, DefaultSettings()},

@@ -41,6 +41,8 @@ type ruleState struct {
 	// trtllm: TensorRT-LLM keys the blocks of every prompt token but the
 	// last, and keys LoRA by task id (docs/engines.md).
 	trtllm bool
+	// loraTask maps adapter names to TensorRT-LLM lora_task_ids (kvLoraTaskIds).
+	loraTask map[string]uint64
 }
 
 // router implements fullproxy.Router for one rule: request facts →
@@ -253,16 +255,22 @@ func (r *router) kvHashes(st *ruleState, ids []uint32, f *reqfacts.Facts) ([]uin
 	switch {
 	case st.hasher == nil:
 		return nil, selector.ReasonHashes
-	case st.trtllm && f.LoRA != "":
-		// TensorRT-LLM mixes the adapter's lora_task_id, which no rule field
-		// maps yet: any hash of ours would be the base model's.
-		r.m.KVSkip(r.service, "lora_task_id")
-		return nil, selector.ReasonHashes
 	}
+	extra := kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt}
 	if st.trtllm {
+		if f.LoRA != "" {
+			// TensorRT-LLM mixes the adapter's lora_task_id into every block,
+			// not its name; without kvLoraTaskIds for it, no hash can match.
+			id, ok := st.loraTask[f.LoRA]
+			if !ok {
+				r.m.KVSkip(r.service, "lora_task_id")
+				return nil, selector.ReasonHashes
+			}
+			extra.LoRATaskID, extra.HasLoRATaskID = id, true
+		}
 		ids = kvhash.TRTLLMRequestTokens(ids) // the engine keys all but the last token
 	}
-	hashes := st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
+	hashes := st.hasher.AppendHashes(nil, ids, extra)
 	if st.gran == nil {
 		return hashes, selector.ReasonNone
 	}
@@ -391,6 +399,12 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 		return st, nil
 	}
 	st.trtllm = rule.EffectiveEngine() == config.EngineTRTLLM
+	if ids := rule.Args.KVLoraTaskIDs; len(ids) > 0 {
+		st.loraTask = make(map[string]uint64, len(ids))
+		for name, id := range ids {
+			st.loraTask[name] = id
+		}
+	}
 	if rule.EffectiveEngine() == config.EngineVLLM {
 		st.gran = ingest.NewGranularity(rule.BlockSize())
 	} else {

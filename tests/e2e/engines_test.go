@@ -233,3 +233,43 @@ func TestGoNoGoGateTRTLLM(t *testing.T) {
 	}
 	assertLoadsZero(t, tg, id)
 }
+
+// TestTRTLLMLoRATaskIDs: TensorRT-LLM keys an adapter's blocks by its
+// lora_task_id. With kvLoraTaskIds mapping the adapter to the engines' task
+// id, a warm adapter request is a tier-1.5 hit where the cold one went; an
+// adapter the rule lists without a task id skips the tier by name (guard
+// hashes, kvgate_kv_skip_total{cause="lora_task_id"}).
+func TestTRTLLMLoRATaskIDs(t *testing.T) {
+	block := testnet.Block(t)
+	tr := engineSpec{engine: enginesim.EngineTRTLLM, lora: []string{"sql-lora", "doc-lora"},
+		loraTaskIDs: map[string]uint64{"sql-lora": 7, "doc-lora": 9}}
+	engines, _ := startEngines(t, block, []engineSpec{tr, tr})
+	tg := startGateway(t, block)
+	id, base := createKVRule(t, tg, block+"1", engines, nil, map[string]any{
+		"kvExactMode": 3, "kvEngineType": "trtllm",
+		"kvLoraAdapters": []string{"sql-lora=" + model, "doc-lora=" + model}, "kvLoraTaskIds": map[string]uint64{"sql-lora": 7},
+	})
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, 2)
+	url := base + "/v1/completions"
+	cold := post(t, url, map[string]any{"model": "sql-lora", "prompt": preamble + " Question: which table?", "max_tokens": 2})
+	if cold.status != 200 {
+		t.Fatalf("cold request: %d %s", cold.status, cold.body)
+	}
+	ep := decisionField(cold.decision, "ep")
+	waitFor(t, "the adapter's blocks", 5*time.Second, func() bool {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": ep}) > 0
+	})
+	warm := post(t, url, map[string]any{"model": "sql-lora", "prompt": preamble + " Question: which index?", "max_tokens": 2})
+	if warm.status != 200 || decisionField(warm.decision, "tier") != "1.5" || decisionField(warm.decision, "ep") != ep || warm.cached() == 0 {
+		t.Fatalf("warm adapter request: %d decision %q cached %d; want a tier-1.5 hit on ep %s", warm.status, warm.decision, warm.cached(), ep)
+	}
+	skips := func() float64 {
+		return tg.metric(t, "kvgate_kv_skip_total", map[string]string{"service": svc, "cause": "lora_task_id"})
+	}
+	before := skips()
+	other := post(t, url, map[string]any{"model": "doc-lora", "prompt": preamble, "max_tokens": 2})
+	if other.status != 200 || decisionField(other.decision, "reason") != "hashes" || skips()-before != 1 {
+		t.Fatalf("adapter without a task id: %d decision %q, skips +%v; want reason hashes, one lora_task_id skip", other.status, other.decision, skips()-before)
+	}
+}

@@ -75,12 +75,13 @@ func engineTokenizer(t *testing.T) enginesim.Tokenizer {
 
 type engineSpec struct {
 	role              enginesim.Role
-	prefillUsPerToken float64  // 0: 20 µs
-	decodeTS          float64  // decode tokens/s (0: fast)
-	lora              []string // LoRA adapters served on the model (--lora-modules)
-	engine            string   // enginesim --engine ("": vllm)
-	blockSize         int      // --block-size (SGLang's page size); 0: 16
-	dpSize            int      // --dp-size (SGLang attention-DP ranks on the events port + rank)
+	prefillUsPerToken float64           // 0: 20 µs
+	decodeTS          float64           // decode tokens/s (0: fast)
+	lora              []string          // LoRA adapters served on the model (--lora-modules)
+	engine            string            // enginesim --engine ("": vllm)
+	blockSize         int               // --block-size (SGLang's page size); 0: 16
+	dpSize            int               // --dp-size (SGLang attention-DP ranks on the events port + rank)
+	loraTaskIDs       map[string]uint64 // --lora-task-ids (TensorRT-LLM)
 }
 
 // startEngines starts one engine per spec on <block>.11, .12, …, all
@@ -101,7 +102,7 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 				us = 20
 			}
 			cfg := enginesim.Config{
-				Engine: s.engine, BlockSize: s.blockSize, DPSize: s.dpSize,
+				Engine: s.engine, BlockSize: s.blockSize, DPSize: s.dpSize, LoRATaskIDs: s.loraTaskIDs,
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
 				PythonHashSeed: "0", HashSeedSet: true, Role: s.role, LoRAModules: s.lora,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
