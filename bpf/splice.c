@@ -25,6 +25,11 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define MAX_PAIRS 65536
 #define MAX_ENDPOINTS 256
 #define NO_ENDPOINT 0xffffffff
+// Bytes of the redirected stream's end kept per pair: enough for a chunked
+// body's last chunk ("\r\n0\r\n\r\n") with a short trailer, so kvgate can
+// tell a complete body from one the backend cut (docs/body-leg.md,
+// "Broken responses").
+#define TAIL_LEN 32
 
 // TCP states (include/net/tcp_states.h), not in the UAPI headers.
 #define KV_TCP_ESTABLISHED 1
@@ -38,6 +43,7 @@ struct pair {
 	__u64 first_ns;      // bpf_ktime_get_ns of the first redirected byte
 	__u64 last_ns;       // bpf_ktime_get_ns of the latest redirected byte
 	__u64 dropped;       // bytes whose redirect found no client
+	__u8 tail[TAIL_LEN]; // the last TAIL_LEN redirected bytes, oldest first
 };
 
 // Per-endpoint load, the BPF mirror of the proxy's counts.
@@ -127,6 +133,32 @@ struct {
 	__type(value, struct conn_state);
 } conn_states SEC(".maps");
 
+// keep_tail records the end of the redirected stream in p->tail. The
+// verdict of one socket runs under that socket's lock, so the updates of a
+// pair are serialised.
+static __always_inline void keep_tail(struct __sk_buff *skb, struct pair *p, __u32 len)
+{
+	if (len >= TAIL_LEN) {
+		bpf_skb_load_bytes(skb, len - TAIL_LEN, p->tail, TAIL_LEN);
+		return;
+	}
+	if (len == 0)
+		return;
+	// A short skb: shift the kept bytes left by n and append it. The masks
+	// restate bounds the verifier cannot carry through the loop.
+	__u32 n = len & (TAIL_LEN - 1);
+	__u8 in[TAIL_LEN] = {};
+	if (bpf_skb_load_bytes(skb, 0, in, n) < 0)
+		return;
+	for (__u32 i = 0; i < TAIL_LEN; i++) {
+		__u32 from = i + n;
+		if (from < TAIL_LEN)
+			p->tail[i] = p->tail[from & (TAIL_LEN - 1)];
+		else
+			p->tail[i] = in[(from - TAIL_LEN) & (TAIL_LEN - 1)];
+	}
+}
+
 SEC("sk_skb/stream_verdict")
 int splice_verdict(struct __sk_buff *skb)
 {
@@ -148,6 +180,7 @@ int splice_verdict(struct __sk_buff *skb)
 		__sync_fetch_and_add(&p->dropped, len);
 		return SK_DROP;
 	}
+	keep_tail(skb, p, len);
 	__u64 now = bpf_ktime_get_ns();
 	int first = __sync_fetch_and_add(&p->bytes, len) == 0;
 	if (first)

@@ -228,7 +228,10 @@ func forward(ctx context.Context, leg datapath.BodyLeg, c net.Conn, backend stri
 		return false
 	}
 	prefix, _ := br.Peek(br.Buffered())
-	res := leg.Run(ctx, c, bc, prefix, datapath.Options{Silence: time.Minute, Streamed: streamed, ContentLength: resp.ContentLength})
+	// Chunked and EventStream as kvgate's proxy passes them, so the legs
+	// follow the framing here too (docs/body-leg.md, "Broken responses").
+	res := leg.Run(ctx, c, bc, prefix, datapath.Options{Silence: time.Minute, Streamed: streamed, ContentLength: resp.ContentLength,
+		Chunked: streamed, EventStream: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")})
 	return res.Ending == datapath.BackendEOF
 }
 

@@ -30,6 +30,71 @@ func main() {
 	}
 }
 
+// applyEnv reads the environment variables vLLM reads: PYTHONHASHSEED and
+// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES.
+func applyEnv(cfg *enginesim.Config) error {
+	if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
+		cfg.PythonHashSeed, cfg.HashSeedSet = v, true
+	}
+	if v, ok := os.LookupEnv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"); ok {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=%q: want 0 or 1", v)
+		}
+		cfg.BytesBlockHashes = n == 0
+	}
+	return nil
+}
+
+// loadTokenizer loads --tokenizer into cfg; without one it warns (cfg.Logger
+// must be set) and the engine falls back to its byte-level tokenizer.
+func loadTokenizer(cfg *enginesim.Config, path string) error {
+	if path == "" {
+		cfg.Logger.Warn("no --tokenizer: text prompts use a byte-level tokenizer that matches no real model; token-id prompts are exact")
+		return nil
+	}
+	tok, err := enginesim.LoadTokenizer(path)
+	if err != nil {
+		return fmt.Errorf("--tokenizer: %w", err)
+	}
+	cfg.Tokenizer = tok
+	return nil
+}
+
+// checkReplicaFlags checks --replicas and that the per-replica lists, when
+// given, have one value per replica.
+func checkReplicaFlags(replicas int, blocks []int, speed []float64) error {
+	if replicas < 1 || replicas > 64 {
+		return errors.New("--replicas must be 1..64")
+	}
+	if len(blocks) > 0 && len(blocks) != replicas {
+		return fmt.Errorf("--replica-num-gpu-blocks has %d values for %d replicas", len(blocks), replicas)
+	}
+	if len(speed) > 0 && len(speed) != replicas {
+		return fmt.Errorf("--replica-gpu-speed has %d values for %d replicas", len(speed), replicas)
+	}
+	return nil
+}
+
+// waitAndClose blocks until SIGINT, SIGTERM or the end of ctx, then closes
+// every engine.
+func waitAndClose(ctx context.Context, log *slog.Logger, engines []*enginesim.Engine) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	select {
+	case got := <-sig:
+		log.Info("shutting down", "signal", got.String())
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+	}
+	for _, e := range engines {
+		if err := e.Close(); err != nil {
+			log.Warn("close", "id", e.ID(), "err", err)
+		}
+	}
+	log.Info("stopped")
+}
+
 func newCommand() *cobra.Command {
 	def := enginesim.DefaultConfig()
 	cfg := enginesim.Config{}
@@ -121,57 +186,25 @@ Example (three engines on separate loopback addresses, same ports):
 				// vLLM spells an adapter name=path; only the name matters here.
 				cfg.LoRAModules[i], _, _ = strings.Cut(strings.TrimSpace(m), "=")
 			}
-			if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
-				cfg.PythonHashSeed, cfg.HashSeedSet = v, true
-			}
-			if v, ok := os.LookupEnv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"); ok {
-				n, err := strconv.Atoi(strings.TrimSpace(v))
-				if err != nil {
-					return fmt.Errorf("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=%q: want 0 or 1", v)
-				}
-				cfg.BytesBlockHashes = n == 0
+			if err := applyEnv(&cfg); err != nil {
+				return err
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			if tokenizerPath != "" {
-				tok, err := enginesim.LoadTokenizer(tokenizerPath)
-				if err != nil {
-					return fmt.Errorf("--tokenizer: %w", err)
-				}
-				cfg.Tokenizer = tok
-			} else {
-				cfg.Logger.Warn("no --tokenizer: text prompts use a byte-level tokenizer that matches no real model; token-id prompts are exact")
+			if err := loadTokenizer(&cfg, tokenizerPath); err != nil {
+				return err
 			}
-			if replicas < 1 || replicas > 64 {
-				return errors.New("--replicas must be 1..64")
-			}
-			if len(replicaBlocks) > 0 && len(replicaBlocks) != replicas {
-				return fmt.Errorf("--replica-num-gpu-blocks has %d values for %d replicas", len(replicaBlocks), replicas)
-			}
-			if len(replicaSpeed) > 0 && len(replicaSpeed) != replicas {
-				return fmt.Errorf("--replica-gpu-speed has %d values for %d replicas", len(replicaSpeed), replicas)
+			if err := checkReplicaFlags(replicas, replicaBlocks, replicaSpeed); err != nil {
+				return err
 			}
 			engines, err := startReplicas(cfg, replicas, cmd.Flags().Changed("kv-events-endpoint"), replicaBlocks, replicaSpeed)
 			if err != nil {
 				return err
 			}
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			select {
-			case got := <-sig:
-				cfg.Logger.Info("shutting down", "signal", got.String())
-			case <-cmd.Context().Done():
-				cfg.Logger.Info("shutting down", "reason", context.Cause(cmd.Context()))
-			}
-			for _, e := range engines {
-				if err := e.Close(); err != nil {
-					cfg.Logger.Warn("close", "id", e.ID(), "err", err)
-				}
-			}
-			cfg.Logger.Info("stopped")
+			waitAndClose(cmd.Context(), cfg.Logger, engines)
 			return nil
 		},
 	}

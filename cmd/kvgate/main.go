@@ -100,7 +100,9 @@ endpoint through the guard ladder blended with a capacity-weighted bounded-load 
 Without a subcommand kvgate runs the daemon: the management API on --api (LoxiLB's
 /netlox/v1 REST paths; rules persist in --state-dir) and one HTTP/1.1 proxy listener
 per load-balancer rule on its externalIP:port. SIGTERM or SIGINT stops accepting, lets
-in-flight streams finish within --shutdown-grace, then exits.
+in-flight streams finish within --shutdown-grace, cuts what is left, then exits;
+the process exits at most 5 s after the grace whatever is still running (a second
+signal exits at once).
 
 Tokenizers are staged at <tokenizer-dir>/<model slug>/tokenizer.json, where the slug
 is the client's model string with "/" replaced by "__" (Qwen/Qwen3-0.6B ->
@@ -125,7 +127,7 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
 	fl.StringVar(&f.datapath, "datapath", "auto", "response body path: auto|sockmap|userspace (sockmap: eBPF splice, needs root/CAP_BPF; auto picks what the benchmark favours for token streams, see docs/body-leg.md)")
 	fl.StringVar(&f.bpfPinDir, "bpf-pin-dir", splice.DefaultPinDir, "where the sockmap path pins its maps and programs (one subdirectory per instance, derived from --api)")
-	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight streams may finish after SIGTERM")
+	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight streams may finish after SIGTERM; then they are cut and kvgate exits (hard bound: grace + 5s)")
 	fl.BoolVar(&f.decisionHeader, "decision-header", false, "add x-kvgate-decision: tier=…; ep=…; score=…; reason=… to proxied responses")
 	fl.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to FILE ('-' or the bare flag: stdout)")
 	fl.Lookup("access-log").NoOptDefVal = "-"
@@ -264,12 +266,54 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 	}
 	log.Info("kvgate started", "version", version, "api", ln.Addr().String(), "api_tls", sec.tls != nil,
 		"api_tokens", sec.guard.Enabled(), "tokenizer_dir", f.tokenizerDir, "state_dir", f.stateDir, "datapath", f.datapath)
-	err = g.Run(ctx, ln)
+	err = runBounded(ctx, g.Run, ln, f.shutdownGrace, shutdownCut, log)
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
 	log.Info("kvgate stopped")
 	return err
+}
+
+// shutdownCut is how long, after --shutdown-grace, the gateway may take to
+// cut the streams still running and stop before the process exits anyway.
+const shutdownCut = 5 * time.Second
+
+// errShutdownBound says the shutdown outlived its hard bound.
+var errShutdownBound = errors.New("shutdown exceeded --shutdown-grace plus the cut bound; exiting with streams cut")
+
+// runBounded runs the gateway until ctx ends and makes the shutdown grace a
+// hard bound (docs/body-leg.md, "Shutdown"): once ctx ends, run has grace to
+// let streams finish, during which the gateway cuts what is left at the
+// grace's end, plus cut to return. If it has not returned by then (a body
+// leg that does not honour its cancellation), runBounded returns
+// errShutdownBound and the process exits: the kernel closes every socket,
+// which ends the remaining streams, and the next start removes the BPF pins
+// left behind. A second signal during the shutdown exits at once.
+func runBounded(ctx context.Context, run func(context.Context, net.Listener) error, ln net.Listener,
+	grace, cut time.Duration, log *slog.Logger) error {
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, ln) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "grace", grace)
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	bound := time.NewTimer(grace + cut)
+	defer bound.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-bound.C:
+		log.Error("shutdown did not finish within its bound; exiting", "grace", grace, "cut", cut)
+		return errShutdownBound
+	case sig := <-again:
+		log.Warn("second signal during shutdown; exiting now", "signal", sig.String())
+		return fmt.Errorf("%s during shutdown: exiting with streams cut", sig)
+	}
 }
 
 // pinInstance names this daemon's BPF pin subdirectory after its API

@@ -335,25 +335,20 @@ func (c Config) validate() error {
 	if c.MaxNumSeqs < 1 || c.MaxWaiting < 1 || c.MaxModelLen < 1 || c.DefaultMaxTokens < 1 || c.ReplayBuffer < 1 {
 		errs = append(errs, errors.New("max-num-seqs, max-waiting, max-model-len, default-max-tokens and the replay buffer must be positive"))
 	}
-	errs = append(errs, c.validateLoRAModules()...)
+	errs = append(errs, c.validateLoRA()...)
+	if c.DataParallelRank < 0 {
+		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
+	}
 	if _, err := kvevents.ParseReplayLayout(c.ReplayLayout); err != nil {
 		errs = append(errs, fmt.Errorf("replay-layout: %w", err))
 	}
-	if c.KVEventsEndpoint != "none" {
-		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {
-			errs = append(errs, fmt.Errorf("kv-events-endpoint: %w", err))
-		}
-	}
-	if c.ReplayEndpoint != "" && c.ReplayEndpoint != "none" {
-		if err := checkTCPEndpoint(c.ReplayEndpoint); err != nil {
-			errs = append(errs, fmt.Errorf("kv-events-replay-endpoint: %w", err))
-		}
-	}
+	errs = append(errs, c.validateEventEndpoints()...)
 	return errors.Join(errs...)
 }
 
-// validateLoRAModules checks --lora-modules names.
-func (c Config) validateLoRAModules() []error {
+// validateLoRA checks --lora-modules: non-empty trimmed names, distinct, none
+// the served model's own name.
+func (c Config) validateLoRA() []error {
 	var errs []error
 	seen := map[string]bool{}
 	for _, name := range c.LoRAModules {
@@ -367,8 +362,22 @@ func (c Config) validateLoRAModules() []error {
 		}
 		seen[name] = true
 	}
-	if c.DataParallelRank < 0 {
-		errs = append(errs, errors.New("data-parallel-rank must not be negative"))
+	return errs
+}
+
+// validateEventEndpoints checks the KV-event PUB and replay endpoints ("none"
+// disables either; an empty replay endpoint is derived from the PUB one).
+func (c Config) validateEventEndpoints() []error {
+	var errs []error
+	if c.KVEventsEndpoint != "none" {
+		if err := checkTCPEndpoint(c.KVEventsEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("kv-events-endpoint: %w", err))
+		}
+	}
+	if c.ReplayEndpoint != "" && c.ReplayEndpoint != "none" {
+		if err := checkTCPEndpoint(c.ReplayEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("kv-events-replay-endpoint: %w", err))
+		}
 	}
 	return errs
 }

@@ -63,12 +63,7 @@ func (e *Engine) runStepped() {
 			e.shutdownLoop(st)
 			return
 		case r := <-e.submit:
-			if len(st.waiting) >= e.cfg.MaxWaiting {
-				r.out.send(stepOutput{finished: true, err: errQueueFull})
-				break
-			}
-			r.out.send(stepOutput{accepted: true})
-			st.waiting = append(st.waiting, r)
+			e.queueSubmitted(st, r)
 		case r := <-e.abort:
 			e.abortStepped(st, r)
 		case id := <-e.releaseLease:
@@ -101,26 +96,49 @@ func (e *Engine) runStepped() {
 		e.publishStep(st.pool.takeEvents(), now)
 		e.updateGauges(st)
 
-		var next time.Time
-		if inFlight != nil {
-			next = inFlight.end
+		rearm(timer, nextWake(st, inFlight))
+	}
+}
+
+// queueSubmitted queues a submitted request, or refuses it when the waiting queue is
+// full.
+func (e *Engine) queueSubmitted(st *loopState, r *request) {
+	if len(st.waiting) >= e.cfg.MaxWaiting {
+		r.out.send(stepOutput{finished: true, err: errQueueFull})
+		return
+	}
+	r.out.send(stepOutput{accepted: true})
+	st.waiting = append(st.waiting, r)
+}
+
+// nextWake is when the loop must run again without any message: the end of
+// the step in flight or the earliest lease expiry (zero: neither).
+func nextWake(st *loopState, inFlight *stepPlan) time.Time {
+	var next time.Time
+	if inFlight != nil {
+		next = inFlight.end
+	}
+	for _, l := range st.leases {
+		if next.IsZero() || l.expires.Before(next) {
+			next = l.expires
 		}
-		for _, l := range st.leases {
-			if next.IsZero() || l.expires.Before(next) {
-				next = l.expires
-			}
+	}
+	return next
+}
+
+// rearm resets timer to fire at next, or in an hour when next is zero (the
+// loop then waits for messages only).
+func rearm(timer *time.Timer, next time.Time) {
+	if !timer.Stop() {
+		select {
+		case <-timer.C:
+		default:
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		if next.IsZero() {
-			timer.Reset(time.Hour)
-		} else {
-			timer.Reset(max(time.Until(next), 0))
-		}
+	}
+	if next.IsZero() {
+		timer.Reset(time.Hour)
+	} else {
+		timer.Reset(max(time.Until(next), 0))
 	}
 }
 

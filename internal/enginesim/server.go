@@ -663,31 +663,7 @@ func (rs *responder) handle(req *request, out stepOutput) bool {
 	}
 	rs.tokens = append(rs.tokens, out.tokens...)
 	if rs.p.stream {
-		if !rs.started {
-			rs.startStream()
-		}
-		if out.first && rs.p.kind == "chatcmpl" {
-			// vLLM sends the role chunk with the first output, not with the head.
-			rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model,
-				Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: ""}}}})
-		}
-		if len(out.tokens) > 0 {
-			rs.sseText(rs.delta(), nil)
-		}
-		if out.finished {
-			reason := out.finishReason
-			rs.sseText("", &reason)
-			if rs.p.includeUsage {
-				if rs.p.kind == "chatcmpl" {
-					rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model, Choices: []chatStreamChoice{}, Usage: rs.usage()})
-				} else {
-					rs.sse(completionStreamChunk{ID: rs.id, Object: "text_completion", Created: rs.created, Model: rs.e.cfg.Model, Choices: []completionChoice{}, Usage: rs.usage()})
-				}
-			}
-			rs.sseDone()
-			return true
-		}
-		return false
+		return rs.handleStream(out)
 	}
 	if !out.finished {
 		return false
@@ -708,6 +684,36 @@ func (rs *responder) handle(req *request, out stepOutput) bool {
 		})
 	}
 	return true
+}
+
+// handleStream sends one output of a streamed response as SSE chunks; it
+// returns true when the stream is done.
+func (rs *responder) handleStream(out stepOutput) bool {
+	if !rs.started {
+		rs.startStream()
+	}
+	if out.first && rs.p.kind == "chatcmpl" {
+		// vLLM sends the role chunk with the first output, not with the head.
+		rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model,
+			Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: ""}}}})
+	}
+	if len(out.tokens) > 0 {
+		rs.sseText(rs.delta(), nil)
+	}
+	if out.finished {
+		reason := out.finishReason
+		rs.sseText("", &reason)
+		if rs.p.includeUsage {
+			if rs.p.kind == "chatcmpl" {
+				rs.sse(chatStreamChunk{ID: rs.id, Object: "chat.completion.chunk", Created: rs.created, Model: rs.e.cfg.Model, Choices: []chatStreamChoice{}, Usage: rs.usage()})
+			} else {
+				rs.sse(completionStreamChunk{ID: rs.id, Object: "text_completion", Created: rs.created, Model: rs.e.cfg.Model, Choices: []completionChoice{}, Usage: rs.usage()})
+			}
+		}
+		rs.sseDone()
+		return true
+	}
+	return false
 }
 
 // delta is vLLM's incremental detokenization: decode a short window and emit

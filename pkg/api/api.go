@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/recovery"
@@ -119,6 +120,8 @@ type Options struct {
 	Middleware func(http.Handler) http.Handler
 	// Readiness answers GET /readyz; nil means always ready.
 	Readiness Readiness
+	// Preflight runs POST /netlox/v1/config/ai/kv/preflight; nil answers 503.
+	Preflight PreflightRunner
 	// HostAddrs reports the host's local and broadcast addresses for the
 	// address checks (config.CheckAddresses); nil means config.HostAddrs.
 	HostAddrs func() (local, broadcast func(netip.Addr) bool)
@@ -140,6 +143,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	rules map[config.RuleKey]*config.Rule
+	// preflightBusy lets one preflight run at a time: each sends probe
+	// requests and scrapes every engine.
+	preflightBusy atomic.Bool
 	// apiAddr is where Serve listens, so a rule cannot point back at the API.
 	apiAddr netip.AddrPort
 
@@ -318,13 +324,7 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 		}
 		r.ServiceID = old.ServiceID
 		r.AssignIndices(old)
-		for i := range r.Endpoints {
-			if adminGiven != nil && !adminGiven(i) {
-				if prev, ok := old.EndpointByKey(r.Endpoints[i].Key()); ok {
-					r.Endpoints[i].AdminDown = prev.AdminDown
-				}
-			}
-		}
+		keepAdminState(r, old, adminGiven)
 	} else {
 		if len(s.rules) >= MaxRules {
 			return 0, &apiError{http.StatusBadRequest, fmt.Sprintf("rule table full: at most %d rules", MaxRules)}
@@ -336,6 +336,22 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 		return 0, err
 	}
 	return r.ServiceID, nil
+}
+
+// keepAdminState copies old's admin state onto every endpoint of r that was
+// posted without an admin field (adminGiven(i) false; nil: all were given).
+func keepAdminState(r, old *config.Rule, adminGiven func(i int) bool) {
+	if adminGiven == nil {
+		return
+	}
+	for i := range r.Endpoints {
+		if adminGiven(i) {
+			continue
+		}
+		if prev, ok := old.EndpointByKey(r.Endpoints[i].Key()); ok {
+			r.Endpoints[i].AdminDown = prev.AdminDown
+		}
+	}
 }
 
 // listenersLocked describes kvgate's own listeners for the address checks of
@@ -361,35 +377,57 @@ func (s *Server) listenersLocked(key config.RuleKey) config.Listeners {
 // commitLocked tells the sink, persists, and installs updated (nil deletes).
 // old is the rule installed under key now (nil: none).
 func (s *Server) commitLocked(key config.RuleKey, old, updated *config.Rule) error {
-	if s.opts.Sink != nil {
-		if err := s.opts.Sink.RuleChanged(cloneRule(old), cloneRule(updated)); err != nil {
-			if updated == nil {
-				s.log.Error("rule teardown reported an error; the rule is removed", "rule", key.String(), "err", err)
-			} else {
-				var ce *config.ConflictError
-				if errors.As(err, &ce) {
-					return err
-				}
-				return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not applied: %v", key, err)}
-			}
-		}
+	if err := s.tellSinkLocked(key, old, updated); err != nil {
+		return err
 	}
 	s.installLocked(key, updated)
-	if s.opts.Store != nil {
-		if err := s.opts.Store.Save(s.snapshotLocked()); err != nil {
-			// Undo in memory and in the daemon: the API never answers
-			// success for a change that would be lost at restart.
-			s.installLocked(key, old)
-			if s.opts.Sink != nil {
-				if rerr := s.opts.Sink.RuleChanged(cloneRule(updated), cloneRule(old)); rerr != nil {
-					s.log.Error("could not revert the daemon after a failed save", "rule", key.String(), "err", rerr)
-				}
-			}
-			return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not saved: %v", key, err)}
-		}
+	if err := s.saveLocked(key, old, updated); err != nil {
+		return err
 	}
 	s.metricsChanged(old, updated)
 	return nil
+}
+
+// tellSinkLocked hands the change old → updated to the sink, if any. A
+// teardown (updated nil) that the sink reports as failed is only logged: the
+// rule goes anyway.
+func (s *Server) tellSinkLocked(key config.RuleKey, old, updated *config.Rule) error {
+	if s.opts.Sink == nil {
+		return nil
+	}
+	err := s.opts.Sink.RuleChanged(cloneRule(old), cloneRule(updated))
+	if err == nil {
+		return nil
+	}
+	if updated == nil {
+		s.log.Error("rule teardown reported an error; the rule is removed", "rule", key.String(), "err", err)
+		return nil
+	}
+	var ce *config.ConflictError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not applied: %v", key, err)}
+}
+
+// saveLocked persists the installed rules, if there is a store. When the save
+// fails it undoes the change in memory and in the daemon: the API never
+// answers success for a change that would be lost at restart.
+func (s *Server) saveLocked(key config.RuleKey, old, updated *config.Rule) error {
+	if s.opts.Store == nil {
+		return nil
+	}
+	err := s.opts.Store.Save(s.snapshotLocked())
+	if err == nil {
+		return nil
+	}
+	s.installLocked(key, old)
+	if s.opts.Sink != nil {
+		if rerr := s.opts.Sink.RuleChanged(cloneRule(updated), cloneRule(old)); rerr != nil {
+			s.log.Error("could not revert the daemon after a failed save", "rule", key.String(), "err", rerr)
+		}
+	}
+	return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not saved: %v", key, err)}
 }
 
 // installLocked puts r under key; nil removes the rule.
@@ -546,6 +584,7 @@ func (s *Server) routeTable() []route {
 		f("GET", lb+"/id/{id}", s.handleGetByID),
 		f("DELETE", lb+"/name/{name}", s.handleDeleteByName),
 		{Route: Route{"GET", BasePath + "/config/ai/kv/inventory"}, handler: http.HandlerFunc(s.handleInventory), anyMethod: true},
+		f("POST", BasePath+"/config/ai/kv/preflight", s.handlePreflight),
 		{Route: Route{"GET", BasePath + "/metrics"}, handler: metrics},
 		{Route: Route{"GET", "/metrics"}, handler: metrics},
 		f("GET", BasePath+"/openapi.json", s.handleOpenAPI),

@@ -143,20 +143,8 @@ func getItem(obj any, key any) (any, error) {
 			return v, nil
 		}
 	case string:
-		if i, ok := intIndex(key); ok {
-			n := utf8.RuneCountInString(x)
-			if i < 0 {
-				i += int64(n)
-			}
-			if i >= 0 && i < int64(n) {
-				k := int64(0)
-				for _, r := range x {
-					if k == i {
-						return string(r), nil
-					}
-					k++
-				}
-			}
+		if v, ok := indexString(x, key); ok {
+			return v, nil
 		}
 	}
 	if s, ok := key.(string); ok {
@@ -165,6 +153,30 @@ func getItem(obj any, key any) (any, error) {
 		}
 	}
 	return undefined{format: "%s has no element %s", a: typeName(obj), b: pyReprString(key)}, nil
+}
+
+// indexString is s[key] for an integer key (negative counts from the end):
+// the character at that code-point index.
+func indexString(s string, key any) (string, bool) {
+	i, ok := intIndex(key)
+	if !ok {
+		return "", false
+	}
+	n := utf8.RuneCountInString(s)
+	if i < 0 {
+		i += int64(n)
+	}
+	if i < 0 || i >= int64(n) {
+		return "", false
+	}
+	k := int64(0)
+	for _, r := range s {
+		if k == i {
+			return string(r), true
+		}
+		k++
+	}
+	return "", false
 }
 
 func pyReprString(v any) string {
@@ -412,107 +424,22 @@ func callSeqMethod(items []any, name string, args []any, kw *Dict) (any, error) 
 // (Python 3.11); the others raise "takes no keyword arguments".
 var strKeywordMethods = map[string]bool{"split": true, "rsplit": true, "splitlines": true, "format": true, "encode": true, "expandtabs": true}
 
+// callStrMethod calls the str method name on s. The multi-line methods are
+// functions of callStrMethod's own parameters, so the dispatch stays one
+// uniform line per method.
 func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
 	if kw != nil && kw.Len() > 0 && !strKeywordMethods[name] {
 		return nil, fmt.Errorf("str.%s() takes no keyword arguments", name)
 	}
 	switch name {
 	case "strip", "lstrip", "rstrip":
-		a, err := bindArgs(name, []string{"chars"}, []any{nil}, args, kw)
-		if err != nil {
-			return nil, err
-		}
-		pred, err := optChars(name, a[0])
-		if err != nil {
-			return nil, err
-		}
-		switch name {
-		case "strip":
-			return strings.TrimFunc(s, pred), nil
-		case "lstrip":
-			return strings.TrimLeftFunc(s, pred), nil
-		}
-		return strings.TrimRightFunc(s, pred), nil
+		return strStrip(r, s, name, args, kw)
 	case "split", "rsplit":
-		a, err := bindArgs(name, []string{"sep", "maxsplit"}, []any{nil, int64(-1)}, args, kw)
-		if err != nil {
-			return nil, err
-		}
-		maxSplit, ok := intIndex(a[1])
-		if !ok {
-			return nil, errors.New("maxsplit must be an integer")
-		}
-		return pySplit(s, a[0], int(max(min(maxSplit, 1<<30), -1)), name == "rsplit")
+		return strSplit(r, s, name, args, kw)
 	case "startswith", "endswith":
-		if len(args) < 1 {
-			return nil, fmt.Errorf("%s() takes at least 1 argument", name)
-		}
-		sub := s
-		if len(args) > 1 {
-			v, err := sliceValue(s, args[1], argOr(args, 2), nil)
-			if err != nil {
-				return nil, err
-			}
-			sub = v.(string)
-		}
-		var cands []any
-		switch p := args[0].(type) {
-		case string:
-			cands = []any{p}
-		case tuple:
-			cands = p
-		default:
-			return nil, fmt.Errorf("%s first arg must be str or a tuple of str, not %s", name, typeName(args[0]))
-		}
-		for _, c := range cands {
-			cs, ok := c.(string)
-			if !ok {
-				return nil, fmt.Errorf("tuple for %s must only contain str", name)
-			}
-			if (name == "startswith" && strings.HasPrefix(sub, cs)) || (name == "endswith" && strings.HasSuffix(sub, cs)) {
-				return true, nil
-			}
-		}
-		return false, nil
+		return strStartsEnds(r, s, name, args, kw)
 	case "replace":
-		a, err := bindArgs(name, []string{"old", "new", "count"}, []any{required, required, int64(-1)}, args, kw)
-		if err != nil {
-			return nil, err
-		}
-		old, err := argString(name, a[0])
-		if err != nil {
-			return nil, err
-		}
-		nw, err := argString(name, a[1])
-		if err != nil {
-			return nil, err
-		}
-		n, ok := intIndex(a[2])
-		if !ok {
-			return nil, errors.New("replace() count must be an integer")
-		}
-		if n < 0 {
-			n = -1
-		}
-		// Size the result before building it: "a"*N replaced by a long
-		// string would otherwise allocate far past the bound first.
-		if grow := len(nw) - len(old); grow > 0 {
-			count := strings.Count(s, old)
-			if old == "" {
-				count = utf8.RuneCountInString(s) + 1
-			}
-			if n >= 0 {
-				count = min(count, int(min(n, 1<<30)))
-			}
-			if count > 0 && int64(count) > int64(r.cfg.maxOutput-len(s))/int64(grow) {
-				return nil, fmt.Errorf("%w: value larger than %d bytes", ErrLimit, r.cfg.maxOutput)
-			}
-		}
-		res := strings.Replace(s, old, nw, int(min(n, 1<<30)))
-		if err := r.build(len(res)); err != nil {
-			return nil, err
-		}
-		return res, nil
+		return strReplace(r, s, name, args, kw)
 	case "upper":
 		return pyUpper(s), nil
 	case "lower":
@@ -522,81 +449,15 @@ func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, erro
 	case "capitalize":
 		return pyCapitalize(s), nil
 	case "swapcase":
-		var b strings.Builder
-		for _, c := range s {
-			switch {
-			case unicode.IsUpper(c):
-				b.WriteString(pyLower(string(c)))
-			case unicode.IsLower(c):
-				b.WriteString(pyUpper(string(c)))
-			default:
-				b.WriteRune(c)
-			}
-		}
-		return b.String(), nil
+		return strSwapcase(r, s, name, args, kw)
 	case "casefold":
 		return pyLower(s), nil
 	case "find", "rfind", "index", "rindex", "count":
-		if len(args) < 1 {
-			return nil, fmt.Errorf("%s() takes at least 1 argument", name)
-		}
-		sub, err := argString(name, args[0])
-		if err != nil {
-			return nil, err
-		}
-		var pos int
-		switch name {
-		case "count":
-			if sub == "" {
-				return int64(utf8.RuneCountInString(s) + 1), nil
-			}
-			return int64(strings.Count(s, sub)), nil
-		case "find", "index":
-			pos = strings.Index(s, sub)
-		default:
-			pos = strings.LastIndex(s, sub)
-		}
-		if pos < 0 {
-			if name == "index" || name == "rindex" {
-				return nil, errors.New("substring not found")
-			}
-			return int64(-1), nil
-		}
-		return int64(utf8.RuneCountInString(s[:pos])), nil
+		return strFind(r, s, name, args, kw)
 	case "join":
-		if len(args) != 1 {
-			return nil, errors.New("join() takes exactly one argument")
-		}
-		items, err := iterate(args[0])
-		if err != nil {
-			return nil, err
-		}
-		parts := make([]string, len(items))
-		for i, it := range items {
-			str, ok := it.(string)
-			if !ok {
-				return nil, fmt.Errorf("sequence item %d: expected str instance, %s found", i, typeName(it))
-			}
-			parts[i] = str
-		}
-		size := len(s) * max(len(parts)-1, 0)
-		for _, p := range parts {
-			size += len(p)
-		}
-		if err := r.build(size); err != nil { // before building it
-			return nil, err
-		}
-		res := strings.Join(parts, s)
-		if err := r.checkSize(len(res)); err != nil {
-			return nil, err
-		}
-		return res, nil
+		return strJoin(r, s, name, args, kw)
 	case "splitlines":
-		a, err := bindArgs(name, []string{"keepends"}, []any{false}, args, kw)
-		if err != nil {
-			return nil, err
-		}
-		return pySplitLines(s, isTruthy(a[0])), nil
+		return strSplitLines(r, s, name, args, kw)
 	case "isdigit", "isdecimal", "isnumeric":
 		return strAll(s, unicode.IsDigit), nil
 	case "isalpha":
@@ -606,112 +467,336 @@ func callStrMethod(r *renderer, s, name string, args []any, kw *Dict) (any, erro
 	case "isspace":
 		return strAll(s, pyIsSpace), nil
 	case "isascii":
-		for _, c := range s {
-			if c > 0x7f {
-				return false, nil
-			}
-		}
-		return true, nil
+		return strIsASCII(r, s, name, args, kw)
 	case "islower", "isupper":
-		cased := false
-		for _, c := range s {
-			if unicode.IsUpper(c) || unicode.IsTitle(c) {
-				if name == "islower" {
-					return false, nil
-				}
-				cased = true
-			} else if unicode.IsLower(c) {
-				if name == "isupper" {
-					return false, nil
-				}
-				cased = true
-			}
-		}
-		return cased, nil
+		return strIsCase(r, s, name, args, kw)
 	case "removeprefix":
-		if len(args) != 1 {
-			return nil, errors.New("removeprefix() takes exactly one argument")
-		}
-		p, err := argString(name, args[0])
-		if err != nil {
-			return nil, err
-		}
-		return strings.TrimPrefix(s, p), nil
+		return strRemovePrefix(r, s, name, args, kw)
 	case "removesuffix":
-		if len(args) != 1 {
-			return nil, errors.New("removesuffix() takes exactly one argument")
-		}
-		p, err := argString(name, args[0])
-		if err != nil {
-			return nil, err
-		}
-		return strings.TrimSuffix(s, p), nil
+		return strRemoveSuffix(r, s, name, args, kw)
 	case "partition", "rpartition":
-		if len(args) != 1 {
-			return nil, fmt.Errorf("%s() takes exactly one argument", name)
-		}
-		sep, err := argString(name, args[0])
-		if err != nil {
-			return nil, err
-		}
-		if sep == "" {
-			return nil, errors.New("empty separator")
-		}
-		i := strings.Index(s, sep)
-		if name == "rpartition" {
-			i = strings.LastIndex(s, sep)
-		}
-		if i < 0 {
-			if name == "rpartition" {
-				return tuple{"", "", s}, nil
-			}
-			return tuple{s, "", ""}, nil
-		}
-		return tuple{s[:i], sep, s[i+len(sep):]}, nil
+		return strPartition(r, s, name, args, kw)
 	case "center", "ljust", "rjust", "zfill":
-		if len(args) < 1 {
-			return nil, fmt.Errorf("%s() takes at least 1 argument", name)
-		}
-		w, ok := intIndex(args[0])
-		if !ok {
-			return nil, fmt.Errorf("%s() width must be an integer", name)
-		}
-		if err := r.build(int(min(w, 1<<31))); err != nil {
-			return nil, err
-		}
-		fill := " "
-		if name == "zfill" {
-			fill = "0"
-		} else if len(args) > 1 {
-			f, err := argString(name, args[1])
-			if err != nil || utf8.RuneCountInString(f) != 1 {
-				return nil, errors.New("the fill character must be exactly one character long")
-			}
-			fill = f
-		}
-		n := utf8.RuneCountInString(s)
-		pad := int(w) - n
-		if pad <= 0 {
-			return s, nil
-		}
-		switch name {
-		case "ljust":
-			return s + strings.Repeat(fill, pad), nil
-		case "rjust":
-			return strings.Repeat(fill, pad) + s, nil
-		case "zfill":
-			if strings.HasPrefix(s, "-") || strings.HasPrefix(s, "+") {
-				return s[:1] + strings.Repeat("0", pad) + s[1:], nil
-			}
-			return strings.Repeat("0", pad) + s, nil
-		}
-		// CPython: left = marg/2 + (marg & width & 1).
-		left := pad/2 + (pad & int(w) & 1)
-		return strings.Repeat(fill, left) + s + strings.Repeat(fill, pad-left), nil
+		return strJustify(r, s, name, args, kw)
 	case "format":
 		return pyFormat(s, args, kw)
 	}
 	return nil, fmt.Errorf("str.%s is not supported", name)
+}
+
+// strStrip is str.strip, lstrip and rstrip (chars: None or a str).
+func strStrip(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	a, err := bindArgs(name, []string{"chars"}, []any{nil}, args, kw)
+	if err != nil {
+		return nil, err
+	}
+	pred, err := optChars(name, a[0])
+	if err != nil {
+		return nil, err
+	}
+	switch name {
+	case "strip":
+		return strings.TrimFunc(s, pred), nil
+	case "lstrip":
+		return strings.TrimLeftFunc(s, pred), nil
+	}
+	return strings.TrimRightFunc(s, pred), nil
+}
+
+// strSplit is str.split and str.rsplit.
+func strSplit(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	a, err := bindArgs(name, []string{"sep", "maxsplit"}, []any{nil, int64(-1)}, args, kw)
+	if err != nil {
+		return nil, err
+	}
+	maxSplit, ok := intIndex(a[1])
+	if !ok {
+		return nil, errors.New("maxsplit must be an integer")
+	}
+	return pySplit(s, a[0], int(max(min(maxSplit, 1<<30), -1)), name == "rsplit")
+}
+
+// strStartsEnds is str.startswith and str.endswith: a str or tuple of str, optional start and end.
+func strStartsEnds(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	if len(args) < 1 {
+		return nil, fmt.Errorf("%s() takes at least 1 argument", name)
+	}
+	sub := s
+	if len(args) > 1 {
+		v, err := sliceValue(s, args[1], argOr(args, 2), nil)
+		if err != nil {
+			return nil, err
+		}
+		sub = v.(string)
+	}
+	var cands []any
+	switch p := args[0].(type) {
+	case string:
+		cands = []any{p}
+	case tuple:
+		cands = p
+	default:
+		return nil, fmt.Errorf("%s first arg must be str or a tuple of str, not %s", name, typeName(args[0]))
+	}
+	for _, c := range cands {
+		cs, ok := c.(string)
+		if !ok {
+			return nil, fmt.Errorf("tuple for %s must only contain str", name)
+		}
+		if (name == "startswith" && strings.HasPrefix(sub, cs)) || (name == "endswith" && strings.HasSuffix(sub, cs)) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// strReplace is str.replace, sized against the output bound before it is built.
+func strReplace(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	a, err := bindArgs(name, []string{"old", "new", "count"}, []any{required, required, int64(-1)}, args, kw)
+	if err != nil {
+		return nil, err
+	}
+	old, err := argString(name, a[0])
+	if err != nil {
+		return nil, err
+	}
+	nw, err := argString(name, a[1])
+	if err != nil {
+		return nil, err
+	}
+	n, ok := intIndex(a[2])
+	if !ok {
+		return nil, errors.New("replace() count must be an integer")
+	}
+	if n < 0 {
+		n = -1
+	}
+	// Size the result before building it: "a"*N replaced by a long
+	// string would otherwise allocate far past the bound first.
+	if grow := len(nw) - len(old); grow > 0 {
+		count := strings.Count(s, old)
+		if old == "" {
+			count = utf8.RuneCountInString(s) + 1
+		}
+		if n >= 0 {
+			count = min(count, int(min(n, 1<<30)))
+		}
+		if count > 0 && int64(count) > int64(r.cfg.maxOutput-len(s))/int64(grow) {
+			return nil, fmt.Errorf("%w: value larger than %d bytes", ErrLimit, r.cfg.maxOutput)
+		}
+	}
+	res := strings.Replace(s, old, nw, int(min(n, 1<<30)))
+	if err := r.build(len(res)); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// strSwapcase is str.swapcase.
+func strSwapcase(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	var b strings.Builder
+	for _, c := range s {
+		switch {
+		case unicode.IsUpper(c):
+			b.WriteString(pyLower(string(c)))
+		case unicode.IsLower(c):
+			b.WriteString(pyUpper(string(c)))
+		default:
+			b.WriteRune(c)
+		}
+	}
+	return b.String(), nil
+}
+
+// strFind is str.find, rfind, index, rindex and count (positions in code points).
+func strFind(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	if len(args) < 1 {
+		return nil, fmt.Errorf("%s() takes at least 1 argument", name)
+	}
+	sub, err := argString(name, args[0])
+	if err != nil {
+		return nil, err
+	}
+	var pos int
+	switch name {
+	case "count":
+		if sub == "" {
+			return int64(utf8.RuneCountInString(s) + 1), nil
+		}
+		return int64(strings.Count(s, sub)), nil
+	case "find", "index":
+		pos = strings.Index(s, sub)
+	default:
+		pos = strings.LastIndex(s, sub)
+	}
+	if pos < 0 {
+		if name == "index" || name == "rindex" {
+			return nil, errors.New("substring not found")
+		}
+		return int64(-1), nil
+	}
+	return int64(utf8.RuneCountInString(s[:pos])), nil
+}
+
+// strJoin is str.join, sized against the output bound before it is built.
+func strJoin(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	if len(args) != 1 {
+		return nil, errors.New("join() takes exactly one argument")
+	}
+	items, err := iterate(args[0])
+	if err != nil {
+		return nil, err
+	}
+	parts := make([]string, len(items))
+	for i, it := range items {
+		str, ok := it.(string)
+		if !ok {
+			return nil, fmt.Errorf("sequence item %d: expected str instance, %s found", i, typeName(it))
+		}
+		parts[i] = str
+	}
+	size := len(s) * max(len(parts)-1, 0)
+	for _, p := range parts {
+		size += len(p)
+	}
+	if err := r.build(size); err != nil { // before building it
+		return nil, err
+	}
+	res := strings.Join(parts, s)
+	if err := r.checkSize(len(res)); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// strSplitLines is str.splitlines.
+func strSplitLines(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	a, err := bindArgs(name, []string{"keepends"}, []any{false}, args, kw)
+	if err != nil {
+		return nil, err
+	}
+	return pySplitLines(s, isTruthy(a[0])), nil
+}
+
+// strIsASCII is str.isascii.
+func strIsASCII(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	for _, c := range s {
+		if c > 0x7f {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// strIsCase is str.islower and str.isupper: true when there is a cased character and none of the other case.
+func strIsCase(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	cased := false
+	for _, c := range s {
+		if unicode.IsUpper(c) || unicode.IsTitle(c) {
+			if name == "islower" {
+				return false, nil
+			}
+			cased = true
+		} else if unicode.IsLower(c) {
+			if name == "isupper" {
+				return false, nil
+			}
+			cased = true
+		}
+	}
+	return cased, nil
+}
+
+// strRemovePrefix is str.removeprefix.
+func strRemovePrefix(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	if len(args) != 1 {
+		return nil, errors.New("removeprefix() takes exactly one argument")
+	}
+	p, err := argString(name, args[0])
+	if err != nil {
+		return nil, err
+	}
+	return strings.TrimPrefix(s, p), nil
+}
+
+// strRemoveSuffix is str.removesuffix.
+func strRemoveSuffix(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	if len(args) != 1 {
+		return nil, errors.New("removesuffix() takes exactly one argument")
+	}
+	p, err := argString(name, args[0])
+	if err != nil {
+		return nil, err
+	}
+	return strings.TrimSuffix(s, p), nil
+}
+
+// strPartition is str.partition and str.rpartition.
+func strPartition(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	if len(args) != 1 {
+		return nil, fmt.Errorf("%s() takes exactly one argument", name)
+	}
+	sep, err := argString(name, args[0])
+	if err != nil {
+		return nil, err
+	}
+	if sep == "" {
+		return nil, errors.New("empty separator")
+	}
+	i := strings.Index(s, sep)
+	if name == "rpartition" {
+		i = strings.LastIndex(s, sep)
+	}
+	if i < 0 {
+		if name == "rpartition" {
+			return tuple{"", "", s}, nil
+		}
+		return tuple{s, "", ""}, nil
+	}
+	return tuple{s[:i], sep, s[i+len(sep):]}, nil
+}
+
+// strJustify is str.center, ljust, rjust and zfill.
+func strJustify(r *renderer, s, name string, args []any, kw *Dict) (any, error) {
+	if len(args) < 1 {
+		return nil, fmt.Errorf("%s() takes at least 1 argument", name)
+	}
+	w, ok := intIndex(args[0])
+	if !ok {
+		return nil, fmt.Errorf("%s() width must be an integer", name)
+	}
+	if err := r.build(int(min(w, 1<<31))); err != nil {
+		return nil, err
+	}
+	fill := " "
+	if name == "zfill" {
+		fill = "0"
+	} else if len(args) > 1 {
+		f, err := argString(name, args[1])
+		if err != nil || utf8.RuneCountInString(f) != 1 {
+			return nil, errors.New("the fill character must be exactly one character long")
+		}
+		fill = f
+	}
+	n := utf8.RuneCountInString(s)
+	pad := int(w) - n
+	if pad <= 0 {
+		return s, nil
+	}
+	switch name {
+	case "ljust":
+		return s + strings.Repeat(fill, pad), nil
+	case "rjust":
+		return strings.Repeat(fill, pad) + s, nil
+	case "zfill":
+		if strings.HasPrefix(s, "-") || strings.HasPrefix(s, "+") {
+			return s[:1] + strings.Repeat("0", pad) + s[1:], nil
+		}
+		return strings.Repeat("0", pad) + s, nil
+	}
+	// CPython: left = marg/2 + (marg & width & 1).
+	left := pad/2 + (pad & int(w) & 1)
+	return strings.Repeat(fill, left) + s + strings.Repeat(fill, pad-left), nil
 }
 
 func argOr(args []any, i int) any {
@@ -737,39 +822,7 @@ func strAll(s string, pred func(rune) bool) bool {
 func pySplit(s string, sepArg any, maxSplit int, fromRight bool) (any, error) {
 	var parts []string
 	if sepArg == nil {
-		fields := strings.FieldsFunc(s, pyIsSpace)
-		if maxSplit < 0 || maxSplit >= len(fields) {
-			parts = fields
-		} else if !fromRight {
-			// Split off maxSplit words, keep the rest (left-stripped) whole.
-			rest := s
-			for i := 0; i < maxSplit; i++ {
-				rest = strings.TrimLeftFunc(rest, pyIsSpace)
-				end := strings.IndexFunc(rest, pyIsSpace)
-				parts = append(parts, rest[:end])
-				rest = rest[end:]
-			}
-			rest = strings.TrimLeftFunc(rest, pyIsSpace)
-			if rest != "" {
-				parts = append(parts, rest)
-			}
-		} else {
-			rest := s
-			var rev []string
-			for i := 0; i < maxSplit; i++ {
-				rest = strings.TrimRightFunc(rest, pyIsSpace)
-				start := strings.LastIndexFunc(rest, pyIsSpace)
-				rev = append(rev, rest[start+1:])
-				rest = rest[:start+1]
-			}
-			rest = strings.TrimRightFunc(rest, pyIsSpace)
-			if rest != "" {
-				parts = append(parts, rest)
-			}
-			for i := len(rev) - 1; i >= 0; i-- {
-				parts = append(parts, rev[i])
-			}
-		}
+		parts = splitWhitespace(s, maxSplit, fromRight)
 	} else {
 		sep, ok := sepArg.(string)
 		if !ok {
@@ -778,33 +831,81 @@ func pySplit(s string, sepArg any, maxSplit int, fromRight bool) (any, error) {
 		if sep == "" {
 			return nil, errors.New("empty separator")
 		}
-		switch {
-		case maxSplit < 0:
-			parts = strings.Split(s, sep)
-		case !fromRight:
-			parts = strings.SplitN(s, sep, maxSplit+1)
-		default:
-			rest := s
-			var rev []string
-			for i := 0; i < maxSplit; i++ {
-				j := strings.LastIndex(rest, sep)
-				if j < 0 {
-					break
-				}
-				rev = append(rev, rest[j+len(sep):])
-				rest = rest[:j]
-			}
-			parts = append(parts, rest)
-			for i := len(rev) - 1; i >= 0; i-- {
-				parts = append(parts, rev[i])
-			}
-		}
+		parts = splitSep(s, sep, maxSplit, fromRight)
 	}
 	out := make([]any, len(parts))
 	for i, p := range parts {
 		out[i] = p
 	}
 	return out, nil
+}
+
+// splitWhitespace is str.split() / str.rsplit() without a separator: runs of
+// whitespace separate, and at most maxSplit splits (negative: no limit) are
+// made from the left or, fromRight, from the right; the rest stays whole.
+func splitWhitespace(s string, maxSplit int, fromRight bool) []string {
+	fields := strings.FieldsFunc(s, pyIsSpace)
+	if maxSplit < 0 || maxSplit >= len(fields) {
+		return fields
+	}
+	var parts []string
+	if !fromRight {
+		// Split off maxSplit words, keep the rest (left-stripped) whole.
+		rest := s
+		for i := 0; i < maxSplit; i++ {
+			rest = strings.TrimLeftFunc(rest, pyIsSpace)
+			end := strings.IndexFunc(rest, pyIsSpace)
+			parts = append(parts, rest[:end])
+			rest = rest[end:]
+		}
+		rest = strings.TrimLeftFunc(rest, pyIsSpace)
+		if rest != "" {
+			parts = append(parts, rest)
+		}
+		return parts
+	}
+	rest := s
+	var rev []string
+	for i := 0; i < maxSplit; i++ {
+		rest = strings.TrimRightFunc(rest, pyIsSpace)
+		start := strings.LastIndexFunc(rest, pyIsSpace)
+		rev = append(rev, rest[start+1:])
+		rest = rest[:start+1]
+	}
+	rest = strings.TrimRightFunc(rest, pyIsSpace)
+	if rest != "" {
+		parts = append(parts, rest)
+	}
+	for i := len(rev) - 1; i >= 0; i-- {
+		parts = append(parts, rev[i])
+	}
+	return parts
+}
+
+// splitSep is str.split(sep) / str.rsplit(sep) for a non-empty sep, with at
+// most maxSplit splits (negative: no limit).
+func splitSep(s, sep string, maxSplit int, fromRight bool) []string {
+	switch {
+	case maxSplit < 0:
+		return strings.Split(s, sep)
+	case !fromRight:
+		return strings.SplitN(s, sep, maxSplit+1)
+	}
+	rest := s
+	var rev []string
+	for i := 0; i < maxSplit; i++ {
+		j := strings.LastIndex(rest, sep)
+		if j < 0 {
+			break
+		}
+		rev = append(rev, rest[j+len(sep):])
+		rest = rest[:j]
+	}
+	parts := []string{rest}
+	for i := len(rev) - 1; i >= 0; i-- {
+		parts = append(parts, rev[i])
+	}
+	return parts
 }
 
 // pySplitLines is Python's str.splitlines.

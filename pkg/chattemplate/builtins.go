@@ -546,17 +546,9 @@ func filterSelect(keep, byAttr bool) filterFunc {
 			if err := r.step(); err != nil {
 				return nil, err
 			}
-			x := it
-			if byAttr {
-				if x, err = attrPath(it, attr); err != nil {
-					return nil, err
-				}
-			}
-			ok := isTruthy(x)
-			if test != nil {
-				if ok, err = test(r, x, args, kw); err != nil {
-					return nil, err
-				}
+			ok, err := selectTest(r, it, byAttr, attr, test, args, kw)
+			if err != nil {
+				return nil, err
 			}
 			if ok == keep {
 				out = append(out, it)
@@ -564,6 +556,22 @@ func filterSelect(keep, byAttr bool) filterFunc {
 		}
 		return newGenerator("generator", out), nil
 	}
+}
+
+// selectTest is the test select/reject applies to item it: test (or
+// truthiness when nil) of it, or of its attribute attr when byAttr.
+func selectTest(r *renderer, it any, byAttr bool, attr any, test testFunc, args []any, kw *Dict) (bool, error) {
+	x := it
+	if byAttr {
+		var err error
+		if x, err = attrPath(it, attr); err != nil {
+			return false, err
+		}
+	}
+	if test == nil {
+		return isTruthy(x), nil
+	}
+	return test(r, x, args, kw)
 }
 
 func filterReplace(r *renderer, v any, args []any, kw *Dict) (any, error) {
@@ -604,6 +612,25 @@ func filterReverse(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	return newGenerator(name, rev), nil
 }
 
+// roundInt is Python's round(int, ndigits), which stays an int: to
+// 10**-ndigits, ties to even.
+func roundInt(i, prec int64) int64 {
+	if prec >= 0 {
+		return i
+	}
+	p := int64(math.Pow(10, float64(min(-prec, 18))))
+	q := i / p
+	rem := i - q*p
+	if 2*abs64(rem) > p || (2*abs64(rem) == p && q%2 != 0) {
+		if rem > 0 {
+			q++
+		} else {
+			q--
+		}
+	}
+	return q * p
+}
+
 func filterRound(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	a, err := bindArgs("round", []string{"precision", "method"}, []any{int64(0), "common"}, args, kw)
 	if err != nil {
@@ -615,22 +642,7 @@ func filterRound(r *renderer, v any, args []any, kw *Dict) (any, error) {
 	}
 	prec, _ := intIndex(a[0])
 	if !n.isFloat && a[1] == "common" {
-		// round(int, ndigits) stays an int in Python.
-		if prec >= 0 {
-			return n.i, nil
-		}
-		p := int64(math.Pow(10, float64(min(-prec, 18))))
-		q := n.i / p
-		rem := n.i - q*p
-		switch {
-		case 2*abs64(rem) > p || (2*abs64(rem) == p && q%2 != 0):
-			if rem > 0 {
-				q++
-			} else {
-				q--
-			}
-		}
-		return q * p, nil
+		return roundInt(n.i, prec), nil
 	}
 	if a[1] == "common" {
 		// Python's round(): correctly rounded, ties to even.
@@ -1165,51 +1177,60 @@ func percentFormat(format string, arg any) (any, error) {
 			val = list[next]
 			next++
 		}
-		switch verb {
-		case 's':
-			b.WriteString(fmt.Sprintf("%"+flags+"s", pyStr(val)))
-		case 'r', 'a':
-			b.WriteString(fmt.Sprintf("%"+flags+"s", pyReprString(val)))
-		case 'd', 'i', 'u':
-			n, ok := numeric(val)
-			if !ok {
-				return nil, fmt.Errorf("%%d format: a real number is required, not %s", typeName(val))
-			}
-			iv := n.i
-			if n.isFloat {
-				iv = int64(n.f)
-			}
-			b.WriteString(fmt.Sprintf("%"+flags+"d", iv))
-		case 'f', 'F', 'e', 'E', 'g', 'G':
-			n, ok := numeric(val)
-			if !ok {
-				return nil, fmt.Errorf("must be real number, not %s", typeName(val))
-			}
-			if !strings.Contains(flags, ".") && verb != 'g' && verb != 'G' {
-				flags += ".6"
-			}
-			b.WriteString(fmt.Sprintf("%"+flags+string(verb), n.float()))
-		case 'x', 'X', 'o':
-			n, ok := numeric(val)
-			if !ok || n.isFloat {
-				return nil, fmt.Errorf("%%%c format: an integer is required", verb)
-			}
-			b.WriteString(fmt.Sprintf("%"+flags+string(verb), n.i))
-		case 'c':
-			switch x := val.(type) {
-			case string:
-				b.WriteString(x)
-			case int64:
-				b.WriteRune(rune(x))
-			}
-		default:
-			return nil, fmt.Errorf("unsupported format character '%c'", verb)
+		if err := writePercentVerb(&b, verb, flags, val); err != nil {
+			return nil, err
 		}
 	}
 	if !mappingLike && next < len(list) {
 		return nil, errors.New("not all arguments converted during string formatting")
 	}
 	return b.String(), nil
+}
+
+// writePercentVerb writes val formatted by one %-conversion (verb with its
+// flags).
+func writePercentVerb(b *strings.Builder, verb byte, flags string, val any) error {
+	switch verb {
+	case 's':
+		b.WriteString(fmt.Sprintf("%"+flags+"s", pyStr(val)))
+	case 'r', 'a':
+		b.WriteString(fmt.Sprintf("%"+flags+"s", pyReprString(val)))
+	case 'd', 'i', 'u':
+		n, ok := numeric(val)
+		if !ok {
+			return fmt.Errorf("%%d format: a real number is required, not %s", typeName(val))
+		}
+		iv := n.i
+		if n.isFloat {
+			iv = int64(n.f)
+		}
+		b.WriteString(fmt.Sprintf("%"+flags+"d", iv))
+	case 'f', 'F', 'e', 'E', 'g', 'G':
+		n, ok := numeric(val)
+		if !ok {
+			return fmt.Errorf("must be real number, not %s", typeName(val))
+		}
+		if !strings.Contains(flags, ".") && verb != 'g' && verb != 'G' {
+			flags += ".6"
+		}
+		b.WriteString(fmt.Sprintf("%"+flags+string(verb), n.float()))
+	case 'x', 'X', 'o':
+		n, ok := numeric(val)
+		if !ok || n.isFloat {
+			return fmt.Errorf("%%%c format: an integer is required", verb)
+		}
+		b.WriteString(fmt.Sprintf("%"+flags+string(verb), n.i))
+	case 'c':
+		switch x := val.(type) {
+		case string:
+			b.WriteString(x)
+		case int64:
+			b.WriteRune(rune(x))
+		}
+	default:
+		return fmt.Errorf("unsupported format character '%c'", verb)
+	}
+	return nil
 }
 
 // pyFormat is a subset of str.format: {} {0} {name} with optional !r/!s.
@@ -1239,25 +1260,9 @@ func pyFormat(format string, args []any, kw *Dict) (any, error) {
 			if strings.ContainsRune(field, ':') {
 				return nil, errors.New("format specs are not supported")
 			}
-			var val any
-			switch {
-			case field == "":
-				if auto >= len(args) {
-					return nil, errors.New("replacement index out of range")
-				}
-				val = args[auto]
-				auto++
-			case field[0] >= '0' && field[0] <= '9':
-				n, err := strconv.Atoi(field)
-				if err != nil || n >= len(args) {
-					return nil, errors.New("replacement index out of range")
-				}
-				val = args[n]
-			default:
-				if kw == nil || !hasKey(kw, field) {
-					return nil, fmt.Errorf("KeyError: '%s'", field)
-				}
-				val = kw.val(field)
+			val, err := formatField(field, args, &auto, kw)
+			if err != nil {
+				return nil, err
 			}
 			if conv == "r" {
 				b.WriteString(pyReprString(val))
@@ -1271,4 +1276,29 @@ func pyFormat(format string, args []any, kw *Dict) (any, error) {
 		}
 	}
 	return b.String(), nil
+}
+
+// formatField is the value of one str.format replacement field: the next
+// positional argument ({}, counted by auto), a numbered one or a keyword.
+func formatField(field string, args []any, auto *int, kw *Dict) (any, error) {
+	switch {
+	case field == "":
+		if *auto >= len(args) {
+			return nil, errors.New("replacement index out of range")
+		}
+		val := args[*auto]
+		*auto++
+		return val, nil
+	case field[0] >= '0' && field[0] <= '9':
+		n, err := strconv.Atoi(field)
+		if err != nil || n >= len(args) {
+			return nil, errors.New("replacement index out of range")
+		}
+		return args[n], nil
+	default:
+		if kw == nil || !hasKey(kw, field) {
+			return nil, fmt.Errorf("KeyError: '%s'", field)
+		}
+		return kw.val(field), nil
+	}
 }

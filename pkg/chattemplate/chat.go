@@ -167,56 +167,74 @@ var textPartTypes = map[string]string{
 func (t *Template) normalizeMessages(in []map[string]any) ([]any, error) {
 	out := make([]any, 0, len(in))
 	for i, raw := range in {
-		m, err := messageFields(raw)
+		msg, err := t.normalizeMessage(i, raw)
 		if err != nil {
-			return nil, fmt.Errorf("chattemplate: message %d: %w", i, err)
-		}
-		role, ok := m.val("role").(string)
-		if !ok {
-			return nil, fmt.Errorf("%w: message %d has no string role", ErrBadMessages, i)
-		}
-		content, err := t.normalizeContent(m.val("content"), role)
-		if err != nil {
-			return nil, fmt.Errorf("%w: message %d: %v", ErrBadMessages, i, err)
-		}
-		msg := NewDict()
-		msg.Set("role", role)
-		msg.Set("content", content)
-		switch role {
-		case "assistant":
-			if tc, ok := m.Get("tool_calls"); ok && tc != nil {
-				calls, err := normalizeToolCalls(tc)
-				if err != nil {
-					return nil, fmt.Errorf("%w: message %d: %v", ErrBadMessages, i, err)
-				}
-				if calls != nil {
-					msg.Set("tool_calls", calls)
-				}
-			}
-			if reasoning, ok := m.Get("reasoning"); ok && reasoning != nil {
-				msg.Set("reasoning", reasoning)
-				msg.Set("reasoning_content", reasoning)
-			}
-		case "tool":
-			if id, ok := m.Get("tool_call_id"); ok {
-				msg.Set("tool_call_id", id)
-			}
-			if parts, ok := content.([]any); ok {
-				msg.Set("content", joinToolParts(parts))
-			}
-		}
-		if name, ok := m.val("name").(string); ok {
-			msg.Set("name", name)
-		}
-		if task, ok := m.val("task").(string); ok {
-			msg.Set("task", task)
-		}
-		if role == "developer" {
-			msg.Set("tools", m.val("tools"))
+			return nil, err
 		}
 		out = append(out, msg)
 	}
 	return out, nil
+}
+
+// normalizeMessage is normalizeMessages for message i.
+func (t *Template) normalizeMessage(i int, raw map[string]any) (*Dict, error) {
+	m, err := messageFields(raw)
+	if err != nil {
+		return nil, fmt.Errorf("chattemplate: message %d: %w", i, err)
+	}
+	role, ok := m.val("role").(string)
+	if !ok {
+		return nil, fmt.Errorf("%w: message %d has no string role", ErrBadMessages, i)
+	}
+	content, err := t.normalizeContent(m.val("content"), role)
+	if err != nil {
+		return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
+	}
+	msg := NewDict()
+	msg.Set("role", role)
+	msg.Set("content", content)
+	switch role {
+	case "assistant":
+		if err := assistantFields(msg, m); err != nil {
+			return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
+		}
+	case "tool":
+		if id, ok := m.Get("tool_call_id"); ok {
+			msg.Set("tool_call_id", id)
+		}
+		if parts, ok := content.([]any); ok {
+			msg.Set("content", joinToolParts(parts))
+		}
+	}
+	if name, ok := m.val("name").(string); ok {
+		msg.Set("name", name)
+	}
+	if task, ok := m.val("task").(string); ok {
+		msg.Set("task", task)
+	}
+	if role == "developer" {
+		msg.Set("tools", m.val("tools"))
+	}
+	return msg, nil
+}
+
+// assistantFields copies an assistant message's tool calls (normalized; an
+// empty list dropped) and its reasoning from m onto msg.
+func assistantFields(msg, m *Dict) error {
+	if tc, ok := m.Get("tool_calls"); ok && tc != nil {
+		calls, err := normalizeToolCalls(tc)
+		if err != nil {
+			return err
+		}
+		if calls != nil {
+			msg.Set("tool_calls", calls)
+		}
+	}
+	if reasoning, ok := m.Get("reasoning"); ok && reasoning != nil {
+		msg.Set("reasoning", reasoning)
+		msg.Set("reasoning_content", reasoning)
+	}
+	return nil
 }
 
 // messageFields converts the message keys vLLM reads (and only those).
@@ -360,35 +378,13 @@ func detectContentFormat(body []node) string {
 			loops = append(loops, x)
 		}
 	})
-	// Names bound to messages (or slices/filters of it), transitively.
-	msgVars := []string{"messages"}
-	queue := []string{"messages"}
-	for len(queue) > 0 {
-		v := queue[0]
-		queue = queue[1:]
-		for _, a := range assigns {
-			if isVarOrElemsAccess(a.value, v, "") {
-				if a.target.name == "" || a.target.attr != "" || a.target.items != nil {
-					return "string" // vLLM's assertion fails; it falls back to the default
-				}
-				msgVars = append(msgVars, a.target.name)
-				if a.target.name != v {
-					queue = append(queue, a.target.name)
-				}
-			}
-		}
+	msgVars, ok := messageVars(assigns)
+	if !ok {
+		return "string" // vLLM's assertion fails; it falls back to the default
 	}
-	var msgItems []string
-	for _, l := range loops {
-		for _, v := range msgVars {
-			if isVarOrElemsAccess(l.iter, v, "") {
-				if l.target.name == "" || l.target.items != nil {
-					return "string"
-				}
-				msgItems = append(msgItems, l.target.name)
-				break
-			}
-		}
+	msgItems, ok := messageItems(loops, msgVars)
+	if !ok {
+		return "string"
 	}
 	for _, l := range loops {
 		for _, v := range msgItems {
@@ -398,6 +394,49 @@ func detectContentFormat(body []node) string {
 		}
 	}
 	return "string"
+}
+
+// messageVars is the names bound to messages (or slices or filters of it),
+// transitively; false when one is bound to something other than a plain name.
+func messageVars(assigns []*setNode) ([]string, bool) {
+	msgVars := []string{"messages"}
+	queue := []string{"messages"}
+	for len(queue) > 0 {
+		v := queue[0]
+		queue = queue[1:]
+		for _, a := range assigns {
+			if !isVarOrElemsAccess(a.value, v, "") {
+				continue
+			}
+			if a.target.name == "" || a.target.attr != "" || a.target.items != nil {
+				return nil, false
+			}
+			msgVars = append(msgVars, a.target.name)
+			if a.target.name != v {
+				queue = append(queue, a.target.name)
+			}
+		}
+	}
+	return msgVars, true
+}
+
+// messageItems is the loop variables of the loops over any of msgVars; false
+// when such a loop unpacks its items.
+func messageItems(loops []*forNode, msgVars []string) ([]string, bool) {
+	var msgItems []string
+	for _, l := range loops {
+		for _, v := range msgVars {
+			if !isVarOrElemsAccess(l.iter, v, "") {
+				continue
+			}
+			if l.target.name == "" || l.target.items != nil {
+				return nil, false
+			}
+			msgItems = append(msgItems, l.target.name)
+			break
+		}
+	}
+	return msgItems, true
 }
 
 func isVarOrElemsAccess(e expr, name, key string) bool {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -211,31 +212,9 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 	case *textNode:
 		return flowNormal, r.write(out, n.text)
 	case *outputNode:
-		if n.constant {
-			// Jinja2 folds a fully constant {{ }} at compile time through
-			// as_const, where slicing a non-sequence yields Undefined.
-			r.folding = true
-			defer func() { r.folding = false }()
-		}
-		v, err := r.eval(n.expr, sc)
-		if err != nil {
-			return flowNormal, err
-		}
-		if u, ok := v.(undefined); ok && u.unsafe {
-			return flowNormal, nil
-		}
-		return flowNormal, r.writeValue(out, v)
+		return r.execOutput(n, sc, out)
 	case *ifNode:
-		for i, c := range n.conds {
-			v, err := r.eval(c, sc)
-			if err != nil {
-				return flowNormal, err
-			}
-			if isTruthy(v) {
-				return r.execBody(n.bodies[i], sc, out)
-			}
-		}
-		return r.execBody(n.orElse, sc, out)
+		return r.execIf(n, sc, out)
 	case *forNode:
 		iter, err := r.eval(n.iter, sc)
 		if err != nil {
@@ -249,18 +228,7 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 		}
 		return flowNormal, r.assign(n.target, v, sc)
 	case *setBlockNode:
-		var buf strings.Builder
-		if _, err := r.execBody(n.body, sc, &buf); err != nil {
-			return flowNormal, err
-		}
-		var v any = buf.String()
-		if n.filter != nil {
-			var err error
-			if v, err = r.applyFilterChain(n.filter, v, sc); err != nil {
-				return flowNormal, err
-			}
-		}
-		return flowNormal, r.assign(n.target, v, sc)
+		return r.execSetBlock(n, sc, out)
 	case *macroNode:
 		sc.set(n.name, &macroValue{node: n, closure: sc, name: n.name, params: n.params, defaults: n.defaults, body: n.body})
 		return flowNormal, nil
@@ -272,33 +240,91 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 		}
 		return flowNormal, r.writeValue(out, v)
 	case *filterBlockNode:
-		var buf strings.Builder
-		if _, err := r.execBody(n.body, sc, &buf); err != nil {
-			return flowNormal, err
-		}
-		v, err := r.applyFilterChain(n.filter, buf.String(), sc)
-		if err != nil {
-			return flowNormal, err
-		}
-		return flowNormal, r.writeValue(out, v)
+		return r.execFilterBlock(n, sc, out)
 	case *withNode:
-		inner := newScope(sc)
-		for i, t := range n.targets {
-			v, err := r.eval(n.values[i], sc)
-			if err != nil {
-				return flowNormal, err
-			}
-			if err := r.assign(t, v, inner); err != nil {
-				return flowNormal, err
-			}
-		}
-		return r.execBody(n.body, inner, out)
+		return r.execWith(n, sc, out)
 	case *breakNode:
 		return flowBreak, nil
 	case *continueNode:
 		return flowContinue, nil
 	}
 	return flowNormal, fmt.Errorf("chattemplate: internal error: unknown node %T", n)
+}
+
+// execOutput writes the value of a {{ … }} tag.
+func (r *renderer) execOutput(n *outputNode, sc *scope, out *strings.Builder) (flow, error) {
+	if n.constant {
+		// Jinja2 folds a fully constant {{ }} at compile time through
+		// as_const, where slicing a non-sequence yields Undefined.
+		r.folding = true
+		defer func() { r.folding = false }()
+	}
+	v, err := r.eval(n.expr, sc)
+	if err != nil {
+		return flowNormal, err
+	}
+	if u, ok := v.(undefined); ok && u.unsafe {
+		return flowNormal, nil
+	}
+	return flowNormal, r.writeValue(out, v)
+}
+
+// execIf runs the body of the first true condition, else the else body.
+func (r *renderer) execIf(n *ifNode, sc *scope, out *strings.Builder) (flow, error) {
+	for i, c := range n.conds {
+		v, err := r.eval(c, sc)
+		if err != nil {
+			return flowNormal, err
+		}
+		if isTruthy(v) {
+			return r.execBody(n.bodies[i], sc, out)
+		}
+	}
+	return r.execBody(n.orElse, sc, out)
+}
+
+// execSetBlock assigns the rendered body, through its filter if any.
+func (r *renderer) execSetBlock(n *setBlockNode, sc *scope, out *strings.Builder) (flow, error) {
+	var buf strings.Builder
+	if _, err := r.execBody(n.body, sc, &buf); err != nil {
+		return flowNormal, err
+	}
+	var v any = buf.String()
+	if n.filter != nil {
+		var err error
+		if v, err = r.applyFilterChain(n.filter, v, sc); err != nil {
+			return flowNormal, err
+		}
+	}
+	return flowNormal, r.assign(n.target, v, sc)
+}
+
+// execFilterBlock writes the rendered body through its filter chain.
+func (r *renderer) execFilterBlock(n *filterBlockNode, sc *scope, out *strings.Builder) (flow, error) {
+	var buf strings.Builder
+	if _, err := r.execBody(n.body, sc, &buf); err != nil {
+		return flowNormal, err
+	}
+	v, err := r.applyFilterChain(n.filter, buf.String(), sc)
+	if err != nil {
+		return flowNormal, err
+	}
+	return flowNormal, r.writeValue(out, v)
+}
+
+// execWith runs the body in a scope holding the with targets.
+func (r *renderer) execWith(n *withNode, sc *scope, out *strings.Builder) (flow, error) {
+	inner := newScope(sc)
+	for i, t := range n.targets {
+		v, err := r.eval(n.values[i], sc)
+		if err != nil {
+			return flowNormal, err
+		}
+		if err := r.assign(t, v, inner); err != nil {
+			return flowNormal, err
+		}
+	}
+	return r.execBody(n.body, inner, out)
 }
 
 // applyFilterChain applies a filter chain whose innermost node is nil to v.
@@ -423,7 +449,6 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 		return nil, fmt.Errorf("%w: call depth above %d", ErrLimit, r.cfg.maxCallDepth)
 	}
 	sc := newScope(m.closure)
-	firstDefault := len(m.params) - len(m.defaults)
 	var varargs []any
 	if len(args) > len(m.params) {
 		if m.node != nil && !m.node.catchVarargs {
@@ -432,49 +457,12 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 		varargs = append(varargs, args[len(m.params):]...)
 		args = args[:len(m.params)]
 	}
-	extra := NewDict()
-	if kw != nil {
-		for _, k := range kw.keys {
-			found := false
-			for _, p := range m.params {
-				if p == k {
-					found = true
-				}
-			}
-			if k == "caller" && caller == nil {
-				if c, ok := kw.val(k).(*macroValue); ok {
-					caller = c
-					continue
-				}
-			}
-			if !found {
-				if m.node != nil && !m.node.catchKwargs {
-					return nil, fmt.Errorf("macro '%s' takes no keyword argument '%s'", m.name, k)
-				}
-				extra.Set(k, kw.val(k))
-			}
-		}
+	extra, caller, err := macroKwargs(m, kw, caller)
+	if err != nil {
+		return nil, err
 	}
-	for i, p := range m.params {
-		switch {
-		case i < len(args):
-			if kw != nil {
-				if _, dup := kw.Get(p); dup {
-					return nil, fmt.Errorf("macro '%s' got multiple values for argument '%s'", m.name, p)
-				}
-			}
-			sc.set(p, args[i])
-		case kw != nil && hasKey(kw, p):
-			sc.set(p, kw.val(p))
-		case i >= firstDefault:
-			v, err := r.eval(m.defaults[i-firstDefault], sc)
-			if err != nil {
-				return nil, err
-			}
-			sc.set(p, v)
-		default:
-			sc.set(p, undefined{format: "parameter '%s' was not provided", a: p})
-		}
+	if err := r.bindParams(m, sc, args, kw); err != nil {
+		return nil, err
 	}
 	sc.set("varargs", tuple(varargs))
 	sc.set("kwargs", extra)
@@ -486,6 +474,63 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 		return nil, err
 	}
 	return buf.String(), nil
+}
+
+// macroKwargs sorts the keyword arguments of a call of m: a caller= macro
+// becomes the caller (unless a call block gave one), keywords that name no
+// parameter go to kwargs (an error unless m reads kwargs), and the rest bind
+// to parameters in bindParams.
+func macroKwargs(m *macroValue, kw *Dict, caller *macroValue) (*Dict, *macroValue, error) {
+	extra := NewDict()
+	if kw == nil {
+		return extra, caller, nil
+	}
+	for _, k := range kw.keys {
+		found := slices.Contains(m.params, k)
+		if k == "caller" && caller == nil {
+			if c, ok := kw.val(k).(*macroValue); ok {
+				caller = c
+				continue
+			}
+		}
+		if found {
+			continue
+		}
+		if m.node != nil && !m.node.catchKwargs {
+			return nil, nil, fmt.Errorf("macro '%s' takes no keyword argument '%s'", m.name, k)
+		}
+		extra.Set(k, kw.val(k))
+	}
+	return extra, caller, nil
+}
+
+// bindParams sets each parameter of m in sc: from its positional argument,
+// its keyword, its default (evaluated in sc, so it sees earlier parameters)
+// or an undefined naming it.
+func (r *renderer) bindParams(m *macroValue, sc *scope, args []any, kw *Dict) error {
+	firstDefault := len(m.params) - len(m.defaults)
+	for i, p := range m.params {
+		switch {
+		case i < len(args):
+			if kw != nil {
+				if _, dup := kw.Get(p); dup {
+					return fmt.Errorf("macro '%s' got multiple values for argument '%s'", m.name, p)
+				}
+			}
+			sc.set(p, args[i])
+		case kw != nil && hasKey(kw, p):
+			sc.set(p, kw.val(p))
+		case i >= firstDefault:
+			v, err := r.eval(m.defaults[i-firstDefault], sc)
+			if err != nil {
+				return err
+			}
+			sc.set(p, v)
+		default:
+			sc.set(p, undefined{format: "parameter '%s' was not provided", a: p})
+		}
+	}
+	return nil
 }
 
 func hasKey(d *Dict, k string) bool { _, ok := d.Get(k); return ok }
@@ -510,13 +555,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 	case *constExpr:
 		return e.v, nil
 	case *nameExpr:
-		if v, ok := sc.lookup(e.name); ok {
-			return v, nil
-		}
-		if g, ok := r.cfg.globals[e.name]; ok {
-			return g, nil
-		}
-		return undefined{format: "'%s' is undefined", a: e.name}, nil
+		return r.evalName(e, sc)
 	case *listExpr:
 		out, err := r.evalItems(e.items, sc)
 		if err != nil {
@@ -530,23 +569,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return tuple(out), nil
 	case *dictExpr:
-		d := NewDict()
-		for i, ke := range e.keys {
-			k, err := r.eval(ke, sc)
-			if err != nil {
-				return nil, err
-			}
-			ks, ok := k.(string)
-			if !ok {
-				return nil, fmt.Errorf("dict keys other than strings are not supported (got %s)", typeName(k))
-			}
-			v, err := r.eval(e.values[i], sc)
-			if err != nil {
-				return nil, err
-			}
-			d.Set(ks, v)
-		}
-		return d, nil
+		return r.evalDict(e, sc)
 	case *getattrExpr:
 		obj, err := r.eval(e.obj, sc)
 		if err != nil {
@@ -554,162 +577,234 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return getAttr(obj, e.attr)
 	case *getitemExpr:
-		obj, err := r.eval(e.obj, sc)
-		if err != nil {
-			return nil, err
-		}
-		if s, ok := e.key.(*sliceExpr); ok {
-			v, err := r.evalSlice(obj, s, sc)
-			if err != nil && r.folding {
-				// Jinja2 folds constant subscripts at compile time through
-				// the sandbox's getitem, which turns the TypeError into an
-				// undefined value.
-				if _, isUndef := obj.(undefined); !isUndef {
-					return undefined{format: "'%s' object is not subscriptable", a: typeName(obj)}, nil
-				}
-			}
-			return v, err
-		}
-		key, err := r.eval(e.key, sc)
-		if err != nil {
-			return nil, err
-		}
-		return getItem(obj, key)
+		return r.evalGetItem(e, sc)
 	case *callExpr:
 		return r.evalCall(e, sc, nil)
 	case *filterExpr:
-		var v any
-		if e.node != nil {
-			var err error
-			if v, err = r.eval(e.node, sc); err != nil {
-				return nil, err
-			}
-		}
-		return r.applyFilter(e, v, sc)
+		return r.evalFilter(e, sc)
 	case *testExpr:
-		v, err := r.eval(e.node, sc)
-		if err != nil {
-			return nil, err
-		}
-		args, kw, err := r.evalArgs(&e.call, sc)
-		if err != nil {
-			return nil, err
-		}
-		if err := r.step(); err != nil {
-			return nil, err
-		}
-		ok, err := tests[e.name](r, v, args, kw)
-		if err != nil {
-			return nil, fmt.Errorf("test '%s': %w", e.name, err)
-		}
-		return ok, nil
+		return r.evalTest(e, sc)
 	case *binExpr:
-		if e.op == "+" {
-			if _, nested := e.l.(*binExpr); nested {
-				return r.evalPlusChain(e, sc)
-			}
-		}
-		l, err := r.eval(e.l, sc)
-		if err != nil {
-			return nil, err
-		}
-		switch e.op {
-		case "and":
-			if !isTruthy(l) {
-				return l, nil
-			}
-			return r.eval(e.r, sc)
-		case "or":
-			if isTruthy(l) {
-				return l, nil
-			}
-			return r.eval(e.r, sc)
-		}
-		rv, err := r.eval(e.r, sc)
-		if err != nil {
-			return nil, err
-		}
-		return r.binaryOp(e.op, l, rv)
+		return r.evalBinary(e, sc)
 	case *concatExpr:
-		var b strings.Builder
-		for _, it := range e.items {
-			v, err := r.eval(it, sc)
-			if err != nil {
-				return nil, err
-			}
-			if u, ok := v.(undefined); ok && u.unsafe {
-				return nil, u.failure()
-			}
-			b.WriteString(pyStr(v))
-			if err := r.checkSize(b.Len()); err != nil {
-				return nil, err
-			}
-		}
-		return b.String(), nil
+		return r.evalConcat(e, sc)
 	case *unaryExpr:
-		v, err := r.eval(e.x, sc)
-		if err != nil {
-			return nil, err
-		}
-		if e.op == "not" {
-			return !isTruthy(v), nil
-		}
-		if u, ok := v.(undefined); ok {
-			return nil, u.failure()
-		}
-		n, ok := numeric(v)
-		if !ok {
-			return nil, fmt.Errorf("bad operand type for unary %s: '%s'", e.op, typeName(v))
-		}
-		if e.op == "+" {
-			if n.isFloat {
-				return n.f, nil
-			}
-			return n.i, nil
-		}
-		if n.isFloat {
-			return -n.f, nil
-		}
-		if n.i == math.MinInt64 {
-			return nil, errors.New("integer overflow")
-		}
-		return -n.i, nil
+		return r.evalUnary(e, sc)
 	case *compareExpr:
-		left, err := r.eval(e.first, sc)
-		if err != nil {
-			return nil, err
-		}
-		for i, op := range e.ops {
-			right, err := r.eval(e.rest[i], sc)
-			if err != nil {
-				return nil, err
-			}
-			ok, err := compareOp(op, left, right)
-			if err != nil {
-				return nil, err
-			}
-			if !ok {
-				return false, nil
-			}
-			left = right
-		}
-		return true, nil
+		return r.evalCompare(e, sc)
 	case *condExpr:
-		c, err := r.eval(e.cond, sc)
-		if err != nil {
-			return nil, err
-		}
-		if isTruthy(c) {
-			return r.eval(e.then, sc)
-		}
-		if e.orElse == nil {
-			return undefined{format: "the inline if-expression evaluated to false and no else section was defined"}, nil
-		}
-		return r.eval(e.orElse, sc)
+		return r.evalCond(e, sc)
 	case *sliceExpr:
 		return nil, errors.New("slice outside of a subscript")
 	}
 	return nil, fmt.Errorf("chattemplate: internal error: unknown expression %T", e)
+}
+
+// evalName looks a name up in the scope, then the globals; else it is undefined.
+func (r *renderer) evalName(e *nameExpr, sc *scope) (any, error) {
+	if v, ok := sc.lookup(e.name); ok {
+		return v, nil
+	}
+	if g, ok := r.cfg.globals[e.name]; ok {
+		return g, nil
+	}
+	return undefined{format: "'%s' is undefined", a: e.name}, nil
+}
+
+// evalDict builds a dict literal (string keys only), in order.
+func (r *renderer) evalDict(e *dictExpr, sc *scope) (any, error) {
+	d := NewDict()
+	for i, ke := range e.keys {
+		k, err := r.eval(ke, sc)
+		if err != nil {
+			return nil, err
+		}
+		ks, ok := k.(string)
+		if !ok {
+			return nil, fmt.Errorf("dict keys other than strings are not supported (got %s)", typeName(k))
+		}
+		v, err := r.eval(e.values[i], sc)
+		if err != nil {
+			return nil, err
+		}
+		d.Set(ks, v)
+	}
+	return d, nil
+}
+
+// evalGetItem is obj[key] and obj[start:stop:step].
+func (r *renderer) evalGetItem(e *getitemExpr, sc *scope) (any, error) {
+	obj, err := r.eval(e.obj, sc)
+	if err != nil {
+		return nil, err
+	}
+	if s, ok := e.key.(*sliceExpr); ok {
+		v, err := r.evalSlice(obj, s, sc)
+		if err != nil && r.folding {
+			// Jinja2 folds constant subscripts at compile time through
+			// the sandbox's getitem, which turns the TypeError into an
+			// undefined value.
+			if _, isUndef := obj.(undefined); !isUndef {
+				return undefined{format: "'%s' object is not subscriptable", a: typeName(obj)}, nil
+			}
+		}
+		return v, err
+	}
+	key, err := r.eval(e.key, sc)
+	if err != nil {
+		return nil, err
+	}
+	return getItem(obj, key)
+}
+
+// evalFilter applies a filter to its (possibly absent) operand.
+func (r *renderer) evalFilter(e *filterExpr, sc *scope) (any, error) {
+	var v any
+	if e.node != nil {
+		var err error
+		if v, err = r.eval(e.node, sc); err != nil {
+			return nil, err
+		}
+	}
+	return r.applyFilter(e, v, sc)
+}
+
+// evalTest is `x is test(args)`.
+func (r *renderer) evalTest(e *testExpr, sc *scope) (any, error) {
+	v, err := r.eval(e.node, sc)
+	if err != nil {
+		return nil, err
+	}
+	args, kw, err := r.evalArgs(&e.call, sc)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.step(); err != nil {
+		return nil, err
+	}
+	ok, err := tests[e.name](r, v, args, kw)
+	if err != nil {
+		return nil, fmt.Errorf("test '%s': %w", e.name, err)
+	}
+	return ok, nil
+}
+
+// evalBinary is a binary operator; and/or short-circuit.
+func (r *renderer) evalBinary(e *binExpr, sc *scope) (any, error) {
+	if e.op == "+" {
+		if _, nested := e.l.(*binExpr); nested {
+			return r.evalPlusChain(e, sc)
+		}
+	}
+	l, err := r.eval(e.l, sc)
+	if err != nil {
+		return nil, err
+	}
+	switch e.op {
+	case "and":
+		if !isTruthy(l) {
+			return l, nil
+		}
+		return r.eval(e.r, sc)
+	case "or":
+		if isTruthy(l) {
+			return l, nil
+		}
+		return r.eval(e.r, sc)
+	}
+	rv, err := r.eval(e.r, sc)
+	if err != nil {
+		return nil, err
+	}
+	return r.binaryOp(e.op, l, rv)
+}
+
+// evalConcat is the ~ operator: the string forms joined, within the output bound.
+func (r *renderer) evalConcat(e *concatExpr, sc *scope) (any, error) {
+	var b strings.Builder
+	for _, it := range e.items {
+		v, err := r.eval(it, sc)
+		if err != nil {
+			return nil, err
+		}
+		if u, ok := v.(undefined); ok && u.unsafe {
+			return nil, u.failure()
+		}
+		b.WriteString(pyStr(v))
+		if err := r.checkSize(b.Len()); err != nil {
+			return nil, err
+		}
+	}
+	return b.String(), nil
+}
+
+// evalUnary is not, unary + and unary -.
+func (r *renderer) evalUnary(e *unaryExpr, sc *scope) (any, error) {
+	v, err := r.eval(e.x, sc)
+	if err != nil {
+		return nil, err
+	}
+	if e.op == "not" {
+		return !isTruthy(v), nil
+	}
+	if u, ok := v.(undefined); ok {
+		return nil, u.failure()
+	}
+	n, ok := numeric(v)
+	if !ok {
+		return nil, fmt.Errorf("bad operand type for unary %s: '%s'", e.op, typeName(v))
+	}
+	if e.op == "+" {
+		if n.isFloat {
+			return n.f, nil
+		}
+		return n.i, nil
+	}
+	if n.isFloat {
+		return -n.f, nil
+	}
+	if n.i == math.MinInt64 {
+		return nil, errors.New("integer overflow")
+	}
+	return -n.i, nil
+}
+
+// evalCompare is a comparison chain: true when every link holds.
+func (r *renderer) evalCompare(e *compareExpr, sc *scope) (any, error) {
+	left, err := r.eval(e.first, sc)
+	if err != nil {
+		return nil, err
+	}
+	for i, op := range e.ops {
+		right, err := r.eval(e.rest[i], sc)
+		if err != nil {
+			return nil, err
+		}
+		ok, err := compareOp(op, left, right)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return false, nil
+		}
+		left = right
+	}
+	return true, nil
+}
+
+// evalCond is the inline `a if cond else b`; without else a false condition is undefined.
+func (r *renderer) evalCond(e *condExpr, sc *scope) (any, error) {
+	c, err := r.eval(e.cond, sc)
+	if err != nil {
+		return nil, err
+	}
+	if isTruthy(c) {
+		return r.eval(e.then, sc)
+	}
+	if e.orElse == nil {
+		return undefined{format: "the inline if-expression evaluated to false and no else section was defined"}, nil
+	}
+	return r.eval(e.orElse, sc)
 }
 
 // evalPlusChain evaluates a left-nested chain a + b + c + ... . Operands are
@@ -864,19 +959,9 @@ func contains(container, item any) (bool, error) {
 		}
 		return strings.Contains(c, s), nil
 	case []any:
-		for _, e := range c {
-			if valuesEqual(e, item) {
-				return true, nil
-			}
-		}
-		return false, nil
+		return seqContains(c, item), nil
 	case tuple:
-		for _, e := range c {
-			if valuesEqual(e, item) {
-				return true, nil
-			}
-		}
-		return false, nil
+		return seqContains(c, item), nil
 	case *Dict:
 		s, ok := item.(string)
 		if !ok {
@@ -905,14 +990,19 @@ func contains(container, item any) (bool, error) {
 			}
 		}
 	case *dictView:
-		for _, e := range c.items {
-			if valuesEqual(e, item) {
-				return true, nil
-			}
-		}
-		return false, nil
+		return seqContains(c.items, item), nil
 	}
 	return false, fmt.Errorf("argument of type '%s' is not iterable", typeName(container))
+}
+
+// seqContains is Python's `item in seq` for a list, tuple or dict view.
+func seqContains(seq []any, item any) bool {
+	for _, e := range seq {
+		if valuesEqual(e, item) {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *renderer) evalSlice(obj any, s *sliceExpr, sc *scope) (any, error) {
@@ -934,10 +1024,7 @@ func (r *renderer) evalSlice(obj any, s *sliceExpr, sc *scope) (any, error) {
 func sliceIndices(n int, start, stop, step any) (int, int, int, error) {
 	st := 1
 	if step != nil {
-		v, ok := step.(int64)
-		if b, isB := step.(bool); isB {
-			v, ok = boolInt(b), true
-		}
+		v, ok := sliceInt(step)
 		if !ok {
 			return 0, 0, 0, errors.New("slice indices must be integers or None")
 		}
@@ -946,55 +1033,58 @@ func sliceIndices(n int, start, stop, step any) (int, int, int, error) {
 		}
 		st = int(max(min(v, int64(math.MaxInt32)), int64(math.MinInt32)))
 	}
-	conv := func(v any, def int) (int, error) {
-		if v == nil {
-			return def, nil
-		}
-		i, ok := v.(int64)
-		if b, isB := v.(bool); isB {
-			i, ok = boolInt(b), true
-		}
-		if !ok {
-			return 0, errors.New("slice indices must be integers or None")
-		}
-		i = max(min(i, int64(math.MaxInt32)), int64(math.MinInt32))
-		x := int(i)
-		if x < 0 {
-			x += n
-			if x < 0 {
-				if st < 0 {
-					x = -1
-				} else {
-					x = 0
-				}
-			}
-		} else if x >= n {
-			if st < 0 {
-				x = n - 1
-			} else {
-				x = n
-			}
-		}
-		return x, nil
+	defStart, defStop := 0, n
+	if st < 0 {
+		defStart, defStop = n-1, -1
 	}
-	var a, b int
-	var err error
-	if st > 0 {
-		if a, err = conv(start, 0); err != nil {
-			return 0, 0, 0, err
-		}
-		if b, err = conv(stop, n); err != nil {
-			return 0, 0, 0, err
-		}
-	} else {
-		if a, err = conv(start, n-1); err != nil {
-			return 0, 0, 0, err
-		}
-		if b, err = conv(stop, -1); err != nil {
-			return 0, 0, 0, err
-		}
+	a, err := sliceBound(start, defStart, n, st)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	b, err := sliceBound(stop, defStop, n, st)
+	if err != nil {
+		return 0, 0, 0, err
 	}
 	return a, b, st, nil
+}
+
+// sliceInt is a slice index: an int or a bool.
+func sliceInt(v any) (int64, bool) {
+	if b, isB := v.(bool); isB {
+		return boolInt(b), true
+	}
+	i, ok := v.(int64)
+	return i, ok
+}
+
+// sliceBound clamps one slice bound v (nil: def) into a sequence of length
+// n, for step st, as slice.indices does.
+func sliceBound(v any, def, n, st int) (int, error) {
+	if v == nil {
+		return def, nil
+	}
+	i, ok := sliceInt(v)
+	if !ok {
+		return 0, errors.New("slice indices must be integers or None")
+	}
+	i = max(min(i, int64(math.MaxInt32)), int64(math.MinInt32))
+	x := int(i)
+	switch {
+	case x < 0:
+		x += n
+		if x < 0 {
+			x = 0
+			if st < 0 {
+				x = -1
+			}
+		}
+	case x >= n:
+		x = n
+		if st < 0 {
+			x = n - 1
+		}
+	}
+	return x, nil
 }
 
 func boolInt(b bool) int64 {
@@ -1164,61 +1254,17 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 	}
 	switch op {
 	case "+":
-		switch x := l.(type) {
-		case string:
-			if y, ok := rv.(string); ok {
-				if err := r.build(len(x) + len(y)); err != nil {
-					return nil, err
-				}
-				return x + y, nil
-			}
-		case []any:
-			if y, ok := rv.([]any); ok {
-				if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
-					return nil, err
-				}
-				return append(append([]any{}, x...), y...), nil
-			}
-		case tuple:
-			if y, ok := rv.(tuple); ok {
-				if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
-					return nil, err
-				}
-				return append(append(tuple{}, x...), y...), nil
-			}
+		if v, ok, err := r.concatSeq(l, rv); ok {
+			return v, err
 		}
 	case "*":
 		seq, count := l, rv
 		if lok {
 			seq, count = rv, l
 		}
-		cn, ok := numeric(count)
-		if ok && !cn.isFloat {
-			n := max(cn.i, 0)
-			switch x := seq.(type) {
-			case string:
-				if err := r.checkRepeat(len(x), n); err != nil {
-					return nil, err
-				}
-				return strings.Repeat(x, int(n)), nil
-			case []any:
-				if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
-					return nil, err
-				}
-				out := make([]any, 0, len(x)*int(n))
-				for i := int64(0); i < n; i++ {
-					out = append(out, x...)
-				}
-				return out, nil
-			case tuple:
-				if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
-					return nil, err
-				}
-				out := make(tuple, 0, len(x)*int(n))
-				for i := int64(0); i < n; i++ {
-					out = append(out, x...)
-				}
-				return out, nil
+		if cn, ok := numeric(count); ok && !cn.isFloat {
+			if v, ok, err := r.repeatSeq(seq, max(cn.i, 0)); ok {
+				return v, err
 			}
 		}
 	case "%":
@@ -1227,6 +1273,66 @@ func (r *renderer) binaryOp(op string, l, rv any) (any, error) {
 		}
 	}
 	return nil, fmt.Errorf("unsupported operand type(s) for %s: '%s' and '%s'", op, typeName(l), typeName(rv))
+}
+
+// concatSeq is l + rv for two strings, two lists or two tuples, within the
+// output bound; false when the operands are not such a pair.
+func (r *renderer) concatSeq(l, rv any) (any, bool, error) {
+	switch x := l.(type) {
+	case string:
+		if y, ok := rv.(string); ok {
+			if err := r.build(len(x) + len(y)); err != nil {
+				return nil, true, err
+			}
+			return x + y, true, nil
+		}
+	case []any:
+		if y, ok := rv.([]any); ok {
+			if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
+				return nil, true, err
+			}
+			return append(append([]any{}, x...), y...), true, nil
+		}
+	case tuple:
+		if y, ok := rv.(tuple); ok {
+			if err := r.build(r.seqBytes(x) + r.seqBytes(y)); err != nil {
+				return nil, true, err
+			}
+			return append(append(tuple{}, x...), y...), true, nil
+		}
+	}
+	return nil, false, nil
+}
+
+// repeatSeq is seq * n (n >= 0) for a string, list or tuple, within the
+// output bound; false when seq is none of those.
+func (r *renderer) repeatSeq(seq any, n int64) (any, bool, error) {
+	switch x := seq.(type) {
+	case string:
+		if err := r.checkRepeat(len(x), n); err != nil {
+			return nil, true, err
+		}
+		return strings.Repeat(x, int(n)), true, nil
+	case []any:
+		if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
+			return nil, true, err
+		}
+		out := make([]any, 0, len(x)*int(n))
+		for i := int64(0); i < n; i++ {
+			out = append(out, x...)
+		}
+		return out, true, nil
+	case tuple:
+		if err := r.checkRepeat(r.seqBytes(x), n); err != nil {
+			return nil, true, err
+		}
+		out := make(tuple, 0, len(x)*int(n))
+		for i := int64(0); i < n; i++ {
+			out = append(out, x...)
+		}
+		return out, true, nil
+	}
+	return nil, false, nil
 }
 
 // checkRepeat bounds seq * n, seq being seqBytes bytes, without overflowing
@@ -1243,81 +1349,100 @@ func (r *renderer) checkRepeat(seqBytes int, n int64) error {
 
 func numericOp(op string, a, b number) (any, error) {
 	if !a.isFloat && !b.isFloat {
-		x, y := a.i, b.i
 		switch op {
-		case "+":
-			s := x + y
-			if (s > x) != (y > 0) {
-				return nil, errors.New("integer overflow")
-			}
-			return s, nil
-		case "-":
-			s := x - y
-			if (s < x) != (y > 0) {
-				return nil, errors.New("integer overflow")
-			}
-			return s, nil
-		case "*":
-			if x != 0 && y != 0 {
-				p := x * y
-				if p/y != x || (x == -1 && y == math.MinInt64) || (y == -1 && x == math.MinInt64) {
-					return nil, errors.New("integer overflow")
-				}
-				return p, nil
-			}
-			return int64(0), nil
-		case "/":
-			if y == 0 {
-				return nil, errors.New("division by zero")
-			}
-			return float64(x) / float64(y), nil
-		case "//":
-			if y == 0 {
-				return nil, errors.New("integer division or modulo by zero")
-			}
-			q := x / y
-			if (x%y != 0) && ((x < 0) != (y < 0)) {
-				q--
-			}
-			return q, nil
-		case "%":
-			if y == 0 {
-				return nil, errors.New("integer division or modulo by zero")
-			}
-			m := x % y
-			if m != 0 && ((m < 0) != (y < 0)) {
-				m += y
-			}
-			return m, nil
-		case "**":
-			if y < 0 {
-				return math.Pow(float64(x), float64(y)), nil
-			}
-			switch x {
-			case 0:
-				if y == 0 {
-					return int64(1), nil
-				}
-				return int64(0), nil
-			case 1:
-				return int64(1), nil
-			case -1:
-				if y%2 == 0 {
-					return int64(1), nil
-				}
-				return int64(-1), nil
-			}
-			res := int64(1)
-			for i := int64(0); i < y; i++ {
-				if x != 0 && (res > math.MaxInt64/abs64(x)) {
-					return nil, errors.New("integer overflow")
-				}
-				res *= x
-			}
-			return res, nil
+		case "+", "-", "*", "/", "//", "%", "**":
+			return intOp(op, a.i, b.i)
 		}
 	}
-	x, y := a.float(), b.float()
+	return floatOp(op, a.float(), b.float())
+}
+
+// intOp is op on two ints with Python's semantics (floor division and
+// modulo, true division to float) and an error where int64 would overflow.
+func intOp(op string, x, y int64) (any, error) {
+	switch op {
+	case "+":
+		s := x + y
+		if (s > x) != (y > 0) {
+			return nil, errors.New("integer overflow")
+		}
+		return s, nil
+	case "-":
+		s := x - y
+		if (s < x) != (y > 0) {
+			return nil, errors.New("integer overflow")
+		}
+		return s, nil
+	case "*":
+		if x != 0 && y != 0 {
+			p := x * y
+			if p/y != x || (x == -1 && y == math.MinInt64) || (y == -1 && x == math.MinInt64) {
+				return nil, errors.New("integer overflow")
+			}
+			return p, nil
+		}
+		return int64(0), nil
+	case "/":
+		if y == 0 {
+			return nil, errors.New("division by zero")
+		}
+		return float64(x) / float64(y), nil
+	case "//":
+		if y == 0 {
+			return nil, errors.New("integer division or modulo by zero")
+		}
+		q := x / y
+		if (x%y != 0) && ((x < 0) != (y < 0)) {
+			q--
+		}
+		return q, nil
+	case "%":
+		if y == 0 {
+			return nil, errors.New("integer division or modulo by zero")
+		}
+		m := x % y
+		if m != 0 && ((m < 0) != (y < 0)) {
+			m += y
+		}
+		return m, nil
+	case "**":
+		return intPow(x, y)
+	}
+	return nil, fmt.Errorf("unknown operator %s", op)
+}
+
+// intPow is x ** y for ints: a float for a negative exponent, else an int
+// (an error past int64).
+func intPow(x, y int64) (any, error) {
+	if y < 0 {
+		return math.Pow(float64(x), float64(y)), nil
+	}
+	switch x {
+	case 0:
+		if y == 0 {
+			return int64(1), nil
+		}
+		return int64(0), nil
+	case 1:
+		return int64(1), nil
+	case -1:
+		if y%2 == 0 {
+			return int64(1), nil
+		}
+		return int64(-1), nil
+	}
+	res := int64(1)
+	for i := int64(0); i < y; i++ {
+		if x != 0 && (res > math.MaxInt64/abs64(x)) {
+			return nil, errors.New("integer overflow")
+		}
+		res *= x
+	}
+	return res, nil
+}
+
+// floatOp is op on two floats with Python's semantics and errors.
+func floatOp(op string, x, y float64) (any, error) {
 	switch op {
 	case "+":
 		return x + y, nil

@@ -48,39 +48,9 @@ func decodeJSONValue(dec *json.Decoder, depth int) (any, error) {
 	case json.Delim:
 		switch t {
 		case '{':
-			d := NewDict()
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				key, ok := kt.(string)
-				if !ok {
-					return nil, errors.New("object key is not a string")
-				}
-				v, err := decodeJSONValue(dec, depth+1)
-				if err != nil {
-					return nil, err
-				}
-				d.Set(key, v)
-			}
-			if _, err := dec.Token(); err != nil {
-				return nil, err
-			}
-			return d, nil
+			return decodeJSONObject(dec, depth)
 		case '[':
-			list := []any{}
-			for dec.More() {
-				v, err := decodeJSONValue(dec, depth+1)
-				if err != nil {
-					return nil, err
-				}
-				list = append(list, v)
-			}
-			if _, err := dec.Token(); err != nil {
-				return nil, err
-			}
-			return list, nil
+			return decodeJSONArray(dec, depth)
 		}
 		return nil, fmt.Errorf("unexpected delimiter %q", t)
 	case json.Number:
@@ -88,6 +58,48 @@ func decodeJSONValue(dec *json.Decoder, depth int) (any, error) {
 	default:
 		return t, nil // string, bool, nil
 	}
+}
+
+// decodeJSONObject reads the members of an object whose '{' was read, in
+// document order, and its '}'.
+func decodeJSONObject(dec *json.Decoder, depth int) (any, error) {
+	d := NewDict()
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, ok := kt.(string)
+		if !ok {
+			return nil, errors.New("object key is not a string")
+		}
+		v, err := decodeJSONValue(dec, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		d.Set(key, v)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// decodeJSONArray reads the elements of an array whose '[' was read, and
+// its ']'.
+func decodeJSONArray(dec *json.Decoder, depth int) (any, error) {
+	list := []any{}
+	for dec.More() {
+		v, err := decodeJSONValue(dec, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, v)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	return list, nil
 }
 
 // numberValue converts a JSON number literal as json.loads does.
@@ -159,25 +171,9 @@ func toValue(v any, depth int) (any, error) {
 		}
 		return out, nil
 	case []any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			cv, err := toValue(e, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = cv
-		}
-		return out, nil
+		return toValueList(x, depth)
 	case []map[string]any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			cv, err := toValue(e, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = cv
-		}
-		return out, nil
+		return toValueList(x, depth)
 	case []string:
 		out := make([]any, len(x))
 		for i, e := range x {
@@ -185,7 +181,25 @@ func toValue(v any, depth int) (any, error) {
 		}
 		return out, nil
 	}
-	// Other integer, float, slice and map kinds through reflection.
+	return reflectValue(v, depth)
+}
+
+// toValueList converts each element of xs, one level deeper.
+func toValueList[T any](xs []T, depth int) (any, error) {
+	out := make([]any, len(xs))
+	for i, e := range xs {
+		cv, err := toValue(e, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = cv
+	}
+	return out, nil
+}
+
+// reflectValue is toValue for the integer, float, string, bool, slice, map
+// and pointer kinds it has no case for.
+func reflectValue(v any, depth int) (any, error) {
 	rv := reflect.ValueOf(v)
 	switch rv.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:

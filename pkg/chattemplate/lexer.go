@@ -1,6 +1,7 @@
 package chattemplate
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -113,14 +114,7 @@ func (lx *lexer) run() error {
 	src := lx.src
 	for lx.pos < len(src) {
 		start := lx.pos
-		// Find the earliest tag opener.
-		idx := -1
-		for i := start; i+1 < len(src); i++ {
-			if src[i] == '{' && (src[i+1] == '{' || src[i+1] == '%' || src[i+1] == '#') {
-				idx = i
-				break
-			}
-		}
+		idx := findTagOpen(src, start)
 		if idx < 0 {
 			lx.emit(tokData, src[start:], start)
 			lx.pos = len(src)
@@ -133,50 +127,66 @@ func (lx *lexer) run() error {
 			sign = src[openEnd]
 			openEnd++
 		}
-		text := src[start:idx]
 		isRaw := false
 		rawBodyStart := 0
 		if kind == '%' {
-			if end, ok := matchRawBegin(src, openEnd); ok {
-				isRaw = true
-				rawBodyStart = end
-			}
+			rawBodyStart, isRaw = matchRawBegin(src, openEnd)
 		}
-		switch {
-		case sign == '-':
-			text = pyRStrip(text)
-		case sign != '+' && kind != '{':
-			lpos := strings.LastIndexByte(text, '\n') + 1
-			lineStarting := start == 0 || src[start-1] == '\n'
-			if (lpos > 0 || lineStarting) && allPySpace(text[lpos:]) {
-				text = text[:lpos]
-			}
-		}
+		// lstrip_blocks applies to block and comment tags, not to {{.
+		text := trimBeforeTag(src[start:idx], sign, kind != '{', start == 0 || src[start-1] == '\n')
 		if text != "" {
 			lx.emit(tokData, text, start)
 		}
-		switch {
-		case isRaw:
-			if err := lx.lexRaw(rawBodyStart); err != nil {
-				return err
-			}
-		case kind == '#':
-			if err := lx.lexComment(openEnd); err != nil {
-				return err
-			}
-		case kind == '{':
-			lx.emit(tokVarBegin, "", idx)
-			if err := lx.lexTag(openEnd, false); err != nil {
-				return err
-			}
-		default:
-			lx.emit(tokBlockBegin, "", idx)
-			if err := lx.lexTag(openEnd, true); err != nil {
-				return err
-			}
+		if err := lx.lexOpened(kind, idx, openEnd, isRaw, rawBodyStart); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// findTagOpen is the index of the earliest tag opener ({{, {% or {#) at or
+// after start, -1 when there is none.
+func findTagOpen(src string, start int) int {
+	for i := start; i+1 < len(src); i++ {
+		if src[i] == '{' && (src[i+1] == '{' || src[i+1] == '%' || src[i+1] == '#') {
+			return i
+		}
+	}
+	return -1
+}
+
+// trimBeforeTag applies whitespace control to the data text before a tag
+// whose opener carries sign: '-' strips all trailing whitespace; without '+',
+// lstrip (lstrip_blocks) drops the spaces between the last line start and the
+// tag. lineStarting: text begins a line.
+func trimBeforeTag(text string, sign byte, lstrip, lineStarting bool) string {
+	switch {
+	case sign == '-':
+		return pyRStrip(text)
+	case sign != '+' && lstrip:
+		lpos := strings.LastIndexByte(text, '\n') + 1
+		if (lpos > 0 || lineStarting) && allPySpace(text[lpos:]) {
+			return text[:lpos]
+		}
+	}
+	return text
+}
+
+// lexOpened lexes the tag of the given kind opened at idx, whose content
+// starts at openEnd (a raw block's body at rawBodyStart).
+func (lx *lexer) lexOpened(kind byte, idx, openEnd int, isRaw bool, rawBodyStart int) error {
+	switch {
+	case isRaw:
+		return lx.lexRaw(rawBodyStart)
+	case kind == '#':
+		return lx.lexComment(openEnd)
+	case kind == '{':
+		lx.emit(tokVarBegin, "", idx)
+		return lx.lexTag(openEnd, false)
+	default:
+		lx.emit(tokBlockBegin, "", idx)
+		return lx.lexTag(openEnd, true)
+	}
 }
 
 // matchRawBegin matches `\s*raw\s*(-%}\s*|%})` at pos.
@@ -255,17 +265,7 @@ func (lx *lexer) lexRaw(pos int) error {
 		if !ok {
 			continue
 		}
-		text := src[pos:i]
-		switch {
-		case sign == '-':
-			text = pyRStrip(text)
-		case sign != '+':
-			lpos := strings.LastIndexByte(text, '\n') + 1
-			lineStarting := pos == 0 || src[pos-1] == '\n'
-			if (lpos > 0 || lineStarting) && allPySpace(text[lpos:]) {
-				text = text[:lpos]
-			}
-		}
+		text := trimBeforeTag(src[pos:i], sign, true, pos == 0 || src[pos-1] == '\n')
 		if text != "" {
 			lx.emit(tokData, text, pos)
 		}
@@ -289,170 +289,151 @@ func (lx *lexer) lexTag(pos int, block bool) error {
 			}
 			return lx.fail(pos, "unexpected end of template, expected '}}'")
 		}
-		if len(balance) == 0 {
-			if block {
-				if end, ok := matchBlockEnd(src, pos, "%}"); ok {
-					lx.emit(tokBlockEnd, "", pos)
-					lx.pos = end
-					return nil
-				}
-			} else {
-				if strings.HasPrefix(src[pos:], "-}}") {
-					lx.emit(tokVarEnd, "", pos)
-					lx.pos = skipPySpace(src, pos+3)
-					return nil
-				}
-				if strings.HasPrefix(src[pos:], "}}") {
-					lx.emit(tokVarEnd, "", pos)
-					lx.pos = pos + 2
-					return nil
-				}
-			}
+		if len(balance) == 0 && lx.closeTag(pos, block) {
+			return nil
 		}
 		r, size := utf8.DecodeRuneInString(src[pos:])
+		var err error
 		switch {
 		case pyIsSpace(r):
 			pos += size
 		case r >= '0' && r <= '9':
-			end, val, err := lexNumber(src, pos)
-			if err != nil {
-				return lx.fail(pos, "%v", err)
-			}
-			kind := tokInt
-			if _, ok := val.(float64); ok {
-				kind = tokFloat
-			}
-			lx.toks = append(lx.toks, token{kind: kind, val: src[pos:end], num: val, line: lx.lineOf(pos)})
-			pos = end
+			pos, err = lx.lexNumberToken(pos)
 		case r == '_' || unicode.IsLetter(r):
-			end := pos
-			for end < len(src) {
-				r2, s2 := utf8.DecodeRuneInString(src[end:])
-				if r2 != '_' && !unicode.IsLetter(r2) && !unicode.IsDigit(r2) {
-					break
-				}
-				end += s2
-			}
+			end := scanName(src, pos)
 			lx.emit(tokName, src[pos:end], pos)
 			pos = end
 		case r == '\'' || r == '"':
-			end, val, err := lexString(src, pos)
-			if err != nil {
-				return lx.fail(pos, "%v", err)
+			end, val, serr := lexString(src, pos)
+			if serr != nil {
+				return lx.fail(pos, "%v", serr)
 			}
 			lx.emit(tokString, val, pos)
 			pos = end
 		default:
-			op := ""
-			for _, o := range operators3 {
-				if strings.HasPrefix(src[pos:], o) {
-					op = o
-					break
-				}
-			}
-			if op == "" && strings.IndexByte(singleOps, src[pos]) >= 0 {
-				op = src[pos : pos+1]
-			}
-			if op == "" {
-				return lx.fail(pos, "unexpected char %q", r)
-			}
-			switch op {
-			case "(":
-				balance = append(balance, ')')
-			case "[":
-				balance = append(balance, ']')
-			case "{":
-				balance = append(balance, '}')
-			case ")", "]", "}":
-				if len(balance) == 0 {
-					return lx.fail(pos, "unexpected '%s'", op)
-				}
-				want := balance[len(balance)-1]
-				balance = balance[:len(balance)-1]
-				if want != op[0] {
-					return lx.fail(pos, "unexpected '%s', expected '%c'", op, want)
-				}
-			}
-			lx.emit(tokOp, op, pos)
-			pos += len(op)
+			pos, err = lx.lexOperator(pos, r, &balance)
+		}
+		if err != nil {
+			return err
 		}
 	}
+}
+
+// closeTag emits the end of the tag when one (%} of a block, }} of a
+// variable, with their whitespace control) is at pos; it reports whether it
+// did.
+func (lx *lexer) closeTag(pos int, block bool) bool {
+	src := lx.src
+	if block {
+		end, ok := matchBlockEnd(src, pos, "%}")
+		if ok {
+			lx.emit(tokBlockEnd, "", pos)
+			lx.pos = end
+		}
+		return ok
+	}
+	if strings.HasPrefix(src[pos:], "-}}") {
+		lx.emit(tokVarEnd, "", pos)
+		lx.pos = skipPySpace(src, pos+3)
+		return true
+	}
+	if strings.HasPrefix(src[pos:], "}}") {
+		lx.emit(tokVarEnd, "", pos)
+		lx.pos = pos + 2
+		return true
+	}
+	return false
+}
+
+// lexNumberToken emits the number literal at pos and returns its end.
+func (lx *lexer) lexNumberToken(pos int) (int, error) {
+	end, val, err := lexNumber(lx.src, pos)
+	if err != nil {
+		return 0, lx.fail(pos, "%v", err)
+	}
+	kind := tokInt
+	if _, ok := val.(float64); ok {
+		kind = tokFloat
+	}
+	lx.toks = append(lx.toks, token{kind: kind, val: lx.src[pos:end], num: val, line: lx.lineOf(pos)})
+	return end, nil
+}
+
+// scanName is the end of the identifier starting at pos.
+func scanName(src string, pos int) int {
+	end := pos
+	for end < len(src) {
+		r, size := utf8.DecodeRuneInString(src[end:])
+		if r != '_' && !unicode.IsLetter(r) && !unicode.IsDigit(r) {
+			break
+		}
+		end += size
+	}
+	return end
+}
+
+// lexOperator emits the operator at pos (r is its first rune), keeping
+// bracket balance, and returns its end.
+func (lx *lexer) lexOperator(pos int, r rune, balance *[]byte) (int, error) {
+	src := lx.src
+	op := ""
+	for _, o := range operators3 {
+		if strings.HasPrefix(src[pos:], o) {
+			op = o
+			break
+		}
+	}
+	if op == "" && strings.IndexByte(singleOps, src[pos]) >= 0 {
+		op = src[pos : pos+1]
+	}
+	if op == "" {
+		return 0, lx.fail(pos, "unexpected char %q", r)
+	}
+	b := *balance
+	switch op {
+	case "(":
+		b = append(b, ')')
+	case "[":
+		b = append(b, ']')
+	case "{":
+		b = append(b, '}')
+	case ")", "]", "}":
+		if len(b) == 0 {
+			return 0, lx.fail(pos, "unexpected '%s'", op)
+		}
+		want := b[len(b)-1]
+		b = b[:len(b)-1]
+		if want != op[0] {
+			return 0, lx.fail(pos, "unexpected '%s', expected '%c'", op, want)
+		}
+	}
+	*balance = b
+	lx.emit(tokOp, op, pos)
+	return pos + len(op), nil
 }
 
 // lexNumber reads an integer or float literal as Jinja's float_re and
 // integer_re do (underscores allowed between digits; 0b/0o/0x prefixes).
 func lexNumber(src string, pos int) (int, any, error) {
-	digits := func(p int, ok func(byte) bool) int {
-		// (d+_)*d+
-		start := p
-		for p < len(src) && ok(src[p]) {
-			p++
-			if p+1 < len(src) && src[p] == '_' && ok(src[p+1]) {
-				p++
-			}
-		}
-		if p == start {
-			return -1
-		}
-		return p
+	end, v, ok, err := lexPrefixedInt(src, pos)
+	if err != nil {
+		return 0, nil, err
 	}
-	isDec := func(c byte) bool { return c >= '0' && c <= '9' }
-	if src[pos] == '0' && pos+1 < len(src) {
-		base := 0
-		var ok func(byte) bool
-		switch src[pos+1] {
-		case 'b', 'B':
-			base, ok = 2, func(c byte) bool { return c == '0' || c == '1' }
-		case 'o', 'O':
-			base, ok = 8, func(c byte) bool { return c >= '0' && c <= '7' }
-		case 'x', 'X':
-			base, ok = 16, func(c byte) bool {
-				return isDec(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
-			}
-		}
-		if base != 0 {
-			p := pos + 2
-			if p < len(src) && src[p] == '_' {
-				p++
-			}
-			end := digits(p, ok)
-			if end > 0 {
-				v, err := strconv.ParseInt(strings.ReplaceAll(src[pos+2:end], "_", ""), base, 64)
-				if err != nil {
-					return 0, nil, fmt.Errorf("integer literal out of range: %s", src[pos:end])
-				}
-				return end, v, nil
-			}
-		}
+	if ok {
+		return end, v, nil
 	}
-	end := digits(pos, isDec)
+	end = scanDigits(src, pos, isDecDigit)
 	isFloat := false
-	// Fractional part, unless the number follows a dot (foo.0.1).
-	afterDot := pos > 0 && src[pos-1] == '.'
-	if !afterDot {
-		if end+1 < len(src) && src[end] == '.' && isDec(src[end+1]) {
-			end = digits(end+1, isDec)
-			isFloat = true
-		}
-		if end < len(src) && (src[end] == 'e' || src[end] == 'E') {
-			p := end + 1
-			if p < len(src) && (src[p] == '+' || src[p] == '-') {
-				p++
-			}
-			if e := digits(p, isDec); e > 0 {
-				end = e
-				isFloat = true
-			}
-		}
+	// Fractional part and exponent, unless the number follows a dot (foo.0.1).
+	if afterDot := pos > 0 && src[pos-1] == '.'; !afterDot {
+		end, isFloat = floatTail(src, end)
 	}
 	lit := strings.ReplaceAll(src[pos:end], "_", "")
 	if isFloat {
 		f, err := strconv.ParseFloat(lit, 64)
-		if err != nil {
-			// Python gives inf for overflowing literals.
-			if ne, ok := err.(*strconv.NumError); !ok || ne.Err != strconv.ErrRange {
-				return 0, nil, fmt.Errorf("bad float literal %s", lit)
-			}
+		// Python gives inf for overflowing literals.
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			return 0, nil, fmt.Errorf("bad float literal %s", lit)
 		}
 		return end, f, nil
 	}
@@ -464,11 +445,85 @@ func lexNumber(src string, pos int) (int, any, error) {
 		}
 		return p, int64(0), nil
 	}
-	v, err := strconv.ParseInt(lit, 10, 64)
+	n, err := strconv.ParseInt(lit, 10, 64)
 	if err != nil {
 		return 0, nil, fmt.Errorf("integer literal out of range: %s", lit)
 	}
-	return end, v, nil
+	return end, n, nil
+}
+
+func isDecDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// scanDigits matches (d+_)*d+ of the digits ok accepts at p: the end, or -1
+// when there is no digit.
+func scanDigits(src string, p int, ok func(byte) bool) int {
+	start := p
+	for p < len(src) && ok(src[p]) {
+		p++
+		if p+1 < len(src) && src[p] == '_' && ok(src[p+1]) {
+			p++
+		}
+	}
+	if p == start {
+		return -1
+	}
+	return p
+}
+
+// lexPrefixedInt reads a 0b/0o/0x literal at pos; ok false (and no error)
+// when there is none, and the caller reads a decimal number instead.
+func lexPrefixedInt(src string, pos int) (end int, v int64, ok bool, err error) {
+	if src[pos] != '0' || pos+1 >= len(src) {
+		return 0, 0, false, nil
+	}
+	base := 0
+	var digit func(byte) bool
+	switch src[pos+1] {
+	case 'b', 'B':
+		base, digit = 2, func(c byte) bool { return c == '0' || c == '1' }
+	case 'o', 'O':
+		base, digit = 8, func(c byte) bool { return c >= '0' && c <= '7' }
+	case 'x', 'X':
+		base, digit = 16, func(c byte) bool {
+			return isDecDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+		}
+	default:
+		return 0, 0, false, nil
+	}
+	p := pos + 2
+	if p < len(src) && src[p] == '_' {
+		p++
+	}
+	end = scanDigits(src, p, digit)
+	if end <= 0 {
+		return 0, 0, false, nil
+	}
+	v, perr := strconv.ParseInt(strings.ReplaceAll(src[pos+2:end], "_", ""), base, 64)
+	if perr != nil {
+		return 0, 0, false, fmt.Errorf("integer literal out of range: %s", src[pos:end])
+	}
+	return end, v, true, nil
+}
+
+// floatTail extends the digits ending at end by a fractional part and an
+// exponent; isFloat reports whether there was either.
+func floatTail(src string, end int) (int, bool) {
+	isFloat := false
+	if end+1 < len(src) && src[end] == '.' && isDecDigit(src[end+1]) {
+		end = scanDigits(src, end+1, isDecDigit)
+		isFloat = true
+	}
+	if end < len(src) && (src[end] == 'e' || src[end] == 'E') {
+		p := end + 1
+		if p < len(src) && (src[p] == '+' || src[p] == '-') {
+			p++
+		}
+		if e := scanDigits(src, p, isDecDigit); e > 0 {
+			end = e
+			isFloat = true
+		}
+	}
+	return end, isFloat
 }
 
 // lexString reads a quoted string and decodes it as Python's

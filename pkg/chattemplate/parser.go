@@ -2,6 +2,7 @@ package chattemplate
 
 import (
 	"fmt"
+	"slices"
 )
 
 // maxParseDepth bounds expression and block nesting.
@@ -229,24 +230,19 @@ func (p *parser) subparse(ends []string) ([]node, error) {
 			body = append(body, &textNode{text: t.val})
 		case tokVarBegin:
 			p.next()
-			e, err := p.parseTuple(true, nil, false)
+			n, err := p.parseOutput()
 			if err != nil {
 				return nil, err
 			}
-			if _, err := p.expectKind(tokVarEnd); err != nil {
-				return nil, err
-			}
-			body = append(body, &outputNode{expr: e, constant: isConstant(e)})
+			body = append(body, n)
 		case tokBlockBegin:
 			p.next()
 			name := p.cur()
 			if name.kind != tokName {
 				return nil, p.fail(name, "tag name expected")
 			}
-			for _, e := range ends {
-				if name.val == e {
-					return body, nil
-				}
+			if slices.Contains(ends, name.val) {
+				return body, nil
 			}
 			n, err := p.parseStatement()
 			if err != nil {
@@ -255,13 +251,24 @@ func (p *parser) subparse(ends []string) ([]node, error) {
 			if _, err := p.expectKind(tokBlockEnd); err != nil {
 				return nil, err
 			}
-			if n != nil {
-				body = append(body, n...)
-			}
+			body = append(body, n...)
 		default:
 			return nil, p.fail(t, "unexpected %s", describe(t))
 		}
 	}
+}
+
+// parseOutput parses the expression of a {{ … }} tag (after its opener)
+// and its closer.
+func (p *parser) parseOutput() (node, error) {
+	e, err := p.parseTuple(true, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := p.expectKind(tokVarEnd); err != nil {
+		return nil, err
+	}
+	return &outputNode{expr: e, constant: isConstant(e)}, nil
 }
 
 // endBlock consumes the end tag name (already current).
@@ -577,27 +584,9 @@ func (p *parser) parseAssignTarget(withNamespace bool, extraEnds []string) (targ
 		if p.isTupleEnd(extraEnds) || p.isOp("=") || p.isOp("|") {
 			break
 		}
-		var t target
-		if p.isOp("(") {
-			p.next()
-			inner, err := p.parseAssignTarget(false, nil)
-			if err != nil {
-				return target{}, err
-			}
-			if err := p.expectOp(")"); err != nil {
-				return target{}, err
-			}
-			t = inner
-		} else {
-			name, err := p.expectKind(tokName)
-			if err != nil {
-				return target{}, err
-			}
-			switch name.val {
-			case "true", "false", "none", "True", "False", "None":
-				return target{}, p.fail(name, "can't assign to constant '%s'", name.val)
-			}
-			t = target{name: name.val}
+		t, err := p.parseTargetItem()
+		if err != nil {
+			return target{}, err
 		}
 		items = append(items, t)
 		if p.isOp(",") {
@@ -613,6 +602,31 @@ func (p *parser) parseAssignTarget(withNamespace bool, extraEnds []string) (targ
 		return items[0], nil
 	}
 	return target{items: items}, nil
+}
+
+// parseTargetItem parses one item of an assignment target: a name, or a
+// parenthesized target.
+func (p *parser) parseTargetItem() (target, error) {
+	if p.isOp("(") {
+		p.next()
+		inner, err := p.parseAssignTarget(false, nil)
+		if err != nil {
+			return target{}, err
+		}
+		if err := p.expectOp(")"); err != nil {
+			return target{}, err
+		}
+		return inner, nil
+	}
+	name, err := p.expectKind(tokName)
+	if err != nil {
+		return target{}, err
+	}
+	switch name.val {
+	case "true", "false", "none", "True", "False", "None":
+		return target{}, p.fail(name, "can't assign to constant '%s'", name.val)
+	}
+	return target{name: name.val}, nil
 }
 
 func (p *parser) isTupleEnd(extraEnds []string) bool {
@@ -915,55 +929,67 @@ func (p *parser) parsePrimary() (expr, error) {
 			return e, p.expectOp(")")
 		case "[":
 			p.next()
-			l := &listExpr{}
-			for !p.isOp("]") {
-				if len(l.items) > 0 {
-					if err := p.expectOp(","); err != nil {
-						return nil, err
-					}
-					if p.isOp("]") {
-						break
-					}
-				}
-				e, err := p.parseExpression(true)
-				if err != nil {
-					return nil, err
-				}
-				l.items = append(l.items, e)
-			}
-			p.next()
-			return l, nil
+			return p.parseListLiteral()
 		case "{":
 			p.next()
-			d := &dictExpr{}
-			for !p.isOp("}") {
-				if len(d.keys) > 0 {
-					if err := p.expectOp(","); err != nil {
-						return nil, err
-					}
-					if p.isOp("}") {
-						break
-					}
-				}
-				k, err := p.parseExpression(true)
-				if err != nil {
-					return nil, err
-				}
-				if err := p.expectOp(":"); err != nil {
-					return nil, err
-				}
-				v, err := p.parseExpression(true)
-				if err != nil {
-					return nil, err
-				}
-				d.keys = append(d.keys, k)
-				d.values = append(d.values, v)
-			}
-			p.next()
-			return d, nil
+			return p.parseDictLiteral()
 		}
 	}
 	return nil, p.fail(t, "unexpected %s", describe(t))
+}
+
+// parseListLiteral parses the items of [ … ] after the '[' and the ']'
+// (a trailing comma allowed).
+func (p *parser) parseListLiteral() (expr, error) {
+	l := &listExpr{}
+	for !p.isOp("]") {
+		if len(l.items) > 0 {
+			if err := p.expectOp(","); err != nil {
+				return nil, err
+			}
+			if p.isOp("]") {
+				break
+			}
+		}
+		e, err := p.parseExpression(true)
+		if err != nil {
+			return nil, err
+		}
+		l.items = append(l.items, e)
+	}
+	p.next()
+	return l, nil
+}
+
+// parseDictLiteral parses the key: value pairs of { … } after the '{' and
+// the '}' (a trailing comma allowed).
+func (p *parser) parseDictLiteral() (expr, error) {
+	d := &dictExpr{}
+	for !p.isOp("}") {
+		if len(d.keys) > 0 {
+			if err := p.expectOp(","); err != nil {
+				return nil, err
+			}
+			if p.isOp("}") {
+				break
+			}
+		}
+		k, err := p.parseExpression(true)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.expectOp(":"); err != nil {
+			return nil, err
+		}
+		v, err := p.parseExpression(true)
+		if err != nil {
+			return nil, err
+		}
+		d.keys = append(d.keys, k)
+		d.values = append(d.values, v)
+	}
+	p.next()
+	return d, nil
 }
 
 func (p *parser) parsePostfix(e expr) (expr, error) {
@@ -1095,53 +1121,63 @@ func (p *parser) parseCallArgs() (*callExpr, error) {
 				break
 			}
 		}
-		switch {
-		case p.isOp("*"):
-			if c.dynArgs != nil || c.dynKw != nil {
-				return nil, bad()
-			}
-			p.next()
-			e, err := p.parseExpression(true)
-			if err != nil {
-				return nil, err
-			}
-			c.dynArgs = e
-		case p.isOp("**"):
-			if c.dynKw != nil {
-				return nil, bad()
-			}
-			p.next()
-			e, err := p.parseExpression(true)
-			if err != nil {
-				return nil, err
-			}
-			c.dynKw = e
-		case p.cur().kind == tokName && p.peek().kind == tokOp && p.peek().val == "=":
-			if c.dynKw != nil {
-				return nil, bad()
-			}
-			name := p.next().val
-			p.next()
-			e, err := p.parseExpression(true)
-			if err != nil {
-				return nil, err
-			}
-			c.kwNames = append(c.kwNames, name)
-			c.kwValues = append(c.kwValues, e)
-		default:
-			if c.dynArgs != nil || c.dynKw != nil || len(c.kwNames) > 0 {
-				return nil, bad()
-			}
-			e, err := p.parseExpression(true)
-			if err != nil {
-				return nil, err
-			}
-			c.args = append(c.args, e)
+		if err := p.parseCallArg(c, bad); err != nil {
+			return nil, err
 		}
 		needComma = true
 	}
 	p.next()
 	return c, nil
+}
+
+// parseCallArg parses one argument of a call into c: *args, **kwargs, a
+// keyword or a positional argument, in the order Python allows (bad is the
+// error for one out of order).
+func (p *parser) parseCallArg(c *callExpr, bad func() error) error {
+	switch {
+	case p.isOp("*"):
+		if c.dynArgs != nil || c.dynKw != nil {
+			return bad()
+		}
+		p.next()
+		e, err := p.parseExpression(true)
+		if err != nil {
+			return err
+		}
+		c.dynArgs = e
+	case p.isOp("**"):
+		if c.dynKw != nil {
+			return bad()
+		}
+		p.next()
+		e, err := p.parseExpression(true)
+		if err != nil {
+			return err
+		}
+		c.dynKw = e
+	case p.cur().kind == tokName && p.peek().kind == tokOp && p.peek().val == "=":
+		if c.dynKw != nil {
+			return bad()
+		}
+		name := p.next().val
+		p.next()
+		e, err := p.parseExpression(true)
+		if err != nil {
+			return err
+		}
+		c.kwNames = append(c.kwNames, name)
+		c.kwValues = append(c.kwValues, e)
+	default:
+		if c.dynArgs != nil || c.dynKw != nil || len(c.kwNames) > 0 {
+			return bad()
+		}
+		e, err := p.parseExpression(true)
+		if err != nil {
+			return err
+		}
+		c.args = append(c.args, e)
+	}
+	return nil
 }
 
 // parseFilter parses `| name(args) | ...`; with inline the first name has no pipe.
@@ -1224,59 +1260,11 @@ func usesName(nodes []node, name string) bool {
 		if found || e == nil {
 			return
 		}
-		switch x := e.(type) {
-		case *nameExpr:
-			found = x.name == name
-		case *listExpr:
-			for _, it := range x.items {
-				visitExpr(it)
-			}
-		case *tupleExpr:
-			for _, it := range x.items {
-				visitExpr(it)
-			}
-		case *dictExpr:
-			for i := range x.keys {
-				visitExpr(x.keys[i])
-				visitExpr(x.values[i])
-			}
-		case *getattrExpr:
-			visitExpr(x.obj)
-		case *getitemExpr:
-			visitExpr(x.obj)
-			visitExpr(x.key)
-		case *sliceExpr:
-			visitExpr(x.start)
-			visitExpr(x.stop)
-			visitExpr(x.step)
-		case *callExpr:
-			visitExpr(x.fn)
-			visitCall(x, visitExpr)
-		case *filterExpr:
-			visitExpr(x.node)
-			visitCall(&x.call, visitExpr)
-		case *testExpr:
-			visitExpr(x.node)
-			visitCall(&x.call, visitExpr)
-		case *binExpr:
-			visitExpr(x.l)
-			visitExpr(x.r)
-		case *concatExpr:
-			for _, it := range x.items {
-				visitExpr(it)
-			}
-		case *unaryExpr:
-			visitExpr(x.x)
-		case *compareExpr:
-			visitExpr(x.first)
-			for _, it := range x.rest {
-				visitExpr(it)
-			}
-		case *condExpr:
-			visitExpr(x.cond)
-			visitExpr(x.then)
-			visitExpr(x.orElse)
+		if n, ok := e.(*nameExpr); ok {
+			found = n.name == name
+			return
 		}
+		exprChildren(e, visitExpr)
 	}
 	var visitNodes func(ns []node)
 	visitNodes = func(ns []node) {
@@ -1284,49 +1272,111 @@ func usesName(nodes []node, name string) bool {
 			if found {
 				return
 			}
-			switch x := n.(type) {
-			case *outputNode:
-				visitExpr(x.expr)
-			case *ifNode:
-				for i, c := range x.conds {
-					visitExpr(c)
-					visitNodes(x.bodies[i])
-				}
-				visitNodes(x.orElse)
-			case *forNode:
-				visitExpr(x.iter)
-				visitExpr(x.cond)
-				visitNodes(x.body)
-				visitNodes(x.orElse)
-			case *setNode:
-				visitExpr(x.value)
-			case *setBlockNode:
-				visitExpr(x.filter)
-				visitNodes(x.body)
-			case *callBlockNode:
-				visitExpr(x.call)
-				for _, d := range x.defaults {
-					visitExpr(d)
-				}
-				visitNodes(x.body)
-			case *filterBlockNode:
-				visitExpr(x.filter)
-				visitNodes(x.body)
-			case *withNode:
-				for _, v := range x.values {
-					visitExpr(v)
-				}
-				visitNodes(x.body)
-			case *macroNode:
-				// Nested macros have their own varargs/kwargs/caller.
-				for _, d := range x.defaults {
-					visitExpr(d)
-				}
-			}
+			nodeChildren(n, visitExpr, visitNodes)
 		}
 	}
 	visitNodes(nodes)
 	return found
+}
+
+// exprChildren calls visit on each sub-expression of e.
+func exprChildren(e expr, visit func(expr)) {
+	switch x := e.(type) {
+	case *listExpr:
+		for _, it := range x.items {
+			visit(it)
+		}
+	case *tupleExpr:
+		for _, it := range x.items {
+			visit(it)
+		}
+	case *dictExpr:
+		for i := range x.keys {
+			visit(x.keys[i])
+			visit(x.values[i])
+		}
+	case *getattrExpr:
+		visit(x.obj)
+	case *getitemExpr:
+		visit(x.obj)
+		visit(x.key)
+	case *sliceExpr:
+		visit(x.start)
+		visit(x.stop)
+		visit(x.step)
+	case *callExpr:
+		visit(x.fn)
+		visitCall(x, visit)
+	case *filterExpr:
+		visit(x.node)
+		visitCall(&x.call, visit)
+	case *testExpr:
+		visit(x.node)
+		visitCall(&x.call, visit)
+	case *binExpr:
+		visit(x.l)
+		visit(x.r)
+	case *concatExpr:
+		for _, it := range x.items {
+			visit(it)
+		}
+	case *unaryExpr:
+		visit(x.x)
+	case *compareExpr:
+		visit(x.first)
+		for _, it := range x.rest {
+			visit(it)
+		}
+	case *condExpr:
+		visit(x.cond)
+		visit(x.then)
+		visit(x.orElse)
+	}
+}
+
+// nodeChildren calls visitExpr on the expressions of statement n and
+// visitNodes on its bodies. A nested macro contributes only its defaults: it
+// has its own varargs, kwargs and caller.
+func nodeChildren(n node, visitExpr func(expr), visitNodes func([]node)) {
+	switch x := n.(type) {
+	case *outputNode:
+		visitExpr(x.expr)
+	case *ifNode:
+		for i, c := range x.conds {
+			visitExpr(c)
+			visitNodes(x.bodies[i])
+		}
+		visitNodes(x.orElse)
+	case *forNode:
+		visitExpr(x.iter)
+		visitExpr(x.cond)
+		visitNodes(x.body)
+		visitNodes(x.orElse)
+	case *setNode:
+		visitExpr(x.value)
+	case *setBlockNode:
+		visitExpr(x.filter)
+		visitNodes(x.body)
+	case *callBlockNode:
+		visitExpr(x.call)
+		for _, d := range x.defaults {
+			visitExpr(d)
+		}
+		visitNodes(x.body)
+	case *filterBlockNode:
+		visitExpr(x.filter)
+		visitNodes(x.body)
+	case *withNode:
+		for _, v := range x.values {
+			visitExpr(v)
+		}
+		visitNodes(x.body)
+	case *macroNode:
+		// Nested macros have their own varargs/kwargs/caller.
+		for _, d := range x.defaults {
+			visitExpr(d)
+		}
+	}
 }
 
 func visitCall(c *callExpr, visit func(expr)) {

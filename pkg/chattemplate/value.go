@@ -402,15 +402,7 @@ func pyFloatRepr(f float64) string {
 	digits := strings.Replace(mant, ".", "", 1)
 	var out string
 	if exp >= -4 && exp < 16 {
-		if exp >= 0 {
-			if len(digits) <= exp+1 {
-				out = digits + strings.Repeat("0", exp+1-len(digits)) + ".0"
-			} else {
-				out = digits[:exp+1] + "." + digits[exp+1:]
-			}
-		} else {
-			out = "0." + strings.Repeat("0", -exp-1) + digits
-		}
+		out = positionalDigits(digits, exp)
 	} else {
 		m := digits[:1]
 		if len(digits) > 1 {
@@ -427,6 +419,19 @@ func pyFloatRepr(f float64) string {
 		return "-" + out
 	}
 	return out
+}
+
+// positionalDigits writes the shortest digits of a float with decimal
+// exponent exp (-4 <= exp < 16) without an exponent, as repr does: at least
+// one digit after the point.
+func positionalDigits(digits string, exp int) string {
+	if exp < 0 {
+		return "0." + strings.Repeat("0", -exp-1) + digits
+	}
+	if len(digits) <= exp+1 {
+		return digits + strings.Repeat("0", exp+1-len(digits)) + ".0"
+	}
+	return digits[:exp+1] + "." + digits[exp+1:]
 }
 
 // valuesEqual is Python ==.

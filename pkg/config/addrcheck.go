@@ -33,6 +33,24 @@ type Listeners struct {
 	Broadcast func(netip.Addr) bool
 }
 
+// directedBroadcast is the IPv4 directed-broadcast address of ip's subnet
+// under mask; false for IPv6 and for /31 and /32, which have none.
+func directedBroadcast(ip netip.Addr, mask net.IPMask) (netip.Addr, bool) {
+	if !ip.Is4() {
+		return netip.Addr{}, false
+	}
+	ones, bits := mask.Size()
+	if bits != 32 || ones >= 31 {
+		return netip.Addr{}, false
+	}
+	b := ip.As4()
+	m := net.CIDRMask(ones, 32)
+	for i := range b {
+		b[i] |= ^m[i]
+	}
+	return netip.AddrFrom4(b), true
+}
+
 // HostAddrs snapshots the host's interface addresses and their IPv4
 // directed-broadcast addresses, for Listeners.Local and Listeners.Broadcast.
 // Loopback addresses count as local even when no interface lists them
@@ -52,16 +70,8 @@ func HostAddrs() (local, broadcast func(netip.Addr) bool) {
 			}
 			ip = ip.Unmap()
 			locals[ip] = true
-			if ip.Is4() {
-				ones, bits := ipn.Mask.Size()
-				if bits == 32 && ones < 31 {
-					b := ip.As4()
-					m := net.CIDRMask(ones, 32)
-					for i := range b {
-						b[i] |= ^m[i]
-					}
-					bcasts[netip.AddrFrom4(b)] = true
-				}
+			if b, ok := directedBroadcast(ip, ipn.Mask); ok {
+				bcasts[b] = true
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -52,8 +53,8 @@ func TestCheckAddressesFields(t *testing.T) {
 		r := baseKVRule()
 		c.edit(r)
 		err := CheckAddresses(r, self)
-		ve, ok := err.(*ValidationError)
-		if !ok || ve.Field != c.field || !strings.HasPrefix(ve.Msg, c.field+": ") {
+		var ve *ValidationError
+		if !errors.As(err, &ve) || ve.Field != c.field || !strings.HasPrefix(ve.Msg, c.field+": ") {
 			t.Errorf("%s: %v, want a ValidationError naming %s", c.name, err, c.field)
 		}
 	}

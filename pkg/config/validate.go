@@ -44,7 +44,24 @@ const (
 // list. env supplies the process seed (an xxhash rule needs a seed). The first
 // failure is returned as a *ValidationError.
 func Validate(r *Rule, env Settings) error {
-	a := &r.Args
+	if err := validateService(&r.Args); err != nil {
+		return err
+	}
+	if err := validateEngine(&r.Args); err != nil {
+		return err
+	}
+	if err := validateKV(r, env); err != nil {
+		return err
+	}
+	if err := validatePD(&r.Args); err != nil {
+		return err
+	}
+	return validateTopology(r)
+}
+
+// validateService checks the LoxiLB service fields: address, port,
+// protocol, name, mode and selection.
+func validateService(a *ServiceArguments) error {
 	if ip := net.ParseIP(strings.TrimSpace(a.ExternalIP)); ip == nil {
 		return invalid("serviceArguments.externalIP", "%q is not an IP address", a.ExternalIP)
 	}
@@ -74,6 +91,11 @@ func Validate(r *Rule, env Settings) error {
 	if (a.Sel == 5 || a.Sel == 8 || a.Sel == 9 || a.Sel == 10) && a.Mode != ModeFullProxy {
 		return invalid("serviceArguments.sel", "%d requires mode 4 (fullproxy)", a.Sel)
 	}
+	return nil
+}
+
+// validateEngine checks kvExactMode and kvEngineType.
+func validateEngine(a *ServiceArguments) error {
 	switch a.KVExactMode {
 	case KVModeOff, KVModePD, KVModeSinglePool:
 	case KVModeNATS:
@@ -96,7 +118,14 @@ func Validate(r *Rule, env Settings) error {
 	default:
 		return invalid("serviceArguments.kvEngineType", "%q is invalid: kv-engine-type must be one of \"vllm\", \"sglang\", \"trtllm\" (or llamacpp, without KV-exact fields)", a.KVEngineType)
 	}
+	return nil
+}
 
+// validateKV checks the KV-exact fields: that they sit on a fullproxy rule,
+// their ranges, the hash algorithm and its seed (env supplies the process
+// seed).
+func validateKV(r *Rule, env Settings) error {
+	a := &r.Args
 	// KV and P/D fields need a fullproxy rule.
 	if a.Mode != ModeFullProxy {
 		if f := firstKVField(a); f != "" {
@@ -125,7 +154,7 @@ func Validate(r *Rule, env Settings) error {
 	if a.KVWarmupSec < 0 || a.KVWarmupSec > maxWarmupSec {
 		return invalid("serviceArguments.kvWarmupSec", "%d is out of range; allowed 0-%d", a.KVWarmupSec, maxWarmupSec)
 	}
-	if a.KVHashSeed != nil && (engine == EngineSGLang || engine == EngineTRTLLM) {
+	if engine := r.EffectiveEngine(); a.KVHashSeed != nil && (engine == EngineSGLang || engine == EngineTRTLLM) {
 		return invalid("serviceArguments.kvHashSeed", "kvEngineType %s hashes without a seed (PYTHONHASHSEED plays no part, see docs/engines.md); remove kvHashSeed", engine)
 	}
 	if a.KVHashSeed != nil && len(*a.KVHashSeed) > maxSeedLen {
@@ -152,7 +181,11 @@ func Validate(r *Rule, env Settings) error {
 			}
 		}
 	}
+	return nil
+}
 
+// validatePD checks the P/D, CHWBL and probe fields.
+func validatePD(a *ServiceArguments) error {
 	if a.PDBootstrapPort < 0 || a.PDBootstrapPort > 65535 {
 		return invalid("serviceArguments.pdBootstrapPort", "%d is out of range; allowed 0-65535", a.PDBootstrapPort)
 	}
@@ -175,7 +208,13 @@ func Validate(r *Rule, env Settings) error {
 		return err
 	}
 
-	// Topology.
+	return nil
+}
+
+// validateTopology checks the endpoints and that their roles fit the rule's
+// topology (P/D needs both roles; a single pool takes none).
+func validateTopology(r *Rule) error {
+	a := &r.Args
 	if a.PDDisaggMode && a.KVExactMode == KVModeSinglePool {
 		return invalid("serviceArguments.pd_disagg_mode", "kvExactMode 3 (single pool) is incompatible with pd_disagg_mode; use kvExactMode 1 for P/D")
 	}

@@ -19,8 +19,9 @@ import (
 type Ending int
 
 const (
-	// BackendEOF: the backend closed its side after the body; the normal end
-	// on a per-request backend connection.
+	// BackendEOF: the body ended completely: by its own framing (the last
+	// chunk, the last declared byte), or, for a body delimited by the
+	// connection, when the backend closed.
 	BackendEOF Ending = iota
 	// ClientGone: writing to the client failed or the client closed.
 	ClientGone
@@ -30,6 +31,11 @@ const (
 	Cancelled
 	// BackendError: reading from the backend failed (reset, not a clean EOF).
 	BackendError
+	// BackendBroken: the backend closed before the body's framing ended it
+	// (a chunked body without its last chunk, a Content-Length body short),
+	// or the framing itself was malformed. The client connection must be
+	// closed: it cannot find the end of the body (docs/body-leg.md).
+	BackendBroken
 )
 
 func (e Ending) String() string {
@@ -44,6 +50,8 @@ func (e Ending) String() string {
 		return "cancelled"
 	case BackendError:
 		return "backend_error"
+	case BackendBroken:
+		return "backend_broken"
 	}
 	return "unknown"
 }
@@ -62,6 +70,13 @@ type Options struct {
 	TokenStream bool
 	// ContentLength is the declared body length, or -1 when unknown.
 	ContentLength int64
+	// Chunked is true for Transfer-Encoding: chunked bodies: the leg follows
+	// the chunk framing to tell a complete body from a cut one.
+	Chunked bool
+	// EventStream is true for text/event-stream bodies: when the backend
+	// breaks one at an event boundary, the leg sends a final error event
+	// (SSEErrorEvent) before the connection closes.
+	EventStream bool
 }
 
 // Result reports what a body leg did.
@@ -79,6 +94,9 @@ type Result struct {
 	Err error
 	// Path names the implementation that moved the body: "userspace" or "sockmap".
 	Path string
+	// ErrorEvent is true when the leg ended a broken event stream with
+	// SSEErrorEvent (its bytes are not in Bytes).
+	ErrorEvent bool
 }
 
 // BodyLeg moves a response body from backend to client.
@@ -86,8 +104,9 @@ type Result struct {
 // prefix holds body bytes the proxy already read together with the response
 // head; they are written to the client first, so no byte is reordered, lost
 // or duplicated. On return the backend connection is finished with; the
-// client connection is still usable for its next keep-alive request unless
-// the ending says otherwise.
+// client connection is still usable for its next keep-alive request only
+// when the ending is BackendEOF. A leg writes no byte past the body's end
+// and never a terminator of its own.
 type BodyLeg interface {
 	Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options) Result
 	// Path names the implementation: "userspace" or "sockmap".

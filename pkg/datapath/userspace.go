@@ -3,6 +3,7 @@ package datapath
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -36,17 +37,48 @@ func (*Userspace) Path() string { return "userspace" }
 
 // Run implements BodyLeg. Each read from the backend carries a deadline of
 // opts.Silence, so a silent stream ends instead of hanging; a cancelled
-// context unblocks the copy by expiring both connections' deadlines.
-func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options) (res Result) {
+// context unblocks the copy by expiring both connections' deadlines. The
+// body's framing is followed (Framing): the leg ends at the body's last
+// byte, and a backend EOF before it is BackendBroken.
+func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options) Result {
+	return u.Continue(ctx, client, backend, prefix, opts, NewFraming(opts.Chunked, opts.ContentLength))
+}
+
+// Continue is Run for a body another leg started: fr holds the framing of
+// the bytes already relayed (the kernel leg's prefix and pre-splice drain),
+// and prefix the next bytes.
+func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options, fr *Framing) (res Result) {
 	res = Result{Path: u.Path(), LastActivity: time.Now()}
 	defer func() { u.moved.Add(uint64(res.Bytes)) }()
-	if len(prefix) > 0 {
-		n, err := client.Write(prefix)
-		res.Bytes += int64(n)
-		if err != nil {
-			res.Ending, res.Err = ClientGone, err
-			return res
+	// relay writes the part of p that belongs to the body; it reports
+	// false when the leg is over (client gone, body complete, bad framing).
+	relay := func(p []byte) bool {
+		n := fr.Feed(p)
+		if n > 0 {
+			w, err := client.Write(p[:n])
+			res.Bytes += int64(w)
+			res.LastActivity = time.Now()
+			if err != nil {
+				res.Ending, res.Err = ClientGone, err
+				if ctx.Err() != nil {
+					res.Ending = Cancelled
+				}
+				return false
+			}
 		}
+		switch {
+		case fr.Err() != nil:
+			res.Ending, res.Err = BackendBroken, fr.Err()
+			return false
+		case fr.Complete():
+			res.Ending = BackendEOF
+			return false
+		}
+		return true
+	}
+	if (len(prefix) > 0 || fr.Complete()) && !relay(prefix) {
+		u.endBroken(client, &res, fr, opts)
+		return res
 	}
 
 	stop := context.AfterFunc(ctx, func() {
@@ -64,22 +96,15 @@ func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []
 			_ = backend.SetReadDeadline(time.Now().Add(opts.Silence))
 		}
 		n, rerr := backend.Read(*buf)
-		if n > 0 {
-			w, werr := client.Write((*buf)[:n])
-			res.Bytes += int64(w)
-			res.LastActivity = time.Now()
-			if werr != nil {
-				res.Ending, res.Err = ClientGone, werr
-				if ctx.Err() != nil {
-					res.Ending = Cancelled
-				}
-				return res
-			}
+		if n > 0 && !relay((*buf)[:n]) {
+			break
 		}
 		if rerr == nil {
 			continue
 		}
 		switch {
+		case errors.Is(rerr, io.EOF) && fr.Delimited():
+			res.Ending, res.Err = BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", fr.Seen(), io.ErrUnexpectedEOF)
 		case errors.Is(rerr, io.EOF):
 			res.Ending = BackendEOF
 		case ctx.Err() != nil:
@@ -89,10 +114,48 @@ func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []
 		default:
 			res.Ending, res.Err = BackendError, rerr
 		}
-		// The client keeps no stale deadline for its next request.
-		_ = client.SetWriteDeadline(time.Time{})
-		return res
+		break
 	}
+	stop()
+	// The client keeps no stale deadline for its next request.
+	_ = client.SetWriteDeadline(time.Time{})
+	u.endBroken(client, &res, fr, opts)
+	return res
+}
+
+// endBroken ends a broken event stream with SSEErrorEvent when the body
+// stopped at an event boundary (see EndBroken).
+func (u *Userspace) endBroken(client net.Conn, res *Result, fr *Framing, opts Options) {
+	EndBroken(client, res, opts, fr.AtEventBoundary())
+}
+
+// errorEventBound bounds the write of the final error event.
+const errorEventBound = 2 * time.Second
+
+// EndBroken writes SSEErrorEvent to the client when an event stream ended
+// on the backend's side without its end (BackendBroken, BackendError,
+// Silence) and boundary says a well-formed chunk can follow. Both legs use
+// it; the client connection is closed by the proxy afterwards.
+func EndBroken(client net.Conn, res *Result, opts Options, boundary bool) {
+	if !opts.EventStream || !opts.Chunked || !boundary {
+		return
+	}
+	var why string
+	switch res.Ending {
+	case BackendBroken:
+		why = "the model server closed the stream before its end"
+	case BackendError:
+		why = "the model server connection failed mid-stream"
+	case Silence:
+		why = "the model server stream fell silent"
+	default:
+		return
+	}
+	_ = client.SetWriteDeadline(time.Now().Add(errorEventBound))
+	if _, err := client.Write(SSEErrorEvent(why)); err == nil {
+		res.ErrorEvent = true
+	}
+	_ = client.SetWriteDeadline(time.Time{})
 }
 
 // Stats implements StatsReporter.

@@ -645,6 +645,8 @@ func (s *Server) handle(c *clientConn, req *Request) (keep bool) {
 		}
 	case datapath.ClientGone:
 		rec.Outcome, keep = "client_gone", false
+	case datapath.BackendBroken: // cut before its framing ended (docs/body-leg.md)
+		rec.Outcome, keep = "backend_broken", false
 	case datapath.Silence:
 		rec.Outcome, keep = "silence", false
 	case datapath.Cancelled:
@@ -678,6 +680,8 @@ func (s *Server) relayBody(ctx context.Context, client, bc net.Conn, br *bufio.R
 		Streamed:      rh.chunked || rh.eventStream,
 		TokenStream:   rh.eventStream || rh.ndjson,
 		ContentLength: rh.contentLength,
+		Chunked:       rh.chunked,
+		EventStream:   rh.eventStream,
 	})
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
+	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
@@ -184,7 +185,7 @@ func New(opts Options) (*Gateway, error) {
 	g.subs = ingest.NewManager(so)
 
 	g.status = g.newStatus()
-	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log,
+	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Preflight: g, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log,
 		Guard: g.guard}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
@@ -337,6 +338,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
 	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
+	st.parity = g.newParity(rule, st)
 	rt.router.state.Store(st)
 	if _, err := rh.newFlow(rule, rt.router); err != nil {
 		return err
@@ -405,6 +407,11 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	if oldState.gran != nil && st.gran != nil && oldState.gran.HashBlockSize() == st.gran.HashBlockSize() {
 		st.gran = oldState.gran // what the engines publish is unchanged, and the subscribers keep running
 	}
+	if oldState.parity != nil && st.hasher != nil && oldState.hasher != nil && oldState.hasher.Contract() == st.hasher.Contract() {
+		st.parity = oldState.parity // same contract: the verdicts still hold, and the subscribers keep running
+	} else {
+		st.parity = g.newParity(updated, st)
+	}
 	rt.router.state.Store(st)
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
@@ -455,6 +462,37 @@ func (g *Gateway) remove(rule *config.Rule) {
 	g.log.Info("rule removed", "service", rule.ServiceID)
 }
 
+// newParity builds the rule's live parity self-check (docs/parity.md), nil
+// when the rule has no usable hash contract.
+func (g *Gateway) newParity(rule *config.Rule, st *ruleState) *ingest.Parity {
+	if st.hasher == nil {
+		return nil
+	}
+	switch st.hasher.Contract().Algo {
+	case kvhash.SHA256CBOR, kvhash.XXHashCBOR, kvhash.SHA256, kvhash.XXHash:
+	default:
+		return nil // the check and its diagnosis know vLLM's chains only (docs/parity.md)
+	}
+	src := "LLB_KV_NONE_HASH_SEED"
+	if rule.Args.KVHashSeed != nil {
+		src = "kvHashSeed"
+	}
+	return ingest.NewParity(ingest.ParityOptions{Service: uint32(rule.ServiceID), Hasher: st.hasher, SeedSource: src,
+		Logger: g.log, Observer: parityObserver{g.Metrics}})
+}
+
+// Parity returns the live parity self-check of a rule (nil: no KV rule or no
+// usable contract), for the preflight.
+func (g *Gateway) Parity(service int) *ingest.Parity {
+	g.mu.Lock()
+	rt, ok := g.rules[service]
+	g.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return rt.router.state.Load().parity
+}
+
 // reconcile points the subscriber manager at every KV endpoint of every rule.
 func (g *Gateway) reconcile() {
 	g.mu.Lock()
@@ -470,6 +508,7 @@ func (g *Gateway) reconcile() {
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
+				Parity: rt.router.state.Load().parity,
 			}
 			if engine == ingest.EngineTRTLLM {
 				t.Port, t.Ranks, t.ReplayPort = e.TargetPort, 1, 0 // the drain on the endpoint itself

@@ -283,7 +283,9 @@ func (b *breakerFeed) ConnectFailed(service string, ep int) {
 func (b *breakerFeed) Done(r *fullproxy.Record) {
 	b.Observer.Done(r)
 	if r.Routed && r.TTFB > 0 { // a backend answered: its status counts
-		if r.Status >= 500 {
+		// A body the backend cut short is an origin failure whatever its
+		// status (docs/body-leg.md, "Broken responses").
+		if r.Status >= 500 || r.Outcome == "backend_broken" {
 			b.h.OriginError(r.Decision.Endpoint)
 		} else {
 			b.h.Success(r.Decision.Endpoint)

@@ -40,6 +40,9 @@ func (o *proxyObserver) Done(r *fullproxy.Record) {
 	}
 	if ep >= 0 {
 		o.m.ObserveRequest(o.service, ep, outcome, r.Duration)
+		if r.Outcome == "backend_broken" {
+			o.m.BrokenResponse(o.service, ep)
+		}
 	}
 	if r.Decision.Model != "" {
 		o.m.ObserveAIRequest(r.Decision.Model, "", r.Status, r.Duration)
@@ -122,6 +125,22 @@ func (o subscriberObserver) Replay(ep ingest.EndpointRef, _ int, _ ingest.Replay
 }
 func (o subscriberObserver) DecodeError(ep ingest.EndpointRef, _ int) {
 	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
+}
+
+// parityObserver feeds the live parity self-check's metrics.
+type parityObserver struct{ m *metrics.Metrics }
+
+func (o parityObserver) ParityChecked(ep ingest.EndpointRef) {
+	o.m.ParityCheckedInc(int(ep.Service), ep.EPIdx)
+}
+func (o parityObserver) ParityUnchecked(ep ingest.EndpointRef, cause string) {
+	o.m.ParityUncheckedInc(int(ep.Service), ep.EPIdx, cause)
+}
+func (o parityObserver) ParityMismatch(ep ingest.EndpointRef, reason string) {
+	o.m.ParityMismatchInc(int(ep.Service), ep.EPIdx, reason)
+}
+func (o parityObserver) ParityState(ep ingest.EndpointRef, state int) {
+	o.m.SetParityState(int(ep.Service), ep.EPIdx, state)
 }
 
 // poolObserver logs tokenizer loads (there is no tokenizer metric yet).

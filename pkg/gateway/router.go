@@ -43,6 +43,9 @@ type ruleState struct {
 	trtllm bool
 	// loraTask maps adapter names to TensorRT-LLM lora_task_ids (kvLoraTaskIds).
 	loraTask map[string]uint64
+	// parity is the rule's live parity self-check (docs/parity.md); nil
+	// without a hasher.
+	parity *ingest.Parity
 }
 
 // router implements fullproxy.Router for one rule: request facts →

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"slices"
 )
@@ -181,7 +182,8 @@ func (d *Decoder) decodeEvents(r *reader, b *Batch) error {
 			err = r.skip()
 		}
 		if err != nil {
-			if _, isDecode := err.(*DecodeError); isDecode && r.off > start {
+			var de *DecodeError
+			if errors.As(err, &de) && r.off > start {
 				// A malformed known field inside an event: skip the whole
 				// event if its extent can still be found, else give up.
 				r.off = start

@@ -170,18 +170,6 @@ func (r *reader) readInt() (bits uint64, neg bool, err error) {
 	return 0, false, r.fail("not an integer")
 }
 
-// readInt64 reads an integer that must fit int64.
-func (r *reader) readInt64() (int64, error) {
-	bits, neg, err := r.readInt()
-	if err != nil {
-		return 0, err
-	}
-	if !neg && bits > math.MaxInt64 {
-		return 0, r.fail("integer out of int64 range")
-	}
-	return int64(bits), nil
-}
-
 // readFloat reads a float32/float64, or an integer as a float.
 func (r *reader) readFloat() (float64, error) {
 	if err := r.need(1); err != nil {

@@ -24,7 +24,8 @@ func (m *Metrics) scopes() *scoped {
 		s := &scoped{}
 		svcIdx := []partialDeleter{m.Tier15Hits, m.Tier15Spills, m.Tier15ColdSeeds, m.KVBlocks, m.KVBlocksOtherMedium,
 			m.EPInfo, m.Requests, m.RequestDuration, m.Inflight, m.ConnectFailures, m.PDCBFlips, m.CBState,
-			m.ProbeUp, m.ProbeTransitions, m.AdminDown, m.EngineQueued, m.EngineCapacity}
+			m.ProbeUp, m.ProbeTransitions, m.AdminDown, m.EngineQueued, m.EngineCapacity,
+			m.ParityChecked, m.ParityUnchecked, m.ParityMismatch, m.ParityState}
 		svcEP := []partialDeleter{m.SubscriberConnected, m.SubscriberReconnects, m.SubscriberRecvErrors, m.InvCapEvictions,
 			m.RankConnected, m.SubscriberGaps, m.SubscriberClears, m.SubscriberReplays, m.ReplayedBatches, m.EventBatches}
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
@@ -227,6 +228,11 @@ func (m *Metrics) ConnectFailure(service, epIdx int) {
 	m.ConnectFailures.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
 }
 
+// BrokenResponse counts a response the backend cut before its body's end.
+func (m *Metrics) BrokenResponse(service, epIdx int) {
+	m.BrokenResponses.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
+}
+
 // ObserveStage records one decision stage's latency (DecisionStages).
 func (m *Metrics) ObserveStage(service int, stage string, d time.Duration) {
 	m.DecisionStage.WithLabelValues(itoa(service), stage).Observe(d.Seconds())
@@ -384,6 +390,28 @@ func (s *splicedBytes) Collect(ch chan<- prometheus.Metric) {
 	for p, v := range vals {
 		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v), p)
 	}
+}
+
+// Parity self-check (docs/parity.md).
+
+// ParityCheckedInc counts one checked BlockStored of (service, epIdx).
+func (m *Metrics) ParityCheckedInc(service, epIdx int) {
+	m.ParityChecked.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
+}
+
+// ParityUncheckedInc counts one BlockStored that could not be checked.
+func (m *Metrics) ParityUncheckedInc(service, epIdx int, cause string) {
+	m.ParityUnchecked.WithLabelValues(itoa(service), itoa(epIdx), cause).Inc()
+}
+
+// ParityMismatchInc counts one BlockStored whose hashes differ, by reason.
+func (m *Metrics) ParityMismatchInc(service, epIdx int, reason string) {
+	m.ParityMismatch.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
+}
+
+// SetParityState sets kvgate_kv_parity_state (-1, 0 or 1).
+func (m *Metrics) SetParityState(service, epIdx, state int) {
+	m.ParityState.WithLabelValues(itoa(service), itoa(epIdx)).Set(float64(state))
 }
 
 // Panicked implements recovery.Observer: kvgate_panics_total{where}.

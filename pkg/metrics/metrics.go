@@ -70,6 +70,11 @@ type Metrics struct {
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
+	// Live parity self-check (docs/parity.md).
+	ParityChecked   *prometheus.CounterVec // kvgate_kv_parity_checked_total{service,ep_idx}
+	ParityUnchecked *prometheus.CounterVec // kvgate_kv_parity_unchecked_total{service,ep_idx,cause}
+	ParityMismatch  *prometheus.CounterVec // kvgate_kv_parity_mismatch_total{service,ep_idx,reason}
+	ParityState     *prometheus.GaugeVec   // kvgate_kv_parity_state{service,ep_idx}
 
 	// Proxy (docs/dataplane.md).
 	TTFB             *prometheus.HistogramVec // loxilb_proxy_http_ttfb_seconds{service}
@@ -77,6 +82,7 @@ type Metrics struct {
 	RequestDuration  *prometheus.HistogramVec // kvgate_request_duration_seconds{service,ep_idx,outcome}
 	Inflight         *prometheus.GaugeVec     // kvgate_endpoint_inflight{service,ep_idx}
 	ConnectFailures  *prometheus.CounterVec   // kvgate_backend_connect_failures_total{service,ep_idx}
+	BrokenResponses  *prometheus.CounterVec   // kvgate_backend_broken_responses_total{service,ep_idx}
 	DecisionStage    *prometheus.HistogramVec // kvgate_decision_stage_seconds{service,stage}
 	DecisionTier     *prometheus.CounterVec   // kvgate_decisions_total{service,tier}
 	SelectFailures   *prometheus.CounterVec   // loxilb_lb_select_failure_shutdown_total{service}
@@ -177,6 +183,10 @@ func New(opts Options) *Metrics {
 	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
+	m.ParityChecked = f.counter("kvgate_kv_parity_checked_total", "BlockStored events whose hashes kvgate recomputed under the rule's contract (match or mismatch).", "service", "ep_idx")
+	m.ParityUnchecked = f.counter("kvgate_kv_parity_unchecked_total", "BlockStored events the parity check could not verify (cause no_token_ids, parent_unknown, sampled_out).", "service", "ep_idx", "cause")
+	m.ParityMismatch = f.counter("kvgate_kv_parity_mismatch_total", "BlockStored events whose hashes differ from kvgate's, by what differs (reason seed, algo, block_size, granularity, lora, unknown).", "service", "ep_idx", "reason")
+	m.ParityState = f.gauge("kvgate_kv_parity_state", "Live parity of the endpoint's block hashes: -1 after 3 consecutive mismatches, 1 after a match with no mismatch for 60 s, 0 otherwise.", "service", "ep_idx")
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
 
 	m.TTFB = f.histogram("loxilb_proxy_http_ttfb_seconds", "Time from forwarding the request to the backend's first response byte.", ttfbBuckets, "service")
@@ -184,6 +194,7 @@ func New(opts Options) *Metrics {
 	m.RequestDuration = f.histogram("kvgate_request_duration_seconds", "Proxied request duration, from the request head to the end of the response.", requestBuckets, "service", "ep_idx", "outcome")
 	m.Inflight = f.gauge("kvgate_endpoint_inflight", "In-flight requests on the endpoint (the bounded-load cap's input).", "service", "ep_idx")
 	m.ConnectFailures = f.counter("kvgate_backend_connect_failures_total", "Backend connect failures (each re-enters selection with the endpoint excluded).", "service", "ep_idx")
+	m.BrokenResponses = f.counter("kvgate_backend_broken_responses_total", "Responses the backend cut before their body's end (chunked without its last chunk, Content-Length short); the client connection was closed.", "service", "ep_idx")
 	m.DecisionStage = f.histogram("kvgate_decision_stage_seconds", "Time spent per routing-decision stage (extract, tokenize, hash, score, select).", stageBuckets, "service", "stage")
 	m.DecisionTier = f.counter("kvgate_decisions_total", "Routing decisions by the tier that made them (1-session, 1-trie, 1.5, 2, selector, decode-only).", "service", "tier")
 	m.SelectFailures = f.counter("loxilb_lb_select_failure_shutdown_total", "Client connections closed because no endpoint could be selected.", "service")

@@ -86,6 +86,10 @@ func TestNamesAndLabels(t *testing.T) {
 	m.PDInc(m.PDAdmissionShed, 1)
 	m.AIPDRequest("Qwen/Qwen3-0.6B", "complete", "success")
 	m.SetCircuitBreaker(1, 0, 1, true)
+	m.ParityCheckedInc(1, 0)
+	m.ParityUncheckedInc(1, 0, "sampled_out")
+	m.ParityMismatchInc(1, 0, "seed")
+	m.SetParityState(1, 0, -1)
 	out := exposition(t, m)
 	for _, want := range []string{
 		`loxilb_pd_kv_tier15_hits_total{ep_idx="0",service="1",}`,
@@ -115,6 +119,10 @@ func TestNamesAndLabels(t *testing.T) {
 		`loxilb_ai_pd_requests_total{model="Qwen_Qwen3-0.6B",phase="complete",status="success",}`,
 		`loxilb_pd_cb_flips_total{ep_idx="0",service="1",}`,
 		`kvgate_build_info{goversion=`,
+		`kvgate_kv_parity_checked_total{ep_idx="0",service="1",}`,
+		`kvgate_kv_parity_unchecked_total{cause="sampled_out",ep_idx="0",service="1",}`,
+		`kvgate_kv_parity_mismatch_total{ep_idx="0",reason="seed",service="1",}`,
+		`kvgate_kv_parity_state{ep_idx="0",service="1",}`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("exposition lacks %s", want)
@@ -133,11 +141,12 @@ func TestDeleteEndpointAndRule(t *testing.T) {
 			m.SetEPInfo(svc, ep, "10.0.0.1", "10.0.0.1:1")
 			m.SetSubscriberConnected(svc, ep, true)
 			m.Tier15Hit(svc, ep)
+			m.SetParityState(svc, ep, 1)
 		}
 	}
 	m.DeleteEndpoint(1, 1)
 	out := exposition(t, m)
-	if strings.Contains(out, `loxilb_pd_kv_blocks{ep_idx="1",service="1",}`) || strings.Contains(out, `loxilb_kv_subscriber_connected{ep="1",service="1",}`) ||
+	if strings.Contains(out, `loxilb_pd_kv_blocks{ep_idx="1",service="1",}`) || strings.Contains(out, `kvgate_kv_parity_state{ep_idx="1",service="1",}`) || strings.Contains(out, `loxilb_kv_subscriber_connected{ep="1",service="1",}`) ||
 		strings.Contains(out, `loxilb_pd_ep_info{addr="10.0.0.1:1",ep="10.0.0.1",ep_idx="1",service="1",}`) {
 		t.Errorf("endpoint series survived:\n%s", out)
 	}

@@ -754,6 +754,9 @@ func (r *run) tryDecode(ctx context.Context, dec int) (keep, retry bool) {
 		x.Record.Outcome = "client_gone"
 	case datapath.Cancelled:
 		x.Record.Outcome = "cancelled"
+	case datapath.BackendBroken: // cut before its framing ended (docs/body-leg.md)
+		x.Record.Outcome = "backend_broken"
+		r.obs().EndpointDied("decode")
 	default:
 		x.Record.Outcome = "backend_error"
 		r.obs().EndpointDied("decode")

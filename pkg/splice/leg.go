@@ -70,17 +70,34 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 		return d.user.Run(ctx, client, backend, prefix, opts)
 	}
 	res := datapath.Result{Path: d.Path(), LastActivity: time.Now()}
+	// The framing of the bytes relayed in userspace (prefix and drain) and
+	// their last bytes: with the tail the BPF program keeps, they tell a
+	// complete body from a cut one (docs/body-leg.md, "Broken responses").
+	fr := datapath.NewFraming(opts.Chunked, opts.ContentLength)
+	var tail tailBuf
+	// write relays the part of p that belongs to the body; false ends the
+	// leg with res.Ending set.
 	write := func(p []byte) bool {
+		p = p[:fr.Feed(p)]
 		n, err := client.Write(p)
 		res.Bytes += int64(n)
 		d.user.Count(int64(n))
-		if err != nil {
+		tail.add(p[:n])
+		switch {
+		case err != nil:
 			res.Ending, res.Err = datapath.ClientGone, err
+			return false
+		case fr.Err() != nil:
+			res.Ending, res.Err = datapath.BackendBroken, fr.Err()
+			return false
+		case fr.Complete():
+			res.Ending = datapath.BackendEOF
 			return false
 		}
 		return true
 	}
-	if len(prefix) > 0 && !write(prefix) {
+	if (len(prefix) > 0 || fr.Complete()) && !write(prefix) {
+		datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
 		return res
 	}
 
@@ -95,22 +112,28 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 	for round := 0; ; round++ {
 		n, state, err := drain(brc, *buf)
 		if n > 0 && !write((*buf)[:n]) {
+			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
 			return res
 		}
 		switch state {
 		case drainEmpty:
 		case drainEOF:
 			res.Ending = datapath.BackendEOF
+			if fr.Delimited() {
+				res.Ending, res.Err = datapath.BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", fr.Seen(), io.ErrUnexpectedEOF)
+			}
+			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
 			return res
 		case drainError:
 			res.Ending, res.Err = datapath.BackendError, err
+			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
 			return res
 		case drainMore:
 			if round < maxDrainRounds {
 				continue
 			}
 			// The backend outruns us: stay in userspace for this body.
-			r := d.user.Run(ctx, client, backend, nil, opts)
+			r := d.user.Continue(ctx, client, backend, nil, opts, fr)
 			r.Bytes += res.Bytes
 			return r
 		}
@@ -130,12 +153,65 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 			level = slog.LevelDebug
 		}
 		d.log.Log(ctx, level, "sockmap attach failed; copying in userspace", "err", err)
-		r := d.user.Run(ctx, client, backend, nil, opts)
+		r := d.user.Continue(ctx, client, backend, nil, opts, fr)
 		r.Bytes += res.Bytes
 		return r
 	}
-	return d.follow(ctx, s, client, backend, crc, res, opts)
+	res, kernelTail := d.follow(ctx, s, client, backend, crc, res, opts)
+	d.judgeEnd(client, &res, opts, fr, &tail, kernelTail)
+	return res
 }
+
+// judgeEnd decides, once a spliced body has ended, whether it ended by its
+// framing, from the bytes relayed in userspace (fr, user) and the tail the
+// BPF program kept of the redirected ones (kernelTail). A backend EOF before
+// the end is BackendBroken; a broken event stream at an event boundary gets
+// the final error event. The kernel cannot stop at the body's end, so bytes
+// a backend sent past it make the tail incomplete too: the client
+// connection is closed rather than left out of step with its responses.
+func (d *Datapath) judgeEnd(client net.Conn, res *datapath.Result, opts datapath.Options, fr *datapath.Framing, user *tailBuf, kernelTail []byte) {
+	var complete, boundary bool
+	switch {
+	case res.KernelBytes == 0:
+		complete, boundary = fr.Complete(), fr.AtEventBoundary()
+	case opts.Chunked:
+		t := *user
+		t.add(kernelTail)
+		complete, boundary = datapath.TailEnds(t.bytes(), fr.Seen()+res.KernelBytes <= tailLen)
+	case opts.ContentLength >= 0:
+		complete = res.Bytes >= opts.ContentLength
+	default:
+		complete = true // delimited by the backend's close
+	}
+	if res.Ending == datapath.BackendEOF && fr.Delimited() && !complete {
+		res.Ending, res.Err = datapath.BackendBroken, fmt.Errorf("backend closed after %d body bytes without the body's end: %w", res.Bytes, io.ErrUnexpectedEOF)
+	}
+	datapath.EndBroken(client, res, opts, boundary && !complete)
+}
+
+// tailLen is the number of a body's last bytes the BPF program keeps
+// (TAIL_LEN in bpf/splice.c).
+const tailLen = int64(len(splicePair{}.Tail))
+
+// tailBuf keeps the last tailLen bytes written.
+type tailBuf struct {
+	b [tailLen]byte
+	n int
+}
+
+func (t *tailBuf) add(p []byte) {
+	if len(p) >= len(t.b) {
+		copy(t.b[:], p[len(p)-len(t.b):])
+		t.n = len(t.b)
+		return
+	}
+	keep := min(t.n, len(t.b)-len(p))
+	copy(t.b[:keep], t.b[t.n-keep:t.n])
+	copy(t.b[keep:], p)
+	t.n = keep + len(p)
+}
+
+func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
 
 const (
 	drainEmpty = iota // the receive queue is empty (EAGAIN)
@@ -189,10 +265,21 @@ func (d *Datapath) drainBuf() *[]byte {
 
 func (d *Datapath) putDrainBuf(b *[]byte) { d.drainBufs.Put(b) }
 
+// clientWatch is the result of the goroutine that peeks at the client
+// during a splice: done is closed once err (EOF, a reset, or the teardown's
+// deadline) is set.
+type clientWatch struct {
+	done chan struct{}
+	err  error
+}
+
 // session is one spliced response.
 type session struct {
 	clientCookie, backendCookie uint64
 	clientFD                    int
+	// crc is the client's raw connection: reads of its counters go through
+	// it, so they fail on a closed client instead of reading a reused fd.
+	crc syscall.RawConn
 	// backendFD is kvgate's private duplicate of the backend socket, or -1.
 	backendFD int
 	// ended receives the ring buffer's end event for the backend.
@@ -202,7 +289,7 @@ type session struct {
 }
 
 func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, error) {
-	s := &session{backendFD: -1}
+	s := &session{backendFD: -1, crc: crc}
 	var err error
 	if cerr := crc.Control(func(fd uintptr) {
 		s.clientFD = int(fd)
@@ -268,56 +355,10 @@ func (d *Datapath) attach(crc, brc syscall.RawConn, remote net.Addr) (*session, 
 // queued skbs through the verdict under the socket lock, so they are
 // redirected before any later skb. Later arrivals run the whole queue in
 // order too (tcp_read_skb). The reader then sees only EOF or an error.
-func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.Conn, crc syscall.RawConn, res datapath.Result, opts datapath.Options) datapath.Result {
-	backendDone := make(chan error, 1)
-	if s.backendFD >= 0 {
-		backend.Close() // deregisters the original fd; the duplicate keeps the socket
-		// Kick: bytes queued between the drain and the insertion are run
-		// through the verdict by this read (see above); it also catches a
-		// FIN that came with them.
-		if err, ended := pollBackend(s.backendFD); ended {
-			backendDone <- err
-		}
-	} else {
-		go func() {
-			var b [512]byte
-			for {
-				n, err := backend.Read(b[:])
-				if n > 0 {
-					backendDone <- errBypass(n)
-					return
-				}
-				if err != nil {
-					backendDone <- err
-					return
-				}
-			}
-		}()
-	}
-	clientDone := make(chan error, 1)
-	go func() {
-		var peek [1]byte
-		var gone error
-		err := crc.Read(func(fd uintptr) bool {
-			n, _, rerr := unix.Recvfrom(int(fd), peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-			switch {
-			case rerr == unix.EAGAIN || rerr == unix.EINTR:
-				return false
-			case rerr != nil:
-				gone = rerr
-				return true
-			case n == 0:
-				gone = io.EOF
-				return true
-			}
-			// The client sent its next request early: leave it queued.
-			return false
-		})
-		if gone == nil {
-			gone = err
-		}
-		clientDone <- gone
-	}()
+// It also returns the last bytes the kernel redirected (at most tailLen).
+func (d *Datapath) follow(ctx context.Context, s *session, client, backend net.Conn, crc syscall.RawConn, res datapath.Result, opts datapath.Options) (datapath.Result, []byte) {
+	backendDone := watchBackend(s, backend)
+	cw := watchClient(crc)
 
 	var silence <-chan time.Time
 	var timer *time.Timer
@@ -340,19 +381,12 @@ loop:
 			res.Ending, endErr = backendEnding(ctx, err)
 			break loop
 		case <-ended:
-			// FIN or RST reached the backend socket. The read below waits
-			// for the softirq that delivered it and runs anything still
-			// queued through the verdict first.
-			for try := 0; try < 50; try++ {
-				if err, ended := pollBackend(s.backendFD); ended {
-					res.Ending, endErr = backendEnding(ctx, err)
-					break loop
-				}
-				time.Sleep(time.Millisecond)
+			if err, ok := pollEnded(s.backendFD); ok {
+				res.Ending, endErr = backendEnding(ctx, err)
+				break loop
 			}
-		case err := <-clientDone:
-			clientDone = nil
-			res.Ending, endErr = datapath.ClientGone, err
+		case <-cw.done:
+			res.Ending, endErr = datapath.ClientGone, cw.err
 			break loop
 		case <-silence:
 			last := d.lastActivity(s, res.LastActivity)
@@ -373,12 +407,11 @@ loop:
 	var p splicePair
 	_ = d.objs.Pairs.Lookup(s.backendCookie, &p)
 	if res.Ending == datapath.BackendEOF {
-		bound := opts.Silence
-		if bound <= 0 {
-			bound = drainBound
-		}
-		if err := d.waitDrained(s, p.Bytes, bound, clientDone); err != nil {
+		if err := d.waitDrained(ctx, s, p.Bytes, drainBoundFor(opts), cw); err != nil {
 			res.Ending, endErr = datapath.ClientGone, err
+			if ctx.Err() != nil {
+				res.Ending = datapath.Cancelled
+			}
 		}
 	}
 	_ = d.objs.Pairs.Lookup(s.backendCookie, &p)
@@ -398,9 +431,7 @@ loop:
 		}
 	}
 	_ = client.SetReadDeadline(past)
-	if clientDone != nil {
-		<-clientDone
-	}
+	<-cw.done
 	_ = client.SetReadDeadline(time.Time{})
 
 	res.KernelBytes = int64(p.Bytes)
@@ -411,7 +442,97 @@ loop:
 	if res.Ending == datapath.ClientGone || res.Ending == datapath.BackendError {
 		res.Err = endErr
 	}
-	return res
+	kept := min(p.Bytes, uint64(tailLen))
+	return res, append([]byte(nil), p.Tail[uint64(tailLen)-kept:]...)
+}
+
+// pollEnded reads the backend after sock_ops reported that it left
+// ESTABLISHED (FIN or RST). The read waits for the softirq that delivered it
+// and runs anything still queued through the verdict first; a few retries
+// cover the delivery still in progress.
+func pollEnded(fd int) (error, bool) {
+	for try := 0; try < 50; try++ {
+		if err, ended := pollBackend(fd); ended {
+			return err, true
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil, false
+}
+
+// drainBoundFor bounds the final drain: the silence bound, else drainBound.
+func drainBoundFor(opts datapath.Options) time.Duration {
+	if opts.Silence > 0 {
+		return opts.Silence
+	}
+	return drainBound
+}
+
+// watchBackend starts watching the backend side of a splice. With a
+// private duplicate of the backend fd it closes the Go connection and does
+// the hand-over kick (below); without one (EMFILE) a goroutine reads the
+// backend through the poller. The channel gets the backend's end, if seen.
+func watchBackend(s *session, backend net.Conn) chan error {
+	backendDone := make(chan error, 1)
+	if s.backendFD >= 0 {
+		backend.Close() // deregisters the original fd; the duplicate keeps the socket
+		// Kick: bytes queued between the drain and the insertion are run
+		// through the verdict by this read (see follow); it also catches a
+		// FIN that came with them.
+		if err, ended := pollBackend(s.backendFD); ended {
+			backendDone <- err
+		}
+		return backendDone
+	}
+	go func() {
+		var b [512]byte
+		for {
+			n, err := backend.Read(b[:])
+			if n > 0 {
+				backendDone <- errBypass(n)
+				return
+			}
+			if err != nil {
+				backendDone <- err
+				return
+			}
+		}
+	}()
+	return backendDone
+}
+
+// watchClient peeks at the client until it goes away (EOF, reset) or the
+// teardown's read deadline. It reports once, by closing the watch's done:
+// the follow loop and the final drain may both wait on it, and the
+// teardown joins it (a one-shot channel send consumed by the drain left the
+// teardown waiting forever; docs/body-leg.md, "Legs that never returned").
+func watchClient(crc syscall.RawConn) *clientWatch {
+	cw := &clientWatch{done: make(chan struct{})}
+	go func() {
+		var peek [1]byte
+		var gone error
+		err := crc.Read(func(fd uintptr) bool {
+			n, _, rerr := unix.Recvfrom(int(fd), peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			switch {
+			case rerr == unix.EAGAIN || rerr == unix.EINTR:
+				return false
+			case rerr != nil:
+				gone = rerr
+				return true
+			case n == 0:
+				gone = io.EOF
+				return true
+			}
+			// The client sent its next request early: leave it queued.
+			return false
+		})
+		if gone == nil {
+			gone = err
+		}
+		cw.err = gone
+		close(cw.done)
+	}()
+	return cw
 }
 
 // backendEnding classifies how the backend side ended.
@@ -454,12 +575,14 @@ func pollBackend(fd int) (error, bool) {
 // verdict redirected: redirects to egress are queued on the client's psock
 // and sent by a kernel worker, and removing the client from the map before
 // that would drop them.
-func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duration, clientDone <-chan error) error {
+//
+// A cancelled ctx (the shutdown grace is over) ends the wait too.
+func (d *Datapath) waitDrained(ctx context.Context, s *session, redirected uint64, bound time.Duration, cw *clientWatch) error {
 	want := s.base + redirected
 	deadline := time.Now().Add(bound)
 	pause := 20 * time.Microsecond
 	for {
-		got, err := written(s.clientFD)
+		got, err := s.clientWritten()
 		if err != nil {
 			return fmt.Errorf("reading client socket counters: %w", err)
 		}
@@ -470,17 +593,36 @@ func (d *Datapath) waitDrained(s *session, redirected uint64, bound time.Duratio
 			return fmt.Errorf("client took %d of %d spliced bytes within %s", got-s.base, redirected, bound)
 		}
 		select {
-		case err := <-clientDone:
+		case <-cw.done:
+			// A client that read everything and closed at once is not a
+			// failure: its ACKs came before its FIN, so the counters
+			// already show every byte taken.
+			if got, err := s.clientWritten(); err == nil && got >= want {
+				return nil
+			}
+			err := cw.err
 			if err == nil {
 				err = io.EOF
 			}
 			return fmt.Errorf("client went away with spliced bytes pending: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("cancelled with spliced bytes pending: %w", ctx.Err())
 		case <-time.After(pause):
 		}
 		if pause < 5*time.Millisecond {
 			pause *= 2
 		}
 	}
+}
+
+// clientWritten is written for the client socket, read while holding it.
+func (s *session) clientWritten() (uint64, error) {
+	var got uint64
+	var err error
+	if cerr := s.crc.Control(func(fd uintptr) { got, err = written(int(fd)) }); cerr != nil {
+		return 0, fmt.Errorf("client socket: %w", cerr)
+	}
+	return got, err
 }
 
 // written is the number of bytes ever queued on a TCP socket for sending:

@@ -116,19 +116,19 @@ func Open(cfg Config) (*Datapath, error) {
 	d := &Datapath{cfg: cfg, log: cfg.Logger, user: datapath.NewUserspace(cfg.BufSize), stopped: make(chan struct{})}
 
 	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("%w: %v", datapath.ErrKernelUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", datapath.ErrKernelUnavailable, err)
 	}
 	cg := cfg.CgroupPath
 	if cg == "" {
 		var err error
 		if cg, err = cgroup2Root(); err != nil {
-			return nil, fmt.Errorf("%w: %v", datapath.ErrKernelUnavailable, err)
+			return nil, fmt.Errorf("%w: %w", datapath.ErrKernelUnavailable, err)
 		}
 	}
 	d.cgroup = cg
 
 	if err := ensureBPFFS(cfg.PinDir); err != nil {
-		return nil, fmt.Errorf("%w: %v", datapath.ErrKernelUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", datapath.ErrKernelUnavailable, err)
 	}
 	dir := filepath.Join(cfg.PinDir, cfg.Instance)
 	lock, err := claimPinDir(dir, d.log)
@@ -140,7 +140,7 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := loadSpliceObjects(&d.objs, nil); err != nil {
 		d.release()
 		if errors.Is(err, unix.EPERM) || errors.Is(err, ebpf.ErrNotSupported) {
-			return nil, fmt.Errorf("%w: loading BPF objects: %v", datapath.ErrKernelUnavailable, err)
+			return nil, fmt.Errorf("%w: loading BPF objects: %w", datapath.ErrKernelUnavailable, err)
 		}
 		return nil, fmt.Errorf("loading BPF objects: %w", err)
 	}
@@ -150,12 +150,12 @@ func Open(cfg Config) (*Datapath, error) {
 		Attach:  ebpf.AttachSkSKBStreamVerdict,
 	}); err != nil {
 		d.release()
-		return nil, fmt.Errorf("%w: attaching the stream verdict to the backends sockhash: %v", datapath.ErrKernelUnavailable, err)
+		return nil, fmt.Errorf("%w: attaching the stream verdict to the backends sockhash: %w", datapath.ErrKernelUnavailable, err)
 	}
 	d.cg, err = link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.EndpointLoad})
 	if err != nil {
 		d.release()
-		return nil, fmt.Errorf("%w: attaching sock_ops to cgroup %s: %v", datapath.ErrKernelUnavailable, cg, err)
+		return nil, fmt.Errorf("%w: attaching sock_ops to cgroup %s: %w", datapath.ErrKernelUnavailable, cg, err)
 	}
 	if err := d.pin(); err != nil {
 		d.release()
@@ -163,7 +163,7 @@ func Open(cfg Config) (*Datapath, error) {
 	}
 	if d.ends, err = newEndWatch(d); err != nil {
 		d.release()
-		return nil, fmt.Errorf("%w: reading the ends ring buffer: %v", datapath.ErrKernelUnavailable, err)
+		return nil, fmt.Errorf("%w: reading the ends ring buffer: %w", datapath.ErrKernelUnavailable, err)
 	}
 	d.log.Info("sockmap data path loaded", "pin_dir", dir, "cgroup", cg, "threshold", cfg.Threshold)
 	return d, nil
@@ -238,7 +238,7 @@ func (d *Datapath) release() error {
 // holds pins is a crashed run's leftover under our own name: remove them.
 func claimPinDir(dir string, log *slog.Logger) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("%w: creating pin dir: %v", datapath.ErrKernelUnavailable, err)
+		return nil, fmt.Errorf("%w: creating pin dir: %w", datapath.ErrKernelUnavailable, err)
 	}
 	f, err := os.Open(dir)
 	if err != nil {

@@ -43,6 +43,7 @@ type splicePair struct {
 	FirstNs      uint64
 	LastNs       uint64
 	Dropped      uint64
+	Tail         [32]uint8
 }
 
 // Names of all BPF objects in the ELF.

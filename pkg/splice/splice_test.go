@@ -167,7 +167,11 @@ func TestKeepAliveDecidedAfresh(t *testing.T) {
 			r := nextResult(t, p)
 			t.Fatalf("request %d %s: n=%d err=%v (want %d bytes); leg %+v", i, target, n, err, len(want), r.res)
 		}
-		if r := nextResult(t, p); r.res.Path != "sockmap" || r.res.Ending != datapath.BackendEOF {
+		// A burst can end before the insertion on a loaded machine (the
+		// sockhash refuses a closed backend), and then the userspace copy
+		// finishes it: still one complete body, as TestSequentialNoLeaks
+		// notes.
+		if r := nextResult(t, p); r.res.Ending != datapath.BackendEOF || (r.res.Path != "sockmap" && r.res.KernelBytes != 0) {
 			t.Fatalf("request %d: path %s ending %v", i, r.res.Path, r.res.Ending)
 		}
 		assertNoEntries(t, d)

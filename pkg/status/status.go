@@ -331,78 +331,24 @@ func (c *Collector) rule(r *config.Rule, first, last *sample, subByEP map[epKey]
 		ep := Endpoint{EPIdx: e.Idx, Addr: e.Addr(), Role: roleName(e.Role), Admin: e.Admin(), Health: "unknown", Breaker: "closed",
 			HitRate: []float64{}}
 		if last != nil {
-			if v, ok := last.gauges[mProbeUp][k]; ok {
-				ep.Health = map[bool]string{true: "up", false: "down"}[v == 1]
-			}
-			if c.opts.Health != nil {
-				if up, known := c.opts.Health(id, e.Idx); known {
-					ep.Health = map[bool]string{true: "up", false: "down"}[up]
-				}
-			}
-			switch last.gauges[mBreaker][k] {
+			switch c.fillEndpoint(&ep, k, first, last) {
+			case -1:
+				parityBroken = true
 			case 1:
-				ep.Breaker = "open"
-			case 2:
-				ep.Breaker = "half-open"
+				parityOK = true
 			}
-			ep.Inflight = last.gauges[mInflight][k]
-			ep.Blocks = last.gauges[mBlocks][k]
-			ep.HitsTotal = last.hits[k]
-			ep.HitsWindow = last.hits[k] - first.hits[k]
-			if v, ok := last.gauges[mParity][k]; ok {
-				switch {
-				case v < 0:
-					parityBroken = true
-				case v > 0:
-					parityOK = true
-				}
-			}
-			ep.HitRate = c.hitRate(k)
 		}
 		out.HitsTotal += ep.HitsTotal
 		ruleHitsWindow += ep.HitsWindow
 		if kvEP[e.Idx] {
 			ep.Subscriber = c.subscriber(subByEP[k], now)
 		}
-		ei := e.Idx
-		add := func(kind, detail string) {
-			*problems = append(*problems, Problem{ServiceID: id, EPIdx: &ei, Kind: kind, Detail: detail})
-		}
-		switch {
-		case e.AdminDown:
-		case ep.Health == "down":
-			add("endpoint_down", "the health probe fails for "+ep.Addr)
-		case ep.Breaker == "open":
-			add("breaker_open", "the circuit breaker excludes "+ep.Addr)
-		}
-		if ep.Subscriber != nil && !ep.Subscriber.Connected {
-			add("subscriber_down", "no KV-event subscription to "+ep.Addr+": its blocks cannot be followed")
-		}
+		endpointProblems(id, e.AdminDown, &ep, problems)
 		out.Endpoints = append(out.Endpoints, ep)
 	}
 	out.HitsWindow = ruleHitsWindow
 	if last != nil {
-		var missesWindow float64
-		for mk, v := range last.misses {
-			if mk.service != id {
-				continue
-			}
-			if d := v - first.misses[mk]; d > 0 {
-				out.MissesWindow[mk.reason] = d
-				missesWindow += d
-			}
-		}
-		// An endpoint that holds blocks but never wins while the rule's
-		// requests miss is the silent failure: a contract mismatch scores 0.
-		if missesWindow > 0 {
-			for _, ep := range out.Endpoints {
-				if ep.Blocks > 0 && ep.HitsWindow == 0 {
-					ei := ep.EPIdx
-					*problems = append(*problems, Problem{ServiceID: id, EPIdx: &ei, Kind: "blocks_no_hits",
-						Detail: "holds " + strconv.FormatFloat(ep.Blocks, 'f', 0, 64) + " blocks but scored no hit while requests missed: check the contract (kvctl preflight)"})
-				}
-			}
-		}
+		missesProblems(&out, first, last, problems)
 	}
 	switch {
 	case parityBroken:
@@ -413,6 +359,89 @@ func (c *Collector) rule(r *config.Rule, first, last *sample, subByEP map[epKey]
 		out.Parity = "ok"
 	}
 	return out
+}
+
+// fillEndpoint sets ep's health, breaker, load, block and hit figures from
+// the samples (last non-nil) and returns the sign of its parity gauge: -1
+// broken, 1 ok, 0 unknown. The caller holds c.mu.
+func (c *Collector) fillEndpoint(ep *Endpoint, k epKey, first, last *sample) int {
+	if v, ok := last.gauges[mProbeUp][k]; ok {
+		ep.Health = map[bool]string{true: "up", false: "down"}[v == 1]
+	}
+	if c.opts.Health != nil {
+		if up, known := c.opts.Health(k.service, k.ep); known {
+			ep.Health = map[bool]string{true: "up", false: "down"}[up]
+		}
+	}
+	switch last.gauges[mBreaker][k] {
+	case 1:
+		ep.Breaker = "open"
+	case 2:
+		ep.Breaker = "half-open"
+	}
+	ep.Inflight = last.gauges[mInflight][k]
+	ep.Blocks = last.gauges[mBlocks][k]
+	ep.HitsTotal = last.hits[k]
+	ep.HitsWindow = last.hits[k] - first.hits[k]
+	ep.HitRate = c.hitRate(k)
+	parity := 0
+	if v, ok := last.gauges[mParity][k]; ok {
+		switch {
+		case v < 0:
+			parity = -1
+		case v > 0:
+			parity = 1
+		}
+	}
+	return parity
+}
+
+// endpointProblems reports what is wrong with one endpoint of rule id: down
+// or excluded by its breaker (unless an admin took it out), or without its
+// KV-event subscription.
+func endpointProblems(id int, adminDown bool, ep *Endpoint, problems *[]Problem) {
+	ei := ep.EPIdx
+	add := func(kind, detail string) {
+		*problems = append(*problems, Problem{ServiceID: id, EPIdx: &ei, Kind: kind, Detail: detail})
+	}
+	switch {
+	case adminDown:
+	case ep.Health == "down":
+		add("endpoint_down", "the health probe fails for "+ep.Addr)
+	case ep.Breaker == "open":
+		add("breaker_open", "the circuit breaker excludes "+ep.Addr)
+	}
+	if ep.Subscriber != nil && !ep.Subscriber.Connected {
+		add("subscriber_down", "no KV-event subscription to "+ep.Addr+": its blocks cannot be followed")
+	}
+}
+
+// missesProblems fills out.MissesWindow from the samples and reports the
+// endpoints that hold blocks yet scored no hit while the rule missed.
+func missesProblems(out *Rule, first, last *sample, problems *[]Problem) {
+	id := out.ServiceID
+	var missesWindow float64
+	for mk, v := range last.misses {
+		if mk.service != id {
+			continue
+		}
+		if d := v - first.misses[mk]; d > 0 {
+			out.MissesWindow[mk.reason] = d
+			missesWindow += d
+		}
+	}
+	// An endpoint that holds blocks but never wins while the rule's
+	// requests miss is the silent failure: a contract mismatch scores 0.
+	if missesWindow == 0 {
+		return
+	}
+	for _, ep := range out.Endpoints {
+		if ep.Blocks > 0 && ep.HitsWindow == 0 {
+			ei := ep.EPIdx
+			*problems = append(*problems, Problem{ServiceID: id, EPIdx: &ei, Kind: "blocks_no_hits",
+				Detail: "holds " + strconv.FormatFloat(ep.Blocks, 'f', 0, 64) + " blocks but scored no hit while requests missed: check the contract (kvctl preflight)"})
+		}
+	}
 }
 
 // hitRate is hits per second between consecutive samples; the caller holds c.mu.

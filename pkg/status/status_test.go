@@ -14,15 +14,14 @@ import (
 // fleet is a registry with the series the collector reads, two rules and a
 // clock the test moves.
 type fleet struct {
-	reg                       *prometheus.Registry
-	hits, misses              *prometheus.CounterVec
-	probe, breaker, blocks    *prometheus.GaugeVec
-	parity, inflight, admin   *prometheus.GaugeVec
-	now                       time.Time
-	subs                      []ingest.EndpointStatus
-	rules                     []*config.Rule
-	collector                 *Collector
-	hitsByEP, missesByService map[string]float64
+	reg                     *prometheus.Registry
+	hits, misses            *prometheus.CounterVec
+	probe, breaker, blocks  *prometheus.GaugeVec
+	parity, inflight, admin *prometheus.GaugeVec
+	now                     time.Time
+	subs                    []ingest.EndpointStatus
+	rules                   []*config.Rule
+	collector               *Collector
 }
 
 func newFleet(t *testing.T) *fleet {

@@ -131,9 +131,31 @@ func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, err
 	if j.EndOfWordSuffix != nil {
 		m.suffix = *j.EndOfWordSuffix
 	}
+	m.loadVocab(j.Vocab, j.ByteFallback)
+	if j.UnkToken != nil {
+		id, ok := m.vocab[*j.UnkToken]
+		if !ok {
+			return nil, fmt.Errorf("model: unk_token %q not in vocab", *j.UnkToken)
+		}
+		m.unkID = int64(id)
+	}
+	merges, err := parseMerges(j.Merges)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if err := m.loadMerges(j.Vocab, merges); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// loadVocab fills m.vocab from the file's vocab, in m's internal alphabet
+// (raw bytes for a byte-level model), and the byte and byte-fallback id
+// tables.
+func (m *bpeModel) loadVocab(vocab map[string]uint32, byteFallback bool) {
 	dec := byteDecoder
 	internal := func(tok string) string {
-		if !byteLevel {
+		if !m.byteLevel {
 			return tok
 		}
 		b := make([]byte, 0, len(tok))
@@ -146,64 +168,57 @@ func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, err
 		}
 		return string(b)
 	}
-	for tok, id := range j.Vocab {
+	for tok, id := range vocab {
 		m.vocab[internal(tok)] = id
 	}
 	for i := range m.byteIDs {
 		m.byteIDs[i] = -1
 		m.fallbackIDs[i] = -1
 	}
-	if byteLevel {
+	if m.byteLevel {
 		for b := 0; b < 256; b++ {
 			if id, ok := m.vocab[string([]byte{byte(b)})]; ok {
 				m.byteIDs[b] = int64(id)
 			}
 		}
 	}
-	if j.ByteFallback {
+	if byteFallback {
 		for b := 0; b < 256; b++ {
 			if id, ok := m.vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
 				m.fallbackIDs[b] = int64(id)
 			}
 		}
 	}
-	if j.UnkToken != nil {
-		id, ok := m.vocab[*j.UnkToken]
-		if !ok {
-			return nil, fmt.Errorf("model: unk_token %q not in vocab", *j.UnkToken)
-		}
-		m.unkID = int64(id)
-	}
-	merges, err := parseMerges(j.Merges)
-	if err != nil {
-		return nil, fmt.Errorf("model: %w", err)
-	}
+}
+
+// loadMerges builds m.merges from the ranked merges. Merges name tokens in
+// the file's alphabet: they are looked up in the file's vocab (same ids),
+// with no per-merge allocation.
+func (m *bpeModel) loadMerges(vocab map[string]uint32, merges [][2]string) error {
 	m.merges = make(map[uint64]mergeValue, len(merges))
 	prefixLen := len(m.prefix)
-	// Merges name tokens in the file's alphabet: look them up in the file's
-	// vocab (same ids), with no per-merge allocation.
 	buf := make([]byte, 0, 64)
 	for rank, mg := range merges {
-		ida, oka := j.Vocab[mg[0]]
-		idb, okb := j.Vocab[mg[1]]
+		ida, oka := vocab[mg[0]]
+		idb, okb := vocab[mg[1]]
 		if !oka || !okb {
-			return nil, fmt.Errorf("model: merge %d (%q %q) names a token missing from vocab", rank, mg[0], mg[1])
+			return fmt.Errorf("model: merge %d (%q %q) names a token missing from vocab", rank, mg[0], mg[1])
 		}
 		right := mg[1]
 		if prefixLen > 0 && strings.HasPrefix(right, m.prefix) {
 			right = right[prefixLen:]
 		}
 		buf = append(append(buf[:0], mg[0]...), right...)
-		id, ok := j.Vocab[string(buf)]
+		id, ok := vocab[string(buf)]
 		if !ok {
-			return nil, fmt.Errorf("model: merge %d result %q missing from vocab", rank, buf)
+			return fmt.Errorf("model: merge %d result %q missing from vocab", rank, buf)
 		}
 		k := pairKey(ida, idb)
 		if _, dup := m.merges[k]; !dup { // the first (best) rank wins
 			m.merges[k] = mergeValue{uint32(rank), id}
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // modelType reads the model's "type" without decoding the (large) vocab when,
@@ -255,17 +270,7 @@ func (m *bpeModel) encodeWord(word string, dst []uint32) []uint32 {
 // initialSymbols appends the starting symbols of word.
 func (m *bpeModel) initialSymbols(word string, syms []uint32) []uint32 {
 	if m.byteLevel && m.prefix == "" && m.suffix == "" {
-		for i := 0; i < len(word); i++ {
-			id := m.byteIDs[word[i]]
-			if id < 0 {
-				if m.unkID >= 0 {
-					syms = m.appendUnk(syms)
-				}
-				continue
-			}
-			syms = append(syms, uint32(id))
-		}
-		return syms
+		return m.initialBytes(word, syms)
 	}
 	prevUnk := false
 	for i := 0; i < len(word); {
@@ -289,17 +294,8 @@ func (m *bpeModel) initialSymbols(word string, syms []uint32) []uint32 {
 			continue
 		}
 		if m.byteFallbck {
-			raw := word[i-w : i]
-			all := true
-			for k := 0; k < len(raw); k++ {
-				if m.fallbackIDs[raw[k]] < 0 {
-					all = false
-				}
-			}
-			if all {
-				for k := 0; k < len(raw); k++ {
-					syms = append(syms, uint32(m.fallbackIDs[raw[k]]))
-				}
+			if out, ok := m.appendFallback(syms, word[i-w:i]); ok {
+				syms = out
 				prevUnk = false
 				continue
 			}
@@ -312,6 +308,36 @@ func (m *bpeModel) initialSymbols(word string, syms []uint32) []uint32 {
 		}
 	}
 	return syms
+}
+
+// initialBytes is initialSymbols for a byte-level model without a prefix or
+// suffix: one symbol per byte.
+func (m *bpeModel) initialBytes(word string, syms []uint32) []uint32 {
+	for i := 0; i < len(word); i++ {
+		id := m.byteIDs[word[i]]
+		if id < 0 {
+			if m.unkID >= 0 {
+				syms = m.appendUnk(syms)
+			}
+			continue
+		}
+		syms = append(syms, uint32(id))
+	}
+	return syms
+}
+
+// appendFallback appends the <0xXX> byte-fallback ids of raw; false (syms
+// unchanged) when any byte has none, as tokenizers then falls back to unk.
+func (m *bpeModel) appendFallback(syms []uint32, raw string) ([]uint32, bool) {
+	for k := 0; k < len(raw); k++ {
+		if m.fallbackIDs[raw[k]] < 0 {
+			return syms, false
+		}
+	}
+	for k := 0; k < len(raw); k++ {
+		syms = append(syms, uint32(m.fallbackIDs[raw[k]]))
+	}
+	return syms, true
 }
 
 func (m *bpeModel) appendUnk(syms []uint32) []uint32 {

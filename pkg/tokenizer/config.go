@@ -165,10 +165,8 @@ func (c *Config) SelectChatTemplate(withTools bool) (string, error) {
 		return "", ErrNoChatTemplate
 	}
 	if c.ChatTemplates != nil {
-		if withTools {
-			if t, ok := c.ChatTemplates["tool_use"]; ok {
-				return t, nil
-			}
+		if t, ok := c.ChatTemplates["tool_use"]; ok && withTools {
+			return t, nil
 		}
 		if t, ok := c.ChatTemplates["default"]; ok {
 			return t, nil

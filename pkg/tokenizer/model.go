@@ -53,31 +53,41 @@ func NewModel(tk *Tokenizer, cfg Config) (*Model, error) {
 	// rebuild the single-sequence template as transformers'
 	// update_post_processor does: [bos] $A [eos].
 	if cfg.AddBOSToken != nil || cfg.AddEOSToken != nil {
-		bosAdded := cfg.AddBOSToken != nil && *cfg.AddBOSToken
-		eosAdded := cfg.AddEOSToken != nil && *cfg.AddEOSToken
-		if cfg.AddBOSToken == nil {
-			bosAdded = m.templateHas(cfg.BOSToken, tk.post.prefix)
-		}
-		if cfg.AddEOSToken == nil {
-			eosAdded = m.templateHas(cfg.EOSToken, tk.post.suffix)
-		}
-		m.promptPrefix, m.promptSuffix = nil, nil
-		if bosAdded {
-			id, ok := tk.TokenToID(cfg.BOSToken)
-			if !ok {
-				return nil, fmt.Errorf("tokenizer: add_bos_token is set but bos_token %q is not in the vocabulary", cfg.BOSToken)
-			}
-			m.promptPrefix = []uint32{id}
-		}
-		if eosAdded {
-			id, ok := tk.TokenToID(cfg.EOSToken)
-			if !ok {
-				return nil, fmt.Errorf("tokenizer: add_eos_token is set but eos_token %q is not in the vocabulary", cfg.EOSToken)
-			}
-			m.promptSuffix = []uint32{id}
+		if err := m.rebuildTemplate(cfg); err != nil {
+			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// rebuildTemplate sets the prompt prefix and suffix from add_bos_token and
+// add_eos_token; one left unset keeps what the post-processor does.
+func (m *Model) rebuildTemplate(cfg Config) error {
+	tk := m.Tokenizer
+	bosAdded := cfg.AddBOSToken != nil && *cfg.AddBOSToken
+	eosAdded := cfg.AddEOSToken != nil && *cfg.AddEOSToken
+	if cfg.AddBOSToken == nil {
+		bosAdded = m.templateHas(cfg.BOSToken, tk.post.prefix)
+	}
+	if cfg.AddEOSToken == nil {
+		eosAdded = m.templateHas(cfg.EOSToken, tk.post.suffix)
+	}
+	m.promptPrefix, m.promptSuffix = nil, nil
+	if bosAdded {
+		id, ok := tk.TokenToID(cfg.BOSToken)
+		if !ok {
+			return fmt.Errorf("tokenizer: add_bos_token is set but bos_token %q is not in the vocabulary", cfg.BOSToken)
+		}
+		m.promptPrefix = []uint32{id}
+	}
+	if eosAdded {
+		id, ok := tk.TokenToID(cfg.EOSToken)
+		if !ok {
+			return fmt.Errorf("tokenizer: add_eos_token is set but eos_token %q is not in the vocabulary", cfg.EOSToken)
+		}
+		m.promptSuffix = []uint32{id}
+	}
+	return nil
 }
 
 func (m *Model) templateHas(token string, ids []uint32) bool {

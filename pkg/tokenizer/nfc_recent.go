@@ -99,6 +99,22 @@ func fixRecent(s string, compose bool) string {
 	for _, r := range norm.NFD.String(s) {
 		dec = appendDecomposed(dec, r)
 	}
+	canonicalOrder(dec)
+	out := dec
+	if compose {
+		out = canonicalCompose(dec)
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range out {
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// canonicalOrder sorts each run of non-starters of dec by combining class,
+// stably, in place.
+func canonicalOrder(dec []rune) {
 	for i := 0; i < len(dec); {
 		if cccOf(dec[i]) == 0 {
 			i++
@@ -112,32 +128,30 @@ func fixRecent(s string, compose bool) string {
 		sort.SliceStable(run, func(a, b int) bool { return cccOf(run[a]) < cccOf(run[b]) })
 		i = j
 	}
-	out := dec
-	if compose {
-		out = make([]rune, 0, len(dec))
-		starter, lastCCC := -1, -1 // lastCCC -1: nothing since the starter
-		for _, c := range dec {
-			ccc := cccOf(c)
-			if starter >= 0 && (lastCCC == -1 || (lastCCC != 0 && lastCCC < ccc)) {
-				if comp, ok := composePair(out[starter], c); ok {
-					out[starter] = comp
-					continue
-				}
-			}
-			out = append(out, c)
-			if ccc == 0 {
-				starter, lastCCC = len(out)-1, -1
-			} else {
-				lastCCC = ccc
+}
+
+// canonicalCompose is the canonical composition of the ordered
+// decomposition dec: each mark not blocked from the last starter composes
+// with it when a primary composite exists.
+func canonicalCompose(dec []rune) []rune {
+	out := make([]rune, 0, len(dec))
+	starter, lastCCC := -1, -1 // lastCCC -1: nothing since the starter
+	for _, c := range dec {
+		ccc := cccOf(c)
+		if starter >= 0 && (lastCCC == -1 || (lastCCC != 0 && lastCCC < ccc)) {
+			if comp, ok := composePair(out[starter], c); ok {
+				out[starter] = comp
+				continue
 			}
 		}
+		out = append(out, c)
+		if ccc == 0 {
+			starter, lastCCC = len(out)-1, -1
+		} else {
+			lastCCC = ccc
+		}
 	}
-	var b strings.Builder
-	b.Grow(len(s))
-	for _, r := range out {
-		b.WriteRune(r)
-	}
-	return b.String()
+	return out
 }
 
 // composePair returns the primary composite of starter l and c: a Unicode

@@ -89,6 +89,60 @@ func (seq normalizerSeq) normalize(s string) string {
 	return s
 }
 
+// parseReplace parses a Replace normalizer: a literal (non-empty) or a regex
+// pattern.
+func parseReplace(raw json.RawMessage) (normalizer, error) {
+	var r struct {
+		Pattern patternJSON `json:"pattern"`
+		Content string      `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("normalizer Replace: %w", err)
+	}
+	switch {
+	case r.Pattern.String != nil:
+		if *r.Pattern.String == "" {
+			return nil, fmt.Errorf("normalizer Replace: empty pattern")
+		}
+		return replaceString{*r.Pattern.String, r.Content}, nil
+	case r.Pattern.Regex != nil:
+		re, err := regexp2.Compile(*r.Pattern.Regex, regexp2.None)
+		if err != nil {
+			return nil, fmt.Errorf("normalizer Replace regex: %w", err)
+		}
+		return replaceRegex{re, r.Content}, nil
+	}
+	return nil, fmt.Errorf("normalizer Replace: no pattern")
+}
+
+// parseNormalizerSeq parses a Sequence normalizer; a sequence of one is that
+// one, and an empty one is none.
+func parseNormalizerSeq(raw json.RawMessage) (normalizer, error) {
+	var sq struct {
+		Normalizers []json.RawMessage `json:"normalizers"`
+	}
+	if err := json.Unmarshal(raw, &sq); err != nil {
+		return nil, fmt.Errorf("normalizer Sequence: %w", err)
+	}
+	var seq normalizerSeq
+	for _, r := range sq.Normalizers {
+		n, err := parseNormalizer(r)
+		if err != nil {
+			return nil, err
+		}
+		if n != nil {
+			seq = append(seq, n)
+		}
+	}
+	if len(seq) == 0 {
+		return nil, nil
+	}
+	if len(seq) == 1 {
+		return seq[0], nil
+	}
+	return seq, nil
+}
+
 // parseNormalizer builds the normalizer; nil JSON or null means none.
 func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 	if isNull(raw) {
@@ -118,27 +172,7 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 		}
 		return prepend{p.Prepend}, nil
 	case "Replace":
-		var r struct {
-			Pattern patternJSON `json:"pattern"`
-			Content string      `json:"content"`
-		}
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return nil, fmt.Errorf("normalizer Replace: %w", err)
-		}
-		switch {
-		case r.Pattern.String != nil:
-			if *r.Pattern.String == "" {
-				return nil, fmt.Errorf("normalizer Replace: empty pattern")
-			}
-			return replaceString{*r.Pattern.String, r.Content}, nil
-		case r.Pattern.Regex != nil:
-			re, err := regexp2.Compile(*r.Pattern.Regex, regexp2.None)
-			if err != nil {
-				return nil, fmt.Errorf("normalizer Replace regex: %w", err)
-			}
-			return replaceRegex{re, r.Content}, nil
-		}
-		return nil, fmt.Errorf("normalizer Replace: no pattern")
+		return parseReplace(raw)
 	case "Strip":
 		var st struct {
 			Left  bool `json:"strip_left"`
@@ -149,29 +183,7 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 		}
 		return strip{st.Left, st.Right}, nil
 	case "Sequence":
-		var sq struct {
-			Normalizers []json.RawMessage `json:"normalizers"`
-		}
-		if err := json.Unmarshal(raw, &sq); err != nil {
-			return nil, fmt.Errorf("normalizer Sequence: %w", err)
-		}
-		var seq normalizerSeq
-		for _, r := range sq.Normalizers {
-			n, err := parseNormalizer(r)
-			if err != nil {
-				return nil, err
-			}
-			if n != nil {
-				seq = append(seq, n)
-			}
-		}
-		if len(seq) == 0 {
-			return nil, nil
-		}
-		if len(seq) == 1 {
-			return seq[0], nil
-		}
-		return seq, nil
+		return parseNormalizerSeq(raw)
 	}
 	return nil, &UnsupportedError{Component: "normalizer", Type: t.Type}
 }

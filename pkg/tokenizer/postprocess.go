@@ -9,8 +9,6 @@ import (
 // added before and after the text when add_special_tokens is true.
 type postProcessor struct {
 	prefix, suffix []uint32
-	// names of special tokens to resolve once the vocabulary is known
-	prefixTokens, suffixTokens []string
 	// hasTemplate: the post-processor adds tokens itself (TemplateProcessing,
 	// Roberta, Bert), as opposed to ByteLevel or none.
 	hasTemplate bool
@@ -43,50 +41,9 @@ func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
 	case "ByteLevel":
 		return p, nil
 	case "TemplateProcessing":
-		var tp struct {
-			Single        []templateItem             `json:"single"`
-			SpecialTokens map[string]templateSpecial `json:"special_tokens"`
-		}
-		if err := json.Unmarshal(raw, &tp); err != nil {
-			return p, fmt.Errorf("post_processor TemplateProcessing: %w", err)
-		}
-		p.hasTemplate = true
-		seenA := false
-		for _, it := range tp.Single {
-			switch {
-			case it.Sequence != nil:
-				seenA = true
-			case it.SpecialToken != nil:
-				sp, ok := tp.SpecialTokens[it.SpecialToken.ID]
-				if !ok {
-					return p, fmt.Errorf("post_processor: template names unknown special token %q", it.SpecialToken.ID)
-				}
-				if seenA {
-					p.suffix = append(p.suffix, sp.IDs...)
-				} else {
-					p.prefix = append(p.prefix, sp.IDs...)
-				}
-			}
-		}
-		return p, nil
+		return parseTemplateProcessing(raw)
 	case "RobertaProcessing", "BertProcessing":
-		var rp struct {
-			Sep [2]json.RawMessage `json:"sep"`
-			Cls [2]json.RawMessage `json:"cls"`
-		}
-		if err := json.Unmarshal(raw, &rp); err != nil {
-			return p, fmt.Errorf("post_processor %s: %w", t.Type, err)
-		}
-		var cls, sep uint32
-		if err := json.Unmarshal(rp.Cls[1], &cls); err != nil {
-			return p, fmt.Errorf("post_processor %s cls: %w", t.Type, err)
-		}
-		if err := json.Unmarshal(rp.Sep[1], &sep); err != nil {
-			return p, fmt.Errorf("post_processor %s sep: %w", t.Type, err)
-		}
-		p.hasTemplate = true
-		p.prefix, p.suffix = []uint32{cls}, []uint32{sep}
-		return p, nil
+		return parseClsSepProcessing(raw, t.Type)
 	case "Sequence":
 		var sq struct {
 			Processors []json.RawMessage `json:"processors"`
@@ -106,6 +63,61 @@ func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
 		return p, nil
 	}
 	return p, &UnsupportedError{Component: "post_processor", Type: t.Type}
+}
+
+// parseTemplateProcessing takes the special tokens of the single-sequence
+// template: those before $A are the prefix, those after it the suffix.
+func parseTemplateProcessing(raw json.RawMessage) (postProcessor, error) {
+	var p postProcessor
+	var tp struct {
+		Single        []templateItem             `json:"single"`
+		SpecialTokens map[string]templateSpecial `json:"special_tokens"`
+	}
+	if err := json.Unmarshal(raw, &tp); err != nil {
+		return p, fmt.Errorf("post_processor TemplateProcessing: %w", err)
+	}
+	p.hasTemplate = true
+	seenA := false
+	for _, it := range tp.Single {
+		switch {
+		case it.Sequence != nil:
+			seenA = true
+		case it.SpecialToken != nil:
+			sp, ok := tp.SpecialTokens[it.SpecialToken.ID]
+			if !ok {
+				return p, fmt.Errorf("post_processor: template names unknown special token %q", it.SpecialToken.ID)
+			}
+			if seenA {
+				p.suffix = append(p.suffix, sp.IDs...)
+			} else {
+				p.prefix = append(p.prefix, sp.IDs...)
+			}
+		}
+	}
+	return p, nil
+}
+
+// parseClsSepProcessing parses RobertaProcessing and BertProcessing (typ):
+// cls before the text, sep after it.
+func parseClsSepProcessing(raw json.RawMessage, typ string) (postProcessor, error) {
+	var p postProcessor
+	var rp struct {
+		Sep [2]json.RawMessage `json:"sep"`
+		Cls [2]json.RawMessage `json:"cls"`
+	}
+	if err := json.Unmarshal(raw, &rp); err != nil {
+		return p, fmt.Errorf("post_processor %s: %w", typ, err)
+	}
+	var cls, sep uint32
+	if err := json.Unmarshal(rp.Cls[1], &cls); err != nil {
+		return p, fmt.Errorf("post_processor %s cls: %w", typ, err)
+	}
+	if err := json.Unmarshal(rp.Sep[1], &sep); err != nil {
+		return p, fmt.Errorf("post_processor %s sep: %w", typ, err)
+	}
+	p.hasTemplate = true
+	p.prefix, p.suffix = []uint32{cls}, []uint32{sep}
+	return p, nil
 }
 
 // resolve checks the ids against the vocabulary.

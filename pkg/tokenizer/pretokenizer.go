@@ -144,6 +144,57 @@ func (p *splitPre) splitOne(s string, dst []string) []string {
 	return applyBehavior(s, spans, p.behavior, dst)
 }
 
+// mergeContiguous joins each run of adjacent delimiters, and each run of
+// adjacent non-delimiters, into one span.
+func mergeContiguous(spans []span) []span {
+	var out []span
+	prevMatch := false
+	for _, sp := range spans {
+		if sp.delim == prevMatch && len(out) > 0 {
+			out[len(out)-1].end = sp.end
+		} else {
+			out = append(out, span{sp.start, sp.end, false})
+		}
+		prevMatch = sp.delim
+	}
+	return out
+}
+
+// mergeWithPrevious appends each delimiter to the span before it.
+func mergeWithPrevious(spans []span) []span {
+	var out []span
+	prevMatch := false
+	for _, sp := range spans {
+		if sp.delim && !prevMatch && len(out) > 0 {
+			out[len(out)-1].end = sp.end
+		} else {
+			out = append(out, span{sp.start, sp.end, false})
+		}
+		prevMatch = sp.delim
+	}
+	return out
+}
+
+// mergeWithNext prepends each delimiter to the span after it (scanning
+// backwards, as tokenizers does).
+func mergeWithNext(spans []span) []span {
+	var out []span
+	prevMatch := false
+	for i := len(spans) - 1; i >= 0; i-- {
+		sp := spans[i]
+		if sp.delim && !prevMatch && len(out) > 0 {
+			out[len(out)-1].start = sp.start
+		} else {
+			out = append(out, span{sp.start, sp.end, false})
+		}
+		prevMatch = sp.delim
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
 // applyBehavior follows tokenizers' NormalizedString::split.
 func applyBehavior(s string, spans []span, b splitBehavior, dst []string) []string {
 	var out []span
@@ -157,39 +208,11 @@ func applyBehavior(s string, spans []span, b splitBehavior, dst []string) []stri
 			}
 		}
 	case behaviorContiguous:
-		prevMatch := false
-		for _, sp := range spans {
-			if sp.delim == prevMatch && len(out) > 0 {
-				out[len(out)-1].end = sp.end
-			} else {
-				out = append(out, span{sp.start, sp.end, false})
-			}
-			prevMatch = sp.delim
-		}
+		out = mergeContiguous(spans)
 	case behaviorMergedWithPrevious:
-		prevMatch := false
-		for _, sp := range spans {
-			if sp.delim && !prevMatch && len(out) > 0 {
-				out[len(out)-1].end = sp.end
-			} else {
-				out = append(out, span{sp.start, sp.end, false})
-			}
-			prevMatch = sp.delim
-		}
+		out = mergeWithPrevious(spans)
 	case behaviorMergedWithNext:
-		prevMatch := false
-		for i := len(spans) - 1; i >= 0; i-- {
-			sp := spans[i]
-			if sp.delim && !prevMatch && len(out) > 0 {
-				out[len(out)-1].start = sp.start
-			} else {
-				out = append(out, span{sp.start, sp.end, false})
-			}
-			prevMatch = sp.delim
-		}
-		for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-			out[i], out[j] = out[j], out[i]
-		}
+		out = mergeWithNext(spans)
 	}
 	for _, sp := range out {
 		if sp.end > sp.start {
@@ -304,9 +327,6 @@ func (seq preSeq) preTokenize(pieces []string, atStart bool, dst []string) []str
 // preInfo records what the pipeline needs to know about the pre-tokenizers.
 type preInfo struct {
 	byteLevel bool // a ByteLevel pre-tokenizer is present: the model works on bytes
-	// chunkSafe: the whole pre-tokenizer is a GPT-4 style scanner followed by
-	// a no-op ByteLevel, so text can be cut at the scanner's safe boundaries.
-	chunkSafe bool
 }
 
 func parsePreTokenizer(raw json.RawMessage, info *preInfo) (preTokenizer, error) {
@@ -319,63 +339,9 @@ func parsePreTokenizer(raw json.RawMessage, info *preInfo) (preTokenizer, error)
 	}
 	switch t.Type {
 	case "Sequence":
-		var sq struct {
-			Pre []json.RawMessage `json:"pretokenizers"`
-		}
-		if err := json.Unmarshal(raw, &sq); err != nil {
-			return nil, fmt.Errorf("pre_tokenizer Sequence: %w", err)
-		}
-		var seq preSeq
-		for _, r := range sq.Pre {
-			p, err := parsePreTokenizer(r, info)
-			if err != nil {
-				return nil, err
-			}
-			if p != nil {
-				seq = append(seq, p)
-			}
-		}
-		switch len(seq) {
-		case 0:
-			return nil, nil
-		case 1:
-			return seq[0], nil
-		}
-		return seq, nil
+		return parseSequencePre(raw, info)
 	case "Split":
-		var sp struct {
-			Pattern  patternJSON `json:"pattern"`
-			Behavior string      `json:"behavior"`
-			Invert   bool        `json:"invert"`
-		}
-		if err := json.Unmarshal(raw, &sp); err != nil {
-			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
-		}
-		b, err := parseBehavior(sp.Behavior)
-		if err != nil {
-			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
-		}
-		p := &splitPre{behavior: b, invert: sp.Invert}
-		switch {
-		case sp.Pattern.String != nil:
-			p.m = stringMatcher(*sp.Pattern.String)
-		case sp.Pattern.Regex != nil:
-			if sc, ok := scannerFor(*sp.Pattern.Regex); ok {
-				p.m = sc
-				if b == behaviorIsolated && !sp.Invert {
-					p.fast = &sc
-				}
-			} else {
-				re, err := compileHFRegex(*sp.Pattern.Regex)
-				if err != nil {
-					return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
-				}
-				p.m = regexMatcher{re}
-			}
-		default:
-			return nil, fmt.Errorf("pre_tokenizer Split: no pattern")
-		}
-		return p, nil
+		return parseSplitPre(raw)
 	case "ByteLevel":
 		var bl struct {
 			AddPrefixSpace bool  `json:"add_prefix_space"`
@@ -392,31 +358,7 @@ func parsePreTokenizer(raw json.RawMessage, info *preInfo) (preTokenizer, error)
 		}
 		return p, nil
 	case "Metaspace":
-		var ms struct {
-			Replacement    string `json:"replacement"`
-			PrependScheme  string `json:"prepend_scheme"`
-			AddPrefixSpace *bool  `json:"add_prefix_space"`
-			Split          *bool  `json:"split"`
-		}
-		if err := json.Unmarshal(raw, &ms); err != nil {
-			return nil, fmt.Errorf("pre_tokenizer Metaspace: %w", err)
-		}
-		p := &metaspacePre{replacement: ms.Replacement, scheme: ms.PrependScheme, split: ms.Split == nil || *ms.Split}
-		if p.replacement == "" {
-			p.replacement = "\u2581"
-		}
-		if p.scheme == "" {
-			p.scheme = "always"
-			if ms.AddPrefixSpace != nil && !*ms.AddPrefixSpace {
-				p.scheme = "never"
-			}
-		}
-		switch p.scheme {
-		case "always", "first", "never":
-		default:
-			return nil, fmt.Errorf("pre_tokenizer Metaspace: unknown prepend_scheme %q", p.scheme)
-		}
-		return p, nil
+		return parseMetaspacePre(raw)
 	case "Digits":
 		var d struct {
 			Individual bool `json:"individual_digits"`
@@ -439,6 +381,103 @@ func parsePreTokenizer(raw json.RawMessage, info *preInfo) (preTokenizer, error)
 		return &splitPre{m: regexMatcher{re}, behavior: behaviorRemoved, invert: true}, nil
 	}
 	return nil, &UnsupportedError{Component: "pre_tokenizer", Type: t.Type}
+}
+
+// parseSequencePre parses a Sequence pre-tokenizer; a sequence of one is
+// that one, and an empty one is none.
+func parseSequencePre(raw json.RawMessage, info *preInfo) (preTokenizer, error) {
+	var sq struct {
+		Pre []json.RawMessage `json:"pretokenizers"`
+	}
+	if err := json.Unmarshal(raw, &sq); err != nil {
+		return nil, fmt.Errorf("pre_tokenizer Sequence: %w", err)
+	}
+	var seq preSeq
+	for _, r := range sq.Pre {
+		p, err := parsePreTokenizer(r, info)
+		if err != nil {
+			return nil, err
+		}
+		if p != nil {
+			seq = append(seq, p)
+		}
+	}
+	switch len(seq) {
+	case 0:
+		return nil, nil
+	case 1:
+		return seq[0], nil
+	}
+	return seq, nil
+}
+
+// parseSplitPre parses a Split pre-tokenizer. A regex the scanner knows runs
+// on the scanner (and, isolated and not inverted, on its fast path); any
+// other runs on regexp2.
+func parseSplitPre(raw json.RawMessage) (preTokenizer, error) {
+	var sp struct {
+		Pattern  patternJSON `json:"pattern"`
+		Behavior string      `json:"behavior"`
+		Invert   bool        `json:"invert"`
+	}
+	if err := json.Unmarshal(raw, &sp); err != nil {
+		return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
+	}
+	b, err := parseBehavior(sp.Behavior)
+	if err != nil {
+		return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
+	}
+	p := &splitPre{behavior: b, invert: sp.Invert}
+	switch {
+	case sp.Pattern.String != nil:
+		p.m = stringMatcher(*sp.Pattern.String)
+	case sp.Pattern.Regex != nil:
+		if sc, ok := scannerFor(*sp.Pattern.Regex); ok {
+			p.m = sc
+			if b == behaviorIsolated && !sp.Invert {
+				p.fast = &sc
+			}
+		} else {
+			re, err := compileHFRegex(*sp.Pattern.Regex)
+			if err != nil {
+				return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
+			}
+			p.m = regexMatcher{re}
+		}
+	default:
+		return nil, fmt.Errorf("pre_tokenizer Split: no pattern")
+	}
+	return p, nil
+}
+
+// parseMetaspacePre parses a Metaspace pre-tokenizer; the legacy
+// add_prefix_space maps onto prepend_scheme as tokenizers does.
+func parseMetaspacePre(raw json.RawMessage) (preTokenizer, error) {
+	var ms struct {
+		Replacement    string `json:"replacement"`
+		PrependScheme  string `json:"prepend_scheme"`
+		AddPrefixSpace *bool  `json:"add_prefix_space"`
+		Split          *bool  `json:"split"`
+	}
+	if err := json.Unmarshal(raw, &ms); err != nil {
+		return nil, fmt.Errorf("pre_tokenizer Metaspace: %w", err)
+	}
+	p := &metaspacePre{replacement: ms.Replacement, scheme: ms.PrependScheme, split: ms.Split == nil || *ms.Split}
+	if p.replacement == "" {
+		p.replacement = "\u2581"
+	}
+	if p.scheme == "" {
+		p.scheme = "always"
+		if ms.AddPrefixSpace != nil && !*ms.AddPrefixSpace {
+			p.scheme = "never"
+		}
+	}
+	switch p.scheme {
+	case "always", "first", "never":
+	default:
+		return nil, fmt.Errorf("pre_tokenizer Metaspace: unknown prepend_scheme %q", p.scheme)
+	}
+	return p, nil
 }
 
 // isNumeric is Rust's char::is_numeric (\p{N}), which Digits uses.

@@ -316,7 +316,6 @@ func TestLibzmqPublisherGoldenPayloads(t *testing.T) {
 	if got := ix.MediumBlocks(0)["CPU"]; got != 1 {
 		t.Errorf("CPU blocks = %d, want 1", got)
 	}
-	seq++
 
 	// Finally the engine restarts: the captured PUB frames (seq 0 and 1,
 	// topic "kv-events") go out after the replay buffer is reset.

@@ -25,6 +25,8 @@ type Ingester struct {
 	lastBlockSize int
 	badBlockSize  bool
 
+	parity *parityRank // nil: no parity check (EnableParity)
+
 	dec   kvevents.Decoder
 	batch kvevents.Batch
 
@@ -113,6 +115,9 @@ func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
 		switch e.Type {
 		case kvevents.BlockStored:
 			b := in.bucket(e)
+			if in.parity != nil && b == e.Medium && (e.Medium == "" || inventory.IsGPU(e.Medium)) {
+				in.parity.check(e)
+			}
 			if in.Granularity != nil && e.BlockSize > 0 && b == e.Medium && inventory.IsGPU(e.Medium) && in.blockSizeBad(e.BlockSize, &res) {
 				res.Unmatchable += len(e.BlockHashes)
 				continue
@@ -142,6 +147,24 @@ func (in *Ingester) blockSizeBad(bs int, res *IngestResult) bool {
 		res.BlockSize, res.BadBlockSize = bs, !ok
 	}
 	return in.badBlockSize
+}
+
+// EnableParity checks this ingester's BlockStored events against p's
+// contract (see Parity); ref names the endpoint in metrics and logs.
+func (in *Ingester) EnableParity(p *Parity, ref EndpointRef) {
+	if p == nil {
+		in.parity = nil
+		return
+	}
+	in.parity = p.rank(ref)
+}
+
+// Connected restarts the parity check's always-check window: the first
+// BlockStored events after each subscriber connect are always checked.
+func (in *Ingester) Connected() {
+	if in.parity != nil {
+		in.parity.connected()
+	}
 }
 
 // Stats returns the decoder's cumulative counters.

@@ -1,11 +1,14 @@
 package ingest
 
 import (
-	"github.com/kvgate/kvgate/pkg/kvevents"
 	"math/rand/v2"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/kvevents"
+	"github.com/kvgate/kvgate/pkg/kvhash"
 
 	"golang.org/x/sys/unix"
 
@@ -27,14 +30,29 @@ func threadCPU() time.Duration {
 //	go test -run '^$' -bench Ingest ./pkg/kvevents
 //
 // cpu-Mhash/s divides by the benchmark thread's CPU time, which the shared
-// machine's load does not inflate.
+// machine's load does not inflate. "tokens-parity" adds the live parity
+// self-check at its default sampling budget, "tokens-parity-every" checks
+// every event (the unsampled cost); checked-blocks/s is what it verified.
+// The hashes are the real sha256_cbor chain of the tokens, so every check
+// is a match, the common case.
 func BenchmarkIngest(b *testing.B) {
-	for _, withTokens := range []bool{false, true} {
-		name := "hashes"
-		if withTokens {
-			name = "tokens"
-		}
-		b.Run(name, func(b *testing.B) {
+	contract := kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: 16, Seed: kvhash.SeedOf("0")}
+	hasher, err := kvhash.New(contract)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name       string
+		withTokens bool
+		budget     int // 0: no parity check
+	}{
+		{"hashes", false, 0},
+		{"tokens", true, 0},
+		{"tokens-parity", true, DefaultParityBudget},
+		{"tokens-parity-every", true, 1 << 40},
+	} {
+		withTokens := bc.withTokens
+		b.Run(bc.name, func(b *testing.B) {
 			ix, err := inventory.New(inventory.Options{})
 			if err != nil {
 				b.Fatal(err)
@@ -63,6 +81,8 @@ func BenchmarkIngest(b *testing.B) {
 					for i := range st.TokenIDs {
 						st.TokenIDs[i] = uint32(r.IntN(151000))
 					}
+					hs = hasher.AppendHashes(hs[:0], st.TokenIDs, kvhash.Extra{})
+					st.BlockHashes = hs
 				}
 				p, err := kvevents.AppendEncode(nil, &kvevents.Batch{TS: 1.5, Events: []kvevents.Event{st}, HasRank: true}, kvevents.LayoutMap)
 				if err != nil {
@@ -77,8 +97,13 @@ func BenchmarkIngest(b *testing.B) {
 				removes = append(removes, p)
 			}
 			ins := make([]*Ingester, 8)
+			var checked atomic.Int64
+			par := NewParity(ParityOptions{Hasher: hasher, Budget: bc.budget, Observer: countChecked{&checked}})
 			for e := range ins {
 				ins[e] = &Ingester{Inventory: ix, EPIdx: e}
+				if bc.budget != 0 {
+					ins[e].EnableParity(par, EndpointRef{EPIdx: e})
+				}
 			}
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
@@ -97,6 +122,17 @@ func BenchmarkIngest(b *testing.B) {
 			hashes := float64(2 * blocks * b.N)
 			b.ReportMetric(hashes/b.Elapsed().Seconds()/1e6, "Mhash/s")
 			b.ReportMetric(hashes/(threadCPU()-c0).Seconds()/1e6, "cpu-Mhash/s")
+			if bc.budget != 0 {
+				b.ReportMetric(float64(checked.Load())*blocks/b.Elapsed().Seconds(), "checked-blocks/s")
+			}
 		})
 	}
 }
+
+// countChecked counts checked events for the benchmark.
+type countChecked struct{ n *atomic.Int64 }
+
+func (c countChecked) ParityChecked(EndpointRef)         { c.n.Add(1) }
+func (countChecked) ParityUnchecked(EndpointRef, string) {}
+func (countChecked) ParityMismatch(EndpointRef, string)  {}
+func (countChecked) ParityState(EndpointRef, int)        {}

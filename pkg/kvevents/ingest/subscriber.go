@@ -44,6 +44,9 @@ type Target struct {
 	// Granularity, when set, is the rule's: the endpoint's ranks report the
 	// block size their engine publishes (see Granularity).
 	Granularity *Granularity
+	// Parity, when set, is the rule's live parity self-check: the ranks
+	// check their BlockStored events against the rule's contract.
+	Parity *Parity
 }
 
 // Key is the target's stable identity: service and ip:port, never its position.
@@ -415,6 +418,7 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 			digestSeed: maphash.MakeSeed(),
 			verifyReq:  make(chan struct{}, 1),
 		}
+		rs.ingest.EnableParity(t.Parity, e.ref)
 		e.ranks = append(e.ranks, rs)
 		e.obs.RankConnected(e.ref, r, false)
 	}
@@ -450,6 +454,9 @@ func (e *endpointSub) stop(forget bool) {
 		e.obs.Blocks(e.ref, e.target.Inventory.Blocks(e.target.EPIdx))
 		if e.target.Granularity != nil {
 			e.target.Granularity.forget(e.target.EPIdx)
+		}
+		if e.target.Parity != nil {
+			e.target.Parity.forget(e.target.EPIdx)
 		}
 		e.obs.EndpointGone(e.ref)
 	}
@@ -564,6 +571,7 @@ func (r *rankSub) run(ctx context.Context) {
 			r.log.Info("kv subscriber: connected")
 		}
 		everConnected = true
+		r.ingest.Connected()
 		r.setConnected(true)
 		got, err := r.receive(ctx, sock, everConnectedBefore)
 		_ = sock.Close()
@@ -675,51 +683,8 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
 	defer close(done)
-	go func() {
-		panicked := r.opts.Guard.Run(recovery.Subscriber, func() {
-			for {
-				msg, err := sock.Recv()
-				if err != nil {
-					recvErr <- err
-					close(queue)
-					return
-				}
-				var size int64
-				for _, f := range msg.Frames {
-					size += int64(len(f))
-				}
-				if !budget.acquire(size, done) {
-					return
-				}
-				select {
-				case queue <- liveMsg{frames: msg.Frames, size: size}:
-				case <-done:
-					return
-				}
-			}
-		})
-		if panicked { // in Recv, before either send: the rank rebuilds its socket
-			recvErr <- errors.New("kv subscriber: receive panicked")
-			close(queue)
-		}
-	}()
-	if !r.bootstrapped {
-		r.bootstrapped = true
-		r.bootstrap(ctx)
-	} else if reconnect {
-		// The engine may have restarted while the socket was down: check
-		// before the next live batch, so a restarted engine's old blocks are
-		// gone before anything is scored against the new one.
-		// A probe-up that came while the socket was down is answered by
-		// this check, with its meaning (no replay: clear).
-		probeUp := false
-		select {
-		case <-r.verifyReq:
-			probeUp = true
-		default:
-		}
-		r.verify(ctx, probeUp)
-	}
+	go r.readSocket(sock, queue, budget, recvErr, done)
+	r.resync(ctx, reconnect)
 	for {
 		select {
 		case <-ctx.Done():
@@ -735,6 +700,63 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 			budget.release(m.size)
 		}
 	}
+}
+
+// readSocket is receive's reader goroutine: it queues each message within
+// the byte budget until the socket fails (the error goes to recvErr and the
+// queue is closed) or done closes.
+func (r *rankSub) readSocket(sock zmq4.Socket, queue chan<- liveMsg, budget *byteBudget, recvErr chan<- error, done <-chan struct{}) {
+	panicked := r.opts.Guard.Run(recovery.Subscriber, func() {
+		for {
+			msg, err := sock.Recv()
+			if err != nil {
+				recvErr <- err
+				close(queue)
+				return
+			}
+			var size int64
+			for _, f := range msg.Frames {
+				size += int64(len(f))
+			}
+			if !budget.acquire(size, done) {
+				return
+			}
+			select {
+			case queue <- liveMsg{frames: msg.Frames, size: size}:
+			case <-done:
+				return
+			}
+		}
+	})
+	if panicked { // in Recv, before either send: the rank rebuilds its socket
+		recvErr <- errors.New("kv subscriber: receive panicked")
+		close(queue)
+	}
+}
+
+// resync runs once a socket is up, before any live message is applied: the
+// first time it bootstraps the rank; after a reconnect it verifies it.
+func (r *rankSub) resync(ctx context.Context, reconnect bool) {
+	if !r.bootstrapped {
+		r.bootstrapped = true
+		r.bootstrap(ctx)
+		return
+	}
+	if !reconnect {
+		return
+	}
+	// The engine may have restarted while the socket was down: check
+	// before the next live batch, so a restarted engine's old blocks are
+	// gone before anything is scored against the new one.
+	// A probe-up that came while the socket was down is answered by
+	// this check, with its meaning (no replay: clear).
+	probeUp := false
+	select {
+	case <-r.verifyReq:
+		probeUp = true
+	default:
+	}
+	r.verify(ctx, probeUp)
 }
 
 // handle applies one live message under the sequence table.

@@ -73,22 +73,23 @@ func TestGuardLimits(t *testing.T) {
 			if err == nil {
 				msg, err = zc.RecvMsg()
 			}
-			switch want := tc.wantErr.(type) {
-			case nil:
+			var wantLimit *LimitError
+			switch {
+			case tc.wantErr == nil:
 				if err != nil {
 					t.Fatalf("err = %v, want a message", err)
 				}
 				if len(msg.Frames) != tc.frames {
 					t.Fatalf("frames = %d, want %d", len(msg.Frames), tc.frames)
 				}
-			case *LimitError:
+			case errors.As(tc.wantErr, &wantLimit):
 				var le *LimitError
 				if !errors.As(err, &le) {
 					t.Fatalf("err = %v, want a LimitError", err)
 				}
 			default:
-				if !errors.Is(err, want) {
-					t.Fatalf("err = %v, want %v", err, want)
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
 				}
 			}
 		})
