@@ -415,51 +415,60 @@ func (c Config) validateEngine() error {
 		if c.HashAlgo == DefaultSGLangHashAlgo || c.HashAlgo == DefaultTRTLLMHashAlgo {
 			return fmt.Errorf("prefix-caching-hash-algo %q is not vLLM's; use --engine sglang or trtllm", c.HashAlgo)
 		}
-	case EngineTRTLLM:
-		var errs []error
-		if c.HashAlgo != DefaultTRTLLMHashAlgo {
-			errs = append(errs, fmt.Errorf("engine trtllm keys blocks with %s (v1_block_key), not %q", DefaultTRTLLMHashAlgo, c.HashAlgo))
-		}
-		if c.KVEventsEndpoint != "none" {
-			errs = append(errs, errors.New("engine trtllm publishes no ZeroMQ events (POST /kv_cache_events drains them); leave kv-events-endpoint unset"))
-		}
-		if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
-			errs = append(errs, errors.New("engine trtllm: hash-block-size must be 0 or equal to block-size (tokens_per_block)"))
-		}
-		if c.Role != RoleBoth || c.BytesBlockHashes {
-			errs = append(errs, errors.New("engine trtllm: P/D roles and raw-digest hashes are not simulated"))
-		}
-		for _, m := range c.LoRAModules {
-			if _, ok := c.LoRATaskIDs[m]; !ok {
-				errs = append(errs, fmt.Errorf("engine trtllm: lora module %q has no lora_task_id (--lora-task-ids %s=N)", m, m))
-			}
-		}
-		if c.EventBufferMaxSize < 1 || c.EventBufferMaxSize > 1<<20 {
-			errs = append(errs, fmt.Errorf("event-buffer-max-size %d: want 1..1048576", c.EventBufferMaxSize))
-		}
-		return errors.Join(errs...)
+		return nil
 	case EngineSGLang:
-		var errs []error
-		if c.HashAlgo != DefaultSGLangHashAlgo {
-			errs = append(errs, fmt.Errorf("engine sglang hashes pages with %s, not %q", DefaultSGLangHashAlgo, c.HashAlgo))
-		}
-		if c.EventLayout != "map" && c.EventLayout != "array" {
-			errs = append(errs, fmt.Errorf("engine sglang: event-layout %q: want map (tagged maps) or array (legacy tagged arrays)", c.EventLayout))
-		}
-		if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
-			errs = append(errs, errors.New("engine sglang hashes whole pages: hash-block-size must be 0 or equal to block-size (the page size)"))
-		}
-		if c.BytesBlockHashes {
-			errs = append(errs, errors.New("engine sglang publishes int64 hashes only (no raw digests)"))
-		}
-		if c.Role != RoleBoth {
-			errs = append(errs, errors.New("engine sglang: P/D roles simulate vLLM's NixlConnector only; use role both"))
-		}
-		return errors.Join(errs...)
-	default:
-		return fmt.Errorf("engine %q: want vllm, sglang or trtllm", c.Engine)
+		return c.validateSGLang()
+	case EngineTRTLLM:
+		return c.validateTRTLLM()
 	}
-	return nil
+	return fmt.Errorf("engine %q: want vllm, sglang or trtllm", c.Engine)
+}
+
+// validateSGLang checks what SGLang mode cannot have.
+func (c Config) validateSGLang() error {
+	var errs []error
+	if c.HashAlgo != DefaultSGLangHashAlgo {
+		errs = append(errs, fmt.Errorf("engine sglang hashes pages with %s, not %q", DefaultSGLangHashAlgo, c.HashAlgo))
+	}
+	if c.EventLayout != "map" && c.EventLayout != "array" {
+		errs = append(errs, fmt.Errorf("engine sglang: event-layout %q: want map (tagged maps) or array (legacy tagged arrays)", c.EventLayout))
+	}
+	if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
+		errs = append(errs, errors.New("engine sglang hashes whole pages: hash-block-size must be 0 or equal to block-size (the page size)"))
+	}
+	if c.BytesBlockHashes {
+		errs = append(errs, errors.New("engine sglang publishes int64 hashes only (no raw digests)"))
+	}
+	if c.Role != RoleBoth {
+		errs = append(errs, errors.New("engine sglang: P/D roles simulate vLLM's NixlConnector only; use role both"))
+	}
+	return errors.Join(errs...)
+}
+
+// validateTRTLLM checks what TensorRT-LLM mode cannot have.
+func (c Config) validateTRTLLM() error {
+	var errs []error
+	if c.HashAlgo != DefaultTRTLLMHashAlgo {
+		errs = append(errs, fmt.Errorf("engine trtllm keys blocks with %s (v1_block_key), not %q", DefaultTRTLLMHashAlgo, c.HashAlgo))
+	}
+	if c.KVEventsEndpoint != "none" {
+		errs = append(errs, errors.New("engine trtllm publishes no ZeroMQ events (POST /kv_cache_events drains them); leave kv-events-endpoint unset"))
+	}
+	if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
+		errs = append(errs, errors.New("engine trtllm: hash-block-size must be 0 or equal to block-size (tokens_per_block)"))
+	}
+	if c.Role != RoleBoth || c.BytesBlockHashes {
+		errs = append(errs, errors.New("engine trtllm: P/D roles and raw-digest hashes are not simulated"))
+	}
+	for _, m := range c.LoRAModules {
+		if _, ok := c.LoRATaskIDs[m]; !ok {
+			errs = append(errs, fmt.Errorf("engine trtllm: lora module %q has no lora_task_id (--lora-task-ids %s=N)", m, m))
+		}
+	}
+	if c.EventBufferMaxSize < 1 || c.EventBufferMaxSize > 1<<20 {
+		errs = append(errs, fmt.Errorf("event-buffer-max-size %d: want 1..1048576", c.EventBufferMaxSize))
+	}
+	return errors.Join(errs...)
 }
 
 // offsetEndpoint returns tcp endpoint ep with its port + n, as SGLang's

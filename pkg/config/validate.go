@@ -154,11 +154,8 @@ func validateKV(r *Rule, env Settings) error {
 	if a.KVWarmupSec < 0 || a.KVWarmupSec > maxWarmupSec {
 		return invalid("serviceArguments.kvWarmupSec", "%d is out of range; allowed 0-%d", a.KVWarmupSec, maxWarmupSec)
 	}
-	if engine := r.EffectiveEngine(); a.KVHashSeed != nil && (engine == EngineSGLang || engine == EngineTRTLLM) {
-		return invalid("serviceArguments.kvHashSeed", "kvEngineType %s hashes without a seed (PYTHONHASHSEED plays no part, see docs/engines.md); remove kvHashSeed", engine)
-	}
-	if a.KVHashSeed != nil && len(*a.KVHashSeed) > maxSeedLen {
-		return invalid("serviceArguments.kvHashSeed", "longer than %d bytes", maxSeedLen)
+	if err := validateHashSeed(r); err != nil {
+		return err
 	}
 	if a.Security != 0 {
 		return invalid("serviceArguments.security", "%d: TLS termination (1 https, 2 e2ehttps) is not supported yet; allowed values: 0 (plain HTTP)", a.Security)
@@ -389,6 +386,22 @@ func validateProbe(a *ServiceArguments) error {
 	}
 	if a.ProbeInterval < 0 || a.ProbeInterval > maxProbeSec {
 		return invalid("serviceArguments.probeInterval", "%d is out of range; allowed 0-%d seconds (0 = default 5)", a.ProbeInterval, maxProbeSec)
+	}
+	return nil
+}
+
+// validateHashSeed checks kvHashSeed: bounded, and only for vLLM, the one
+// engine whose hashes take a seed.
+func validateHashSeed(r *Rule) error {
+	seed := r.Args.KVHashSeed
+	if seed == nil {
+		return nil
+	}
+	if engine := r.EffectiveEngine(); engine == EngineSGLang || engine == EngineTRTLLM {
+		return invalid("serviceArguments.kvHashSeed", "kvEngineType %s hashes without a seed (PYTHONHASHSEED plays no part, see docs/engines.md); remove kvHashSeed", engine)
+	}
+	if len(*seed) > maxSeedLen {
+		return invalid("serviceArguments.kvHashSeed", "longer than %d bytes", maxSeedLen)
 	}
 	return nil
 }

@@ -255,8 +255,7 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 // blocks, or ReasonHashes (with kvgate_kv_skip_total's cause) when none of
 // ours can match; ReasonNone otherwise.
 func (r *router) kvHashes(st *ruleState, ids []uint32, f *reqfacts.Facts) ([]uint64, selector.Reason) {
-	switch {
-	case st.hasher == nil:
+	if st.hasher == nil {
 		return nil, selector.ReasonHashes
 	}
 	extra := kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt}
