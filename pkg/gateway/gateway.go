@@ -510,8 +510,11 @@ func (g *Gateway) reconcile() {
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
 				Parity: rt.router.state.Load().parity,
 			}
-			if engine == ingest.EngineTRTLLM {
+			switch engine {
+			case ingest.EngineTRTLLM:
 				t.Port, t.Ranks, t.ReplayPort = e.TargetPort, 1, 0 // the drain on the endpoint itself
+			case ingest.EngineSGLang:
+				t.HTTPPort = e.TargetPort // /get_server_info: the page size
 			}
 			targets = append(targets, t)
 		}

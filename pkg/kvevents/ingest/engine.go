@@ -1,7 +1,14 @@
 package ingest
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
 
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/sglang"
@@ -86,4 +93,60 @@ func (in *Ingester) applySGLang(payload []byte) (IngestResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// readSGLangPageSize asks an SGLang endpoint for its effective page size
+// (GET /get_server_info on its targetPort) so a kvBlockSize that differs is
+// reported before the first request, not after the first BlockStored. It
+// retries with the rebuild backoff until it gets an answer, a server that
+// has no such route (404), or ctx ends; the events' block_size decides
+// either way.
+func readSGLangPageSize(ctx context.Context, t Target, opts Options, log *slog.Logger) {
+	url := "http://" + net.JoinHostPort(t.IP, strconv.Itoa(t.HTTPPort)) + "/get_server_info"
+	client := &http.Client{Timeout: opts.DrainTimeout}
+	delay := opts.RebuildDelay
+	for ctx.Err() == nil {
+		size, done, err := getPageSize(ctx, client, url)
+		if done {
+			if size > 0 {
+				if _, ok, _ := t.Granularity.observe(t.EPIdx, size); !ok {
+					log.Warn("kv subscriber: the SGLang engine's page_size is not kvBlockSize; its pages can never match a request (requests skip the KV tier with reason hashes, kvgate_kv_skip_total{cause=\"block_size\"})",
+						"page_size", size, "kvBlockSize", t.Granularity.HashBlockSize())
+				}
+			}
+			return
+		}
+		log.Debug("kv subscriber: /get_server_info not read yet", "err", err, "retry", delay)
+		if !sleepCtx(ctx, delay) {
+			return
+		}
+		delay = min(2*delay, opts.RebuildMaxDelay)
+	}
+}
+
+// getPageSize reads page_size from /get_server_info; done is false when it
+// should be asked again.
+func getPageSize(ctx context.Context, client *http.Client, url string) (size int, done bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, true, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return 0, true, nil // not SGLang's server, or too old: the events tell
+	case resp.StatusCode != http.StatusOK:
+		return 0, false, fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	var info struct {
+		PageSize int `json:"page_size"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info); err != nil {
+		return 0, true, fmt.Errorf("decode /get_server_info: %w", err)
+	}
+	return info.PageSize, true, nil
 }

@@ -3,9 +3,16 @@ package ingest
 import (
 	"encoding/hex"
 	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/pkg/inventory"
 )
@@ -142,6 +149,62 @@ func TestExactGranularity(t *testing.T) {
 			}
 			if _, bad := tc.g.Unusable(); bad == tc.ok {
 				t.Fatalf("Unusable = %v, want %v", bad, !tc.ok)
+			}
+		})
+	}
+}
+
+// TestSGLangServerInfoPageSize: an SGLang target reads page_size from
+// GET /get_server_info on its HTTP port, so a kvBlockSize that differs is
+// unusable before any event arrives (the PUB port here has no publisher).
+func TestSGLangServerInfoPageSize(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		body string // "" answers 404
+		bad  bool
+	}{
+		{"page size 32 behind kvBlockSize 16", `{"page_size":32,"dp_size":1}`, true},
+		{"equal page size", `{"page_size":16}`, false},
+		{"no /get_server_info", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			served := 0
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				served++
+				mu.Unlock()
+				if tc.body == "" || r.URL.Path != "/get_server_info" {
+					http.NotFound(w, r)
+					return
+				}
+				_, _ = w.Write([]byte(tc.body))
+			}))
+			defer srv.Close()
+			host, p, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+			port, _ := strconv.Atoi(p)
+			ix, _ := inventory.New(inventory.Options{})
+			g := NewExactGranularity(16)
+			m := NewManager(testOptions(newRecorder()))
+			defer m.Close()
+			closed := freePort(t, host)
+			if err := m.Reconcile([]Target{{Service: 1, IP: host, Port: closed, Ranks: 1, Engine: EngineSGLang, HTTPPort: port,
+				Inventory: ix, Granularity: g}}); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				mu.Lock()
+				n := served
+				mu.Unlock()
+				if _, bad := g.Unusable(); bad == tc.bad && n > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					_, bad := g.Unusable()
+					t.Fatalf("Unusable() = %v after %d reads, want %v", bad, n, tc.bad)
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
 		})
 	}

@@ -32,6 +32,9 @@ type Target struct {
 	IP      string // the endpoint's IP
 	Port    int    // kvZmqPort: rank r publishes on Port+r; TensorRT-LLM: the endpoint's HTTP port
 	Ranks   int    // kvDpRankCount, at least 1
+	// HTTPPort is the endpoint's targetPort, where an SGLang engine answers
+	// GET /get_server_info (its page_size); 0 skips that read.
+	HTTPPort int
 	// Engine is the rule's kvEngineType adapter: vLLM and SGLang speak
 	// vLLM's ZeroMQ transport with their own payloads; TensorRT-LLM's
 	// events are drained over HTTP from Port (trtllm.go).
@@ -404,6 +407,13 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 			}
 		})
 		return e
+	}
+	if t.Engine == EngineSGLang && t.HTTPPort > 0 && t.Granularity != nil {
+		e.wg.Add(1)
+		opts.Guard.Go(recovery.Subscriber, func() {
+			defer e.wg.Done()
+			readSGLangPageSize(ctx, t, opts, e.log)
+		})
 	}
 	for r := range t.Ranks {
 		rs := &rankSub{
