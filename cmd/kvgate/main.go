@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvgate/kvgate/internal/demo"
+	"github.com/kvgate/kvgate/pkg/aictrl"
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/gateway"
@@ -38,6 +39,8 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LLB_KV_REPLAY_PORT_OFFSET    KV replay port = PUB port + offset, 0 disables (1000)
   LLB_KV_MAX_PROMPT_TOKENS     longer prompts are not KV-routed (reason tokenize), 1-16777216 (262144)
   LLB_KV_MAX_FRAME_BYTES       largest ZMTP frame/message from a KV peer, 4096-1073741824 (67108864)
+  LOXILB_KV_TRTLLM_POLL_MIN_MS TensorRT-LLM drain poll interval while events flow, 1-10000 ms (5)
+  LOXILB_KV_TRTLLM_POLL_MAX_MS TensorRT-LLM drain poll interval while idle, 1-10000 ms (20)
   LOXILB_KV_LB_MODE            off|hard|soft|adaptive|adaptive-soft load blend (hard)
   LOXILB_KV_UNIFIED_MODE       legacy switch, read only when LOXILB_KV_LB_MODE is unset
   LOXILB_KV_MEAN_LOAD_FACTOR   CHWBL cap factor (1+eps)*100, 100-1000 (175)
@@ -55,7 +58,8 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LLB_PD_MAX_PARK_SEC          park bound (0 = the prefill timeout)
   LLB_PD_MAX_TOTAL_INFLIGHT    process-wide in-flight cap, 0 = off
   LLB_PD_ORIGIN_ERR_THRESHOLD  consecutive prefill 5xx that open the breaker (3)
-  LLB_PD_DECODE_ONLY_FALLBACK  send to decode when every prefill fails (1)`
+  LLB_PD_DECODE_ONLY_FALLBACK  send to decode when every prefill fails (1)
+  LOXILB_AI_CTRL_ADDR          experimental AI controller host:port to watch; unset = off (docs/controller.md)`
 
 func main() {
 	if err := newRoot().Execute(); err != nil {
@@ -185,6 +189,10 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 	if err != nil {
 		return err
 	}
+	ctrl, ctrlOn, err := aictrl.ConfigFromEnv(os.Getenv)
+	if err != nil {
+		return err
+	}
 	if f.shutdownGrace <= 0 {
 		return fmt.Errorf("--shutdown-grace=%s: want > 0", f.shutdownGrace)
 	}
@@ -261,6 +269,17 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 			return err
 		}
 		log.Info("metrics listener", "addr", maddr.String())
+	}
+	if ctrlOn {
+		// Experimental and off unless LOXILB_AI_CTRL_ADDR is set (docs/controller.md).
+		app, err := aictrl.NewApplier(ctrl, g, g.Metrics.Registry, log)
+		if err != nil {
+			_ = ln.Close()
+			g.Shutdown()
+			return err
+		}
+		go app.Run(ctx)
+		log.Info("ai controller applier on", "addr", ctrl.Addr, "gateway_id", ctrl.GatewayID)
 	}
 	log.Info("kvgate started", "version", version, "api", ln.Addr().String(), "api_tls", sec.tls != nil,
 		"api_tokens", sec.guard.Enabled(), "tokenizer_dir", f.tokenizerDir, "state_dir", f.stateDir, "datapath", f.datapath)

@@ -178,6 +178,7 @@ func New(opts Options) (*Gateway, error) {
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
+	so.PollMin, so.PollMax = opts.Settings.TRTLLMPollMin, opts.Settings.TRTLLMPollMax
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	so.Guard = g.guard
@@ -499,12 +500,24 @@ func (g *Gateway) reconcile() {
 	var targets []ingest.Target
 	for _, rt := range g.rules {
 		r := rt.rule
+		engine, err := ingest.ParseEngine(r.EffectiveEngine())
+		if err != nil {
+			g.log.Error("KV subscribers: rule not followed", "service", r.ServiceID, "err", err)
+			continue
+		}
 		for _, e := range r.KVEndpoints() {
-			targets = append(targets, ingest.Target{
-				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
+			t := ingest.Target{
+				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
 				Parity: rt.router.state.Load().parity,
-			})
+			}
+			switch engine {
+			case ingest.EngineTRTLLM:
+				t.Port, t.Ranks, t.ReplayPort = e.TargetPort, 1, 0 // the drain on the endpoint itself
+			case ingest.EngineSGLang:
+				t.HTTPPort = e.TargetPort // /get_server_info: the page size
+			}
+			targets = append(targets, t)
 		}
 	}
 	g.mu.Unlock()

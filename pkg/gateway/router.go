@@ -38,6 +38,11 @@ type ruleState struct {
 	// gran is the block size the rule's engines publish against kvBlockSize
 	// (docs/parity.md, "Hash granularity"); nil for non-KV rules.
 	gran *ingest.Granularity
+	// trtllm: TensorRT-LLM keys the blocks of every prompt token but the
+	// last, and keys LoRA by task id (docs/engines.md).
+	trtllm bool
+	// loraTask maps adapter names to TensorRT-LLM lora_task_ids (kvLoraTaskIds).
+	loraTask map[string]uint64
 	// parity is the rule's live parity self-check (docs/parity.md); nil
 	// without a hasher.
 	parity *ingest.Parity
@@ -236,24 +241,52 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 	sc.tokens = len(ids)
 
 	t2 := time.Now()
-	if st.hasher == nil {
-		sr.Upstream = selector.ReasonHashes
-	} else {
-		sr.Hashes = st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
-		if st.gran != nil {
-			if bs, bad := st.gran.Unusable(); bad {
-				// No hash of ours can match: say why instead of scoring 0.
-				r.m.KVSkip(r.service, "block_size")
-				r.log.Debug("KV tier skipped: engines publish a block_size that is not a multiple of kvBlockSize", "block_size", bs, "kvBlockSize", st.gran.HashBlockSize())
-				sr.Hashes, sr.Upstream = nil, selector.ReasonHashes
-			} else {
-				sr.Hashes = ingest.EveryKth(sr.Hashes, st.gran.Step())
-			}
-		}
+	var skipped selector.Reason
+	if sr.Hashes, skipped = r.kvHashes(st, ids, f); skipped != selector.ReasonNone {
+		sr.Upstream = skipped
 	}
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "hash", Duration: time.Since(t2)})
 	sc.attempt = r.sel.Begin(sr)
 	return sc
+}
+
+// kvHashes are the request's block hashes as the rule's engine keys its
+// blocks, or ReasonHashes (with kvgate_kv_skip_total's cause) when none of
+// ours can match; ReasonNone otherwise.
+func (r *router) kvHashes(st *ruleState, ids []uint32, f *reqfacts.Facts) ([]uint64, selector.Reason) {
+	if st.hasher == nil {
+		return nil, selector.ReasonHashes
+	}
+	extra := kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt}
+	if st.trtllm {
+		if f.LoRA != "" {
+			// TensorRT-LLM mixes the adapter's lora_task_id into every block,
+			// not its name; without kvLoraTaskIds for it, no hash can match.
+			id, ok := st.loraTask[f.LoRA]
+			if !ok {
+				r.m.KVSkip(r.service, "lora_task_id")
+				return nil, selector.ReasonHashes
+			}
+			extra.LoRATaskID, extra.HasLoRATaskID = id, true
+		}
+		ids = kvhash.TRTLLMRequestTokens(ids) // the engine keys all but the last token
+	}
+	hashes := st.hasher.AppendHashes(nil, ids, extra)
+	if st.gran == nil {
+		return hashes, selector.ReasonNone
+	}
+	if bs, bad := st.gran.Unusable(); bad {
+		// No hash of ours can match: say why instead of scoring 0.
+		r.m.KVSkip(r.service, "block_size")
+		r.log.Debug("KV tier skipped: engines publish a block_size that is not a multiple of kvBlockSize", "block_size", bs, "kvBlockSize", st.gran.HashBlockSize())
+		return nil, selector.ReasonHashes
+	}
+	if algo, bad := st.gran.Refused(); bad {
+		r.m.KVSkip(r.service, "hash_algo")
+		r.log.Debug("KV tier skipped: the engines hash blocks with an algorithm kvgate does not compute", "kv_cache_hash_algo", algo)
+		return nil, selector.ReasonHashes
+	}
+	return ingest.EveryKth(hashes, st.gran.Step()), selector.ReasonNone
 }
 
 // refuse names why a request must not be tokenized at all, or "": a request
@@ -366,7 +399,18 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	if !rule.KVEnabled() {
 		return st, nil
 	}
-	st.gran = ingest.NewGranularity(rule.BlockSize())
+	st.trtllm = rule.EffectiveEngine() == config.EngineTRTLLM
+	if ids := rule.Args.KVLoraTaskIDs; len(ids) > 0 {
+		st.loraTask = make(map[string]uint64, len(ids))
+		for name, id := range ids {
+			st.loraTask[name] = id
+		}
+	}
+	if rule.EffectiveEngine() == config.EngineVLLM {
+		st.gran = ingest.NewGranularity(rule.BlockSize())
+	} else {
+		st.gran = ingest.NewExactGranularity(rule.BlockSize()) // one hash per page or block
+	}
 	if ads := rule.LoraAdapters(); len(ads) > 0 {
 		st.loraTokenizer = make(map[string]string, len(ads))
 		for _, a := range ads {

@@ -34,6 +34,8 @@ type compiled struct {
 	normal           epset.Set
 	weight           [epset.Max]int32
 	capWeight        [epset.Max]int64
+	draining         epset.Set // controller advice (advice.go)
+	disabled         epset.Set
 	blockSize        int
 	ttl              time.Duration
 	cacheThreshold   int
@@ -129,6 +131,9 @@ type Selector struct {
 	base   time.Time
 
 	rule atomic.Pointer[compiled]
+
+	adviceMu sync.Mutex // orders SetRule and SetAdvice
+	advice   *Advice
 
 	mu       sync.Mutex // guards sessions, persist, trie
 	sessions *lru[string]
@@ -241,6 +246,9 @@ func (s *Selector) SetRule(rule Rule) error {
 	if err != nil {
 		return err
 	}
+	s.adviceMu.Lock()
+	defer s.adviceMu.Unlock()
+	c.advise(s.advice)
 	old := s.rule.Swap(c)
 	gone := old.all.AndNot(c.all)
 	for ep := gone.Next(0); ep >= 0; ep = gone.Next(ep + 1) {
@@ -356,7 +364,7 @@ func (a *Attempt) Assign(prefill int) Decision {
 		return d
 	}
 	st := s.states.States()
-	decE := c.decode.AndNot(st.Unavailable().Or(a.excludedDecode))
+	decE := undrained(c.decode.AndNot(st.Unavailable().Or(a.excludedDecode).Or(c.disabled)), c.draining)
 	sc := s.pool.Get().(*scratch)
 	s.fillLoads(decE, sc)
 	d.Endpoint, d.Tier = prefill, TierLoad
@@ -444,12 +452,12 @@ func spread(set epset.Set, sc *scratch) int64 {
 func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 	d := Decision{Endpoint: -1, Decode: -1, Argmax: -1}
 	st := s.states.States()
-	down := st.Unavailable().Or(a.excluded)
+	down := st.Unavailable().Or(a.excluded).Or(c.disabled)
 	prefE := c.prefill.AndNot(down)
-	a.parkable = prefE
+	a.parkable = undrained(prefE, c.draining) // a parked request waits for an endpoint that takes new work
 	saturated := prefE.And(st.Saturated)
 	prefE = prefE.AndNot(st.Saturated)
-	decE := c.decode.AndNot(st.Unavailable().Or(a.excludedDecode))
+	decE := c.decode.AndNot(st.Unavailable().Or(a.excludedDecode).Or(c.disabled))
 	s.fillLoads(prefE.Or(decE), sc)
 
 	if prefE.Empty() {
@@ -476,6 +484,8 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 		return d
 	}
 
+	// Draining endpoints kept their sessions above; nothing new goes there.
+	prefE, decE = undrained(prefE, c.draining), undrained(decE, c.draining)
 	balanced := spread(prefE, sc) <= int64(c.balanceThreshold)
 	// Tier 1, trie affinity.
 	if c.rule.CacheAware && balanced && a.req.TrieText != "" {
@@ -511,7 +521,7 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 func (s *Selector) decidePool(a *Attempt, c *compiled, sc *scratch) Decision {
 	d := Decision{Endpoint: -1, Decode: -1, Argmax: -1}
 	st := s.states.States()
-	elig := c.all.AndNot(st.Unavailable().Or(a.excluded))
+	elig := undrained(c.all.AndNot(st.Unavailable().Or(a.excluded).Or(c.disabled)), c.draining)
 	if elig.Empty() {
 		// Still report the tier-1.5 reason for the counters.
 		s.tier15(a, c, elig, sc, &d)
