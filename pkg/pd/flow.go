@@ -352,51 +352,22 @@ func (r *run) serve(ctx context.Context) bool {
 			break // no prefill endpoint left
 		}
 		if d.Saturated {
-			wctx, stopWatch := x.WatchClient(ctx)
-			ep, err := cfg.Admission.Park(wctx, r.a.Parkable())
-			stopWatch()
-			switch {
-			case err == nil:
-				d = r.a.Assign(ep)
-				r.d = d
-				if d.Endpoint != ep {
-					cfg.Admission.ReleasePrefill(ep)
-					return x.Fail(503, "pd_pool_unavailable", "the endpoint granted by admission left the rule")
-				}
-			case errors.Is(err, admission.ErrDrained) && drains < maxDrainRetries:
-				drains++
+			var retry, done, keep bool
+			if d, retry, done, keep = r.park(ctx, &drains); done {
+				return keep
+			}
+			if retry {
 				continue
-			case errors.Is(err, admission.ErrParkTimeout):
-				r.record(-1)
-				return x.Fail(504, "pd_admission_park_timeout", "no prefill endpoint had room within the park time")
-			case errors.Is(err, admission.ErrOverloaded):
-				r.record(-1)
-				return r.overloaded()
-			case ctx.Err() == nil:
-				r.record(-1)
-				x.Record.Outcome = fullproxy.OutcomeClientGone
-				return false
-			default:
-				r.record(-1)
-				return x.Fail(503, "pd_pool_unavailable", "request cancelled while waiting for admission: "+err.Error())
 			}
 		} else if err := cfg.Admission.AcquirePrefill(d.Endpoint); err != nil {
 			r.record(d.Endpoint)
 			return r.overloaded()
 		}
-		r.holdPrefill(d.Endpoint)
-		dec := d.Decode
-		if dec < 0 {
-			dec = r.pickDecode(epset.Set{})
-		}
-		if dec < 0 {
+		if !r.holdPair(d) {
 			// No healthy decode endpoint: a prefill now would strand its blocks.
-			r.record(d.Endpoint)
 			r.obs().Request(r.plan.Model, "decode", "error")
 			return x.Fail(503, "pd_pool_unavailable", "no decode endpoint is available")
 		}
-		r.holdDecode(dec)
-		r.record(d.Endpoint)
 		p := d.Endpoint
 		if !loop.Admit(p) {
 			// The breaker refuses (open, or its half-open trials are used):
@@ -421,17 +392,7 @@ func (r *run) serve(ctx context.Context) bool {
 		switch out.kind {
 		case legOK:
 			loop.Answered(p, out.resp.Status)
-			o := r.a.Commit()
-			r.obs().Committed(o, r.plan.Model, r.plan.Stages)
-			pr := parsePrefill(out.body)
-			r.params, r.cached = pr.params, pr.cached
-			r.obs().KVParams(r.plan.Model, pr.params != nil)
-			if pr.params == nil {
-				r.f.log.Warn("prefill response without kv_transfer_params; decode computes the prompt", "prefill_ep", p)
-			}
-			// The prefill is finished: its admission unit stays held until
-			// the decode stream ends (L_i counts the whole request).
-			return r.decodeLeg(ctx, r.decode)
+			return r.prefilled(ctx, p, out.body)
 		case legClientError:
 			// A 4xx goes to the client unchanged.
 			r.obs().Request(r.plan.Model, "prefill", "error")
@@ -466,6 +427,73 @@ func (r *run) serve(ctx context.Context) bool {
 		}
 	}
 	return r.fallback(ctx, -1)
+}
+
+// holdPair holds the admitted prefill endpoint of d and a decode endpoint
+// (d's, else the least loaded), recording the pair; false when no decode
+// endpoint is available.
+func (r *run) holdPair(d selector.Decision) bool {
+	r.holdPrefill(d.Endpoint)
+	dec := d.Decode
+	if dec < 0 {
+		dec = r.pickDecode(epset.Set{})
+	}
+	if dec >= 0 {
+		r.holdDecode(dec)
+	}
+	r.record(d.Endpoint)
+	return dec >= 0
+}
+
+// prefilled commits the decision after prefill endpoint p answered body
+// and runs the decode leg. The prefill is finished, but its admission unit
+// stays held until the decode stream ends (L_i counts the whole request).
+func (r *run) prefilled(ctx context.Context, p int, body []byte) bool {
+	o := r.a.Commit()
+	r.obs().Committed(o, r.plan.Model, r.plan.Stages)
+	pr := parsePrefill(body)
+	r.params, r.cached = pr.params, pr.cached
+	r.obs().KVParams(r.plan.Model, pr.params != nil)
+	if pr.params == nil {
+		r.f.log.Warn("prefill response without kv_transfer_params; decode computes the prompt", "prefill_ep", p)
+	}
+	return r.decodeLeg(ctx, r.decode)
+}
+
+// park waits for a prefill admission slot on a saturated pool. It returns
+// the decision on the granted endpoint; retry after a park the endpoint's
+// drain ended (at most maxDrainRetries, counted in drains); done with the
+// keep-alive answer when the request ended (park timeout, overload, client
+// gone, shutdown, or the granted endpoint left the rule).
+func (r *run) park(ctx context.Context, drains *int) (d selector.Decision, retry, done, keep bool) {
+	x, adm := r.x, r.f.cfg.Admission
+	wctx, stopWatch := x.WatchClient(ctx)
+	ep, err := adm.Park(wctx, r.a.Parkable())
+	stopWatch()
+	switch {
+	case err == nil:
+		d = r.a.Assign(ep)
+		r.d = d
+		if d.Endpoint != ep {
+			adm.ReleasePrefill(ep)
+			return d, false, true, x.Fail(503, "pd_pool_unavailable", "the endpoint granted by admission left the rule")
+		}
+		return d, false, false, false
+	case errors.Is(err, admission.ErrDrained) && *drains < maxDrainRetries:
+		*drains++
+		return d, true, false, false
+	}
+	r.record(-1)
+	switch {
+	case errors.Is(err, admission.ErrParkTimeout):
+		return d, false, true, x.Fail(504, "pd_admission_park_timeout", "no prefill endpoint had room within the park time")
+	case errors.Is(err, admission.ErrOverloaded):
+		return d, false, true, r.overloaded()
+	case ctx.Err() == nil:
+		x.Record.Outcome = fullproxy.OutcomeClientGone
+		return d, false, true, false
+	}
+	return d, false, true, x.Fail(503, "pd_pool_unavailable", "request cancelled while waiting for admission: "+err.Error())
 }
 
 // overloaded answers 429 pd_overloaded (the shed is counted by Admission).
