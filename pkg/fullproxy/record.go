@@ -89,6 +89,38 @@ type Record struct {
 	Inspected  bool
 	ReqBytes   int64
 	ConnectErr []int // endpoints that failed to connect
+	// TraceID is the W3C trace id of the request's traceparent header ("" when
+	// absent or malformed), so a slow request can be followed into the
+	// engine's own traces. The header itself is forwarded unchanged.
+	TraceID string
+}
+
+// traceID extracts the trace id of a W3C traceparent value
+// ("00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"); "" unless it is
+// well formed and not all zeros. Later versions may append fields after a
+// dash, which are ignored, as the W3C spec asks.
+func traceID(v string) string {
+	if len(v) < 55 || (len(v) > 55 && v[55] != '-') || v[2] != '-' || v[35] != '-' || v[52] != '-' {
+		return ""
+	}
+	if v[:2] == "ff" || !isHex(v[:2]) || !isHex(v[36:52]) || !isHex(v[53:55]) {
+		return ""
+	}
+	id := v[3:35]
+	if !isHex(id) || id == "00000000000000000000000000000000" {
+		return ""
+	}
+	return id
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // OutcomeLabel is the outcome as metrics and the access log spell it: the
@@ -111,7 +143,7 @@ func (s *Server) accessLog(r *Record) {
 		"tier", d.Tier, "reason", d.Reason, "score", d.Score, "ep", epLabel(r), "endpoint", d.EndpointID,
 		"attempts", r.Attempts, "status", r.Status, "outcome", r.OutcomeLabel(),
 		"ttfb_ms", float64(r.TTFB.Microseconds())/1000, "duration_ms", float64(r.Duration.Microseconds())/1000,
-		"bytes", r.BodyBytes, "datapath", r.Datapath)
+		"bytes", r.BodyBytes, "datapath", r.Datapath, "trace_id", r.TraceID)
 }
 
 func epLabel(r *Record) int {

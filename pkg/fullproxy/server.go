@@ -335,7 +335,7 @@ func (s *Server) readRequest(c *clientConn) (*Request, error) {
 func (s *Server) serveRequest(c *clientConn, req *Request) bool {
 	start := time.Now()
 	rec := &Record{Service: s.cfg.Service, Method: req.Method, Path: req.Path(), Remote: c.nc.RemoteAddr().String(),
-		Inspected: req.BodyInspected, ReqBytes: int64(len(req.Body))}
+		Inspected: req.BodyInspected, ReqBytes: int64(len(req.Body)), TraceID: traceID(req.Get("traceparent"))}
 	defer func() {
 		rec.Duration = time.Since(start)
 		s.obs.Done(rec)
