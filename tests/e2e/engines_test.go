@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -271,5 +274,59 @@ func TestTRTLLMLoRATaskIDs(t *testing.T) {
 	other := post(t, url, map[string]any{"model": "doc-lora", "prompt": preamble, "max_tokens": 2})
 	if other.status != 200 || decisionField(other.decision, "reason") != "hashes" || skips()-before != 1 {
 		t.Fatalf("adapter without a task id: %d decision %q, skips +%v; want reason hashes, one lora_task_id skip", other.status, other.decision, skips()-before)
+	}
+}
+
+// TestPreflightReadsEngineBlockSizes: kvctl preflight's cache-config check
+// reads each engine's own block size — SGLang's /get_server_info page_size,
+// TensorRT-LLM's /server_info tokens_per_block — and its KV-event check sees
+// the TensorRT-LLM drain; a rule whose kvBlockSize differs fails, naming it.
+func TestPreflightReadsEngineBlockSizes(t *testing.T) {
+	cases := []struct {
+		name string
+		spec engineSpec
+		args map[string]any
+		want string // the cache-config row's result
+	}{
+		{"sglang", engineSpec{engine: enginesim.EngineSGLang, blockSize: 16}, map[string]any{"kvEngineType": "sglang", "kvBlockSize": 16}, "pass"},
+		{"sglang-mismatch", engineSpec{engine: enginesim.EngineSGLang, blockSize: 16}, map[string]any{"kvEngineType": "sglang", "kvBlockSize": 32}, "fail"},
+		{"trtllm", engineSpec{engine: enginesim.EngineTRTLLM}, map[string]any{"kvEngineType": "trtllm"}, "pass"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			block := testnet.Block(t)
+			engines, zmq := startEngines(t, block, []engineSpec{tc.spec})
+			tg := startGateway(t, block)
+			args := map[string]any{"kvExactMode": 3}
+			if tc.spec.engine == enginesim.EngineSGLang {
+				args["kvZmqPort"] = zmq
+			}
+			for k, v := range tc.args {
+				args[k] = v
+			}
+			id, _ := createKVRule(t, tg, block+"1", engines, nil, args)
+			tg.waitSubscribed(t, id, 1)
+			resp, err := http.Post(fmt.Sprintf("%s/netlox/v1/config/ai/kv/preflight?service_id=%d&probe=0", tg.api, id), "application/json", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var rep struct {
+				Checks []struct{ ID, Result, Detail, Fix string } `json:"checks"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
+				t.Fatal(err)
+			}
+			seen := map[string]string{}
+			for _, c := range rep.Checks {
+				seen[c.ID] = c.Result + ": " + c.Detail + " " + c.Fix
+			}
+			if got := seen["metrics"]; !strings.HasPrefix(got, tc.want+":") {
+				t.Fatalf("cache-config row %q, want %s (all rows %v)", got, tc.want, seen)
+			}
+			if got := seen["kv_events"]; !strings.HasPrefix(got, "pass:") {
+				t.Fatalf("KV-event row %q, want pass", got)
+			}
+		})
 	}
 }

@@ -367,6 +367,10 @@ func (m *Manager) Status() []EndpointStatus {
 		for _, r := range s.ranks {
 			st.Ranks = append(st.Ranks, r.status())
 		}
+		if s.target.Engine == EngineTRTLLM {
+			// The drain stands in for the one rank a TensorRT-LLM endpoint has.
+			st.Ranks = append(st.Ranks, RankStatus{Rank: 0, Endpoint: s.target.Key(), Connected: s.drainUp.Load()})
+		}
 		out = append(out, st)
 	}
 	return out
@@ -382,6 +386,8 @@ type endpointSub struct {
 	wg        sync.WaitGroup
 	ranks     []*rankSub
 	connected atomic.Int32 // ranks currently connected
+	// drainUp is a TensorRT-LLM endpoint's drain state (it has no ranks).
+	drainUp atomic.Bool
 }
 
 func startEndpoint(t Target, opts Options) *endpointSub {

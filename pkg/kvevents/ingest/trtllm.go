@@ -135,6 +135,7 @@ func (p *drainPoller) run(ctx context.Context) {
 	setUp := func(v bool) {
 		if v != up {
 			up = v
+			p.ep.drainUp.Store(v)
 			p.ep.obs.RankConnected(p.ep.ref, 0, v)
 			p.ep.obs.Connected(p.ep.ref, v)
 		}
