@@ -13,13 +13,15 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -o bin/ ./cmd/...
 
+# Every test, then one rerun of a package that failed (reported as FLAKY):
+# scripts/test.sh. `go test ./...` runs them plainly.
 test:
-	$(GO) test $(TESTFLAGS) $(PKGS)
+	GO=$(GO) scripts/test.sh $(TESTFLAGS) $(PKGS)
 
 # The race detector over the library packages (CI runs it; see docs/benchmarks.md for its cost).
 RACEPKGS  ?= ./pkg/...
 race:
-	$(GO) test -race -count=1 -timeout 20m $(RACEPKGS)
+	GO=$(GO) scripts/test.sh -race -count=1 -timeout 20m $(RACEPKGS)
 
 # Every fuzz target in turn for FUZZTIME each (CI: 10s; the long runs are benchmarks).
 FUZZTIME  ?= 10s

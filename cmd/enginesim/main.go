@@ -109,6 +109,7 @@ func newCommand() *cobra.Command {
 		chunked       bool
 		replicaBlocks []int
 		replicaSpeed  []float64
+		loraTaskIDs   map[string]int64
 	)
 	cmd := &cobra.Command{
 		Use:   "enginesim",
@@ -140,6 +141,12 @@ means "vllm-none-hash" for sha256*, a random seed for xxhash*) and
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1: 64-bit integer hashes in events;
 0: raw digest bytes, as vLLM).
 
+--engine sglang speaks SGLang instead where a router looks: page hashes
+(sha256_sglang, --block-size is --page-size), its KV-event payloads
+(--event-layout map: tagged maps; array: legacy tagged arrays with medium),
+attn_dp_rank (--data-parallel-rank), the legacy replay shape, and
+GET /get_server_info with page_size.
+
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version,
 and with --debug-state GET /debug/state and POST /debug/match (a benchmark
@@ -157,6 +164,16 @@ Example (three engines on separate loopback addresses, same ports):
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Role = enginesim.Role(role)
+			engineFlagDefaults(cmd, &cfg)
+			for name, id := range loraTaskIDs {
+				if id < 0 {
+					return fmt.Errorf("--lora-task-ids %s=%d: a task id is not negative", name, id)
+				}
+				if cfg.LoRATaskIDs == nil {
+					cfg.LoRATaskIDs = map[string]uint64{}
+				}
+				cfg.LoRATaskIDs[name] = uint64(id)
+			}
 			if err := checkExplicitZeros(cmd, cfg); err != nil {
 				return err
 			}
@@ -193,6 +210,9 @@ Example (three engines on separate loopback addresses, same ports):
 	}
 	f := cmd.Flags()
 	f.SortFlags = false
+	f.StringVar(&cfg.Engine, "engine", enginesim.EngineVLLM, "engine to simulate: vllm; sglang (sha256_sglang page hashes, SGLang's KV-event payloads, legacy replay, /get_server_info; --block-size is the page size); trtllm (v1 block keys over all but the last token, no ZeroMQ: POST /kv_cache_events drain, /server_info; --block-size is tokens_per_block, default 32)")
+	f.StringToInt64Var(&loraTaskIDs, "lora-task-ids", nil, "--engine trtllm: each LoRA module's lora_task_id, name=N[,name=N] (TensorRT-LLM keys LoRA blocks by task id)")
+	f.IntVar(&cfg.EventBufferMaxSize, "event-buffer-max-size", 0, "--engine trtllm: events kept for POST /kv_cache_events, oldest dropped beyond (KvCacheConfig.event_buffer_max_size; default 10000)")
 	f.StringVar(&cfg.Host, "host", def.Host, "address to listen on (HTTP, and the default KV-event endpoints)")
 	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")
 	f.StringVar(&cfg.ID, "id", "", `engine id for the x-engine-id header (default "<host>:<port>")`)
@@ -210,6 +230,7 @@ Example (three engines on separate loopback addresses, same ports):
 	f.StringVar(&cfg.ReplayLayout, "replay-layout", "current", `replay reply shape: current (["", topic, seq, payload], vLLM today) or legacy (["", seq, payload])`)
 	f.IntVar(&cfg.ReplayBuffer, "kv-events-buffer-steps", def.ReplayBuffer, "batches kept for replay (vLLM buffer_steps)")
 	f.IntVar(&cfg.DataParallelRank, "data-parallel-rank", 0, "data_parallel_rank in event batches and the engine metric label")
+	f.IntVar(&cfg.DPSize, "dp-size", 0, "--engine sglang: attention-DP ranks (SGLang's --dp-size with --enable-dp-attention), each with its own cache and PUB on the events port + rank, requests round robin (0 or 1: one rank)")
 	f.StringVar(&role, "role", string(def.Role), "P/D role: both, prefill or decode (NixlConnector protocol)")
 	f.StringVar(&cfg.PerfModel, "perf-model", def.PerfModel, "timing model: "+strings.Join(enginesim.PerfModelNames(), ", ")+" (simple: the per-request model of the three flags below)")
 	f.DurationVar(&stepFloor, "step-floor", 0, "step models: fixed cost of every engine step (default: the profile's)")
@@ -343,4 +364,26 @@ func startReplicas(cfg enginesim.Config, n int, explicitEvents bool, blocks []in
 		addr = addr.Next()
 	}
 	return engines, nil
+}
+
+// engineFlagDefaults gives --engine sglang|trtllm their engine's defaults
+// for the flags whose defaults are vLLM's, unless the flag was given.
+func engineFlagDefaults(cmd *cobra.Command, cfg *enginesim.Config) {
+	changed := cmd.Flags().Changed
+	switch cfg.Engine {
+	case enginesim.EngineSGLang:
+		if !changed("prefix-caching-hash-algo") {
+			cfg.HashAlgo = enginesim.DefaultSGLangHashAlgo
+		}
+		if !changed("replay-layout") {
+			cfg.ReplayLayout = "legacy"
+		}
+	case enginesim.EngineTRTLLM:
+		if !changed("prefix-caching-hash-algo") {
+			cfg.HashAlgo = enginesim.DefaultTRTLLMHashAlgo
+		}
+		if !changed("block-size") {
+			cfg.BlockSize = enginesim.DefaultTRTLLMTokensPerBlock
+		}
+	}
 }

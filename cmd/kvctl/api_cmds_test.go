@@ -192,6 +192,11 @@ func TestKvctlAgainstRunningAPI(t *testing.T) {
 	if s := getAll(t, ts.URL); !strings.Contains(s, `"kvLoraAdapters":["sql-lora","chat-lora=Qwen/Qwen3-0.6B"]`) {
 		t.Errorf("--kv-lora-adapters not posted: %s", s)
 	}
+	run(0, "create", "lb", "10.10.10.7", "--tcp=80:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy", "--kv-exact-mode=3",
+		"--kv-engine-type=trtllm", "--kv-lora-adapters=sql-lora", "--kv-lora-task-ids=sql-lora=18446744073709551613")
+	if s := getAll(t, ts.URL); !strings.Contains(s, `"kvLoraTaskIds":{"sql-lora":18446744073709551613}`) {
+		t.Errorf("--kv-lora-task-ids not posted: %s", s)
+	}
 	if msg := run(1, "create", "lb", "10.10.10.8", "--tcp=80:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy",
 		"--kv-lora-adapters=sql-lora"); !strings.Contains(msg, "API error 400") || !strings.Contains(msg, "kvLoraAdapters") {
 		t.Errorf("adapters on a non-KV rule: %s", msg)
@@ -224,6 +229,8 @@ func TestKvctlBadInputExit2(t *testing.T) {
 		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--select=random"},
 		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--kv-exact-mode=x"},
 		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--kv-exact-mode=3", "--kv-lora-adapters=a,,b"},
+		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--kv-exact-mode=3", "--kv-lora-task-ids=a=-1"},
+		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--kv-exact-mode=3", "--kv-lora-task-ids=a"},
 		{"create", "lb", "10.0.0.1", "--tcp=80:80", "--no-such-flag"},
 		{"delete", "lb", "10.0.0.1"},
 		{"set", "endpoint", "10.0.0.1", "--tcp=80", "--ep=10.0.0.2:80", "--admin=sideways"},

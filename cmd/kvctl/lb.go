@@ -275,6 +275,21 @@ func parseLoraAdapters(v string) ([]string, error) {
 	return out, nil
 }
 
+// parseLoraTaskIDs reads --kv-lora-task-ids=NAME=ID,...; the API checks
+// the names against kvLoraAdapters.
+func parseLoraTaskIDs(v string) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for _, e := range strings.Split(v, ",") {
+		name, id, ok := strings.Cut(strings.TrimSpace(e), "=")
+		n, err := strconv.ParseUint(strings.TrimSpace(id), 10, 64)
+		if !ok || name == "" || err != nil {
+			return nil, badInput("--kv-lora-task-ids entry %q: want NAME=TASK-ID (0-18446744073709551615),...", e)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
 func parseIP(flag, v string) (string, error) {
 	ip := net.ParseIP(strings.TrimSpace(v))
 	if ip == nil {
@@ -287,7 +302,7 @@ func newCreateLBCmd() *cobra.Command {
 	var (
 		tcp, endpoints, mode, sel, epRole, nixlPorts, name             string
 		kvHashAlgo, kvEngine, kvHashSeed, probeType, probeReq          string
-		kvLoraAdapters                                                 string
+		kvLoraAdapters, kvLoraTaskIDs                                  string
 		kvExact, kvZmq, kvBlock, kvWarmup, kvRanks, kvReplay           int
 		pdTTL, pdThreshold, pdBalance, pdBootstrap                     int
 		chwblLevel, chwblFlags, chwblFactor, chwblRepl                 int
@@ -341,6 +356,11 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 					return err
 				}
 			}
+			if cmd.Flags().Changed("kv-lora-task-ids") {
+				if rule.ServiceArguments.KVLoraTaskIDs, err = parseLoraTaskIDs(kvLoraTaskIDs); err != nil {
+					return err
+				}
+			}
 			if cmd.Flags().Changed("kv-hash-seed") {
 				rule.ServiceArguments.KVHashSeed = &kvHashSeed
 			}
@@ -372,11 +392,12 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 	f.StringVar(&kvHashAlgo, "kv-hash-algo", "", "block-hash algorithm: sha256_cbor|xxhash_cbor|sha256|xxhash (default from the engine: sha256_cbor)")
 	f.IntVar(&kvBlock, "kv-block-size", 0, "tokens per block; must equal vLLM --block-size (0 = 16)")
 	f.IntVar(&kvWarmup, "kv-warmup", 0, "kvWarmupSec: stored, inert (as in the spec)")
-	f.StringVar(&kvEngine, "kv-engine-type", "", "engine: vllm|llamacpp (sglang and trtllm are not supported yet)")
+	f.StringVar(&kvEngine, "kv-engine-type", "", "engine: vllm|sglang|trtllm|llamacpp (llamacpp without KV fields)")
 	f.IntVar(&kvRanks, "kv-dp-ranks", 0, "kvDpRankCount: data-parallel ranks per endpoint, 1-8")
 	f.IntVar(&kvReplay, "kv-replay-port", 0, "KV-event replay port (0 = kv-zmq-port + LLB_KV_REPLAY_PORT_OFFSET)")
 	f.StringVar(&kvHashSeed, "kv-hash-seed", "", "NONE_HASH seed for this rule (vLLM's PYTHONHASHSEED); overrides LLB_KV_NONE_HASH_SEED")
 	f.BoolVar(&trustTemplate, "trust-request-chat-template", false, "render a request's own chat_template to route it (set it when the engines run vLLM's --trust-request-chat-template); off, such requests are forwarded unrouted under reason tokenize")
+	f.StringVar(&kvLoraTaskIDs, "kv-lora-task-ids", "", "kvEngineType trtllm: each adapter's TensorRT-LLM lora_task_id, NAME=ID,... (block keys mix the task id, not the name)")
 	f.StringVar(&kvLoraAdapters, "kv-lora-adapters", "", "LoRA adapters the engines serve, NAME[=BASE-MODEL],...: a request for NAME hashes with its lora_name; its prompt is tokenized with BASE-MODEL's staged tokenizer (default: one staged under NAME)")
 	f.StringVar(&epRole, "ep-role", "", "per-endpoint roles aligned with --endpoints: normal|prefill|decode|0|1|2")
 	f.StringVar(&nixlPorts, "nixl-port", "", "per-endpoint NIXL ports aligned with --endpoints (0 = target port)")

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -50,7 +51,9 @@ Exit codes: 0 no check failed, 1 a check failed, 2 the preflight could not run.`
 			if noProbe {
 				q.Set("probe", "0")
 			}
+			stop := progress(cmd.ErrOrStderr(), fmt.Sprintf("preflight: running the checks of service %d (probe %v)", serviceID, !noProbe))
 			b, err := callAPI(cmd, http.MethodPost, "/netlox/v1/config/ai/kv/preflight?"+q.Encode(), nil)
+			stop()
 			if err != nil {
 				return &inputError{msg: "preflight could not run: " + err.Error()}
 			}
@@ -99,3 +102,27 @@ func printPreflight(w io.Writer, rep preflight.Report) error {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// progress prints what is running now and then every 2 s how long it has
+// taken, so a slow check (the probe waits for the engine) does not look like a
+// hang; the returned func stops it.
+func progress(w io.Writer, what string) (stop func()) {
+	fmt.Fprintln(w, what+"…")
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(w, "  still running, %.0f s\n", time.Since(start).Seconds())
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}

@@ -88,3 +88,14 @@ func TestPreflightExitCodes(t *testing.T) {
 		})
 	}
 }
+
+// TestPreflightProgress: kvctl says what it is waiting for at once, on
+// stderr, and stops talking when the answer arrives.
+func TestPreflightProgress(t *testing.T) {
+	var buf bytes.Buffer
+	stop := progress(&buf, "preflight: running the checks of service 1 (probe true)")
+	stop()
+	if got := buf.String(); got != "preflight: running the checks of service 1 (probe true)…\n" {
+		t.Fatalf("progress printed %q", got)
+	}
+}

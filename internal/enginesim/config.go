@@ -29,11 +29,25 @@ const (
 // about 80 tokens/s, and each request pays a 15 ms scheduling/launch floor
 // before its first token.
 const (
-	DefaultHost              = "127.0.0.1"
-	DefaultPort              = 8000
-	DefaultModel             = "Qwen/Qwen3-0.6B"
-	DefaultBlockSize         = 16
-	DefaultHashAlgo          = "sha256_cbor"
+	DefaultHost      = "127.0.0.1"
+	DefaultPort      = 8000
+	DefaultModel     = "Qwen/Qwen3-0.6B"
+	DefaultBlockSize = 16
+	DefaultHashAlgo  = "sha256_cbor"
+	// EngineVLLM and EngineSGLang are the engines enginesim speaks
+	// (--engine); docs/enginesim.md, "SGLang mode".
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+	EngineTRTLLM = "trtllm"
+	// DefaultTRTLLMHashAlgo and DefaultTRTLLMTokensPerBlock are
+	// TensorRT-LLM's v1 block key and default tokens_per_block.
+	DefaultTRTLLMHashAlgo       = "blockhash_trtllm"
+	DefaultTRTLLMTokensPerBlock = 32
+	// DefaultEventBufferMaxSize bounds the drain buffer (TensorRT-LLM's
+	// KvCacheConfig.event_buffer_max_size; the oldest events go first).
+	DefaultEventBufferMaxSize = 10000
+	// DefaultSGLangHashAlgo is the only hash SGLang publishes.
+	DefaultSGLangHashAlgo    = "sha256_sglang"
 	DefaultNumGPUBlocks      = 8192
 	DefaultKVEventsPort      = 5557
 	DefaultReplayPortOffset  = 1000
@@ -55,15 +69,22 @@ const (
 // Config is everything an engine needs. The zero value of each field means
 // its default, so tests and `kvgate demo` set only what they care about.
 type Config struct {
-	Host  string // address to listen on (HTTP and, by default, KV events)
-	Port  int    // HTTP port; 0 picks a free one
-	ID    string // x-engine-id; default "<host>:<port>"
-	Model string // served model name
+	// Engine is the engine simulated: "vllm" (default) or "sglang", whose
+	// page hash (sha256_sglang), KV-event payloads, legacy replay shape and
+	// /get_server_info it speaks (docs/enginesim.md, "SGLang mode").
+	Engine string
+	Host   string // address to listen on (HTTP and, by default, KV events)
+	Port   int    // HTTP port; 0 picks a free one
+	ID     string // x-engine-id; default "<host>:<port>"
+	Model  string // served model name
 	// LoRAModules are LoRA adapter names served on top of Model (vLLM's
 	// --lora-modules). A request naming one is tokenized like the base
 	// model and hashed with the adapter name in every block's extra keys;
 	// its events carry it as lora_name. No weights: only the cache identity.
 	LoRAModules []string
+	// LoRATaskIDs gives each LoRA module its TensorRT-LLM lora_task_id
+	// (--engine trtllm, where block keys mix the task id, not the name).
+	LoRATaskIDs map[string]uint64
 
 	// Tokenizer turns text and chat into token ids. Nil means the built-in
 	// byte-level tokenizer, which matches no real model (token-id prompts are
@@ -94,6 +115,15 @@ type Config struct {
 	// "legacy" (["", seq, payload], older vLLM). See docs/parity.md.
 	ReplayLayout     string
 	DataParallelRank int
+	// DPSize is SGLang's --dp-size with --enable-dp-attention: that many
+	// attention-DP ranks, each with its own radix cache and KV-event PUB on
+	// the events port + rank (replay: its port + rank), behind one HTTP
+	// server that dispatches round robin, SGLang's default
+	// load_balance_method. 0 or 1: one rank. SGLang only.
+	DPSize int
+	// EventBufferMaxSize bounds the events a TensorRT-LLM engine keeps
+	// for POST /kv_cache_events (0: DefaultEventBufferMaxSize).
+	EventBufferMaxSize int
 	// BytesBlockHashes sends raw digests instead of 64-bit integers, as vLLM
 	// does with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
 	BytesBlockHashes bool
@@ -140,6 +170,37 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// engineDefaults fills the fields whose default depends on Engine: the
+// hash, the block size, where events go and the replay shape.
+func (c Config) engineDefaults() Config {
+	if c.Engine == "" {
+		c.Engine = EngineVLLM
+	}
+	hash, block := DefaultHashAlgo, DefaultBlockSize
+	switch c.Engine {
+	case EngineSGLang:
+		hash = DefaultSGLangHashAlgo
+		if c.ReplayLayout == "" {
+			c.ReplayLayout = "legacy" // SGLang's publisher answers replay with [seq, payload], no topic
+		}
+	case EngineTRTLLM:
+		hash, block = DefaultTRTLLMHashAlgo, DefaultTRTLLMTokensPerBlock
+		if c.KVEventsEndpoint == "" {
+			c.KVEventsEndpoint = "none" // no ZeroMQ: events are drained over HTTP
+		}
+		if c.EventBufferMaxSize == 0 {
+			c.EventBufferMaxSize = DefaultEventBufferMaxSize
+		}
+	}
+	if c.HashAlgo == "" {
+		c.HashAlgo = hash
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = block
+	}
+	return c
+}
+
 // withDefaults fills zero fields.
 func (c Config) withDefaults() Config {
 	if c.Host == "" {
@@ -148,12 +209,7 @@ func (c Config) withDefaults() Config {
 	if c.Model == "" {
 		c.Model = DefaultModel
 	}
-	if c.BlockSize == 0 {
-		c.BlockSize = DefaultBlockSize
-	}
-	if c.HashAlgo == "" {
-		c.HashAlgo = DefaultHashAlgo
-	}
+	c = c.engineDefaults()
 	if c.PerfModel == "" {
 		c.PerfModel = PerfModelSimple
 	}
@@ -252,6 +308,7 @@ func (c Config) validate() error {
 	if _, err := parseEventLayout(c.EventLayout); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateEngine())
 	switch c.Role {
 	case RoleBoth, RolePrefill, RoleDecode:
 	default:
@@ -323,6 +380,109 @@ func (c Config) validateEventEndpoints() []error {
 		}
 	}
 	return errs
+}
+
+// validateDP checks --dp-size (SGLang attention-DP ranks).
+func (c Config) validateDP() error {
+	var errs []error
+	if c.DPSize < 0 || c.DPSize > 8 {
+		errs = append(errs, fmt.Errorf("dp-size %d: want 1..8", c.DPSize))
+	}
+	if c.DPSize > 1 {
+		if c.Engine != EngineSGLang {
+			errs = append(errs, errors.New("dp-size: attention-DP ranks behind one server are simulated for --engine sglang only"))
+		}
+		if c.DataParallelRank != 0 {
+			errs = append(errs, errors.New("dp-size: the ranks are 0..dp-size-1; leave data-parallel-rank at 0"))
+		}
+		if c.KVEventsEndpoint == "none" || strings.HasSuffix(c.KVEventsEndpoint, ":0") {
+			errs = append(errs, errors.New("dp-size: rank r publishes on the events port + r, so kv-events-endpoint needs a fixed port"))
+		}
+		if c.ReplayEndpoint != "" && strings.HasSuffix(c.ReplayEndpoint, ":0") {
+			errs = append(errs, errors.New("dp-size: rank r's replay is on the replay port + r, so kv-events-replay-endpoint needs a fixed port"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateEngine checks the fields that must fit --engine.
+func (c Config) validateEngine() error {
+	if err := c.validateDP(); err != nil {
+		return err
+	}
+	switch c.Engine {
+	case EngineVLLM:
+		if c.HashAlgo == DefaultSGLangHashAlgo || c.HashAlgo == DefaultTRTLLMHashAlgo {
+			return fmt.Errorf("prefix-caching-hash-algo %q is not vLLM's; use --engine sglang or trtllm", c.HashAlgo)
+		}
+		return nil
+	case EngineSGLang:
+		return c.validateSGLang()
+	case EngineTRTLLM:
+		return c.validateTRTLLM()
+	}
+	return fmt.Errorf("engine %q: want vllm, sglang or trtllm", c.Engine)
+}
+
+// validateSGLang checks what SGLang mode cannot have.
+func (c Config) validateSGLang() error {
+	var errs []error
+	if c.HashAlgo != DefaultSGLangHashAlgo {
+		errs = append(errs, fmt.Errorf("engine sglang hashes pages with %s, not %q", DefaultSGLangHashAlgo, c.HashAlgo))
+	}
+	if c.EventLayout != "map" && c.EventLayout != "array" {
+		errs = append(errs, fmt.Errorf("engine sglang: event-layout %q: want map (tagged maps) or array (legacy tagged arrays)", c.EventLayout))
+	}
+	if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
+		errs = append(errs, errors.New("engine sglang hashes whole pages: hash-block-size must be 0 or equal to block-size (the page size)"))
+	}
+	if c.BytesBlockHashes {
+		errs = append(errs, errors.New("engine sglang publishes int64 hashes only (no raw digests)"))
+	}
+	if c.Role != RoleBoth {
+		errs = append(errs, errors.New("engine sglang: P/D roles simulate vLLM's NixlConnector only; use role both"))
+	}
+	return errors.Join(errs...)
+}
+
+// validateTRTLLM checks what TensorRT-LLM mode cannot have.
+func (c Config) validateTRTLLM() error {
+	var errs []error
+	if c.HashAlgo != DefaultTRTLLMHashAlgo {
+		errs = append(errs, fmt.Errorf("engine trtllm keys blocks with %s (v1_block_key), not %q", DefaultTRTLLMHashAlgo, c.HashAlgo))
+	}
+	if c.KVEventsEndpoint != "none" {
+		errs = append(errs, errors.New("engine trtllm publishes no ZeroMQ events (POST /kv_cache_events drains them); leave kv-events-endpoint unset"))
+	}
+	if c.HashBlockSize != 0 && c.HashBlockSize != c.BlockSize {
+		errs = append(errs, errors.New("engine trtllm: hash-block-size must be 0 or equal to block-size (tokens_per_block)"))
+	}
+	if c.Role != RoleBoth || c.BytesBlockHashes {
+		errs = append(errs, errors.New("engine trtllm: P/D roles and raw-digest hashes are not simulated"))
+	}
+	for _, m := range c.LoRAModules {
+		if _, ok := c.LoRATaskIDs[m]; !ok {
+			errs = append(errs, fmt.Errorf("engine trtllm: lora module %q has no lora_task_id (--lora-task-ids %s=N)", m, m))
+		}
+	}
+	if c.EventBufferMaxSize < 1 || c.EventBufferMaxSize > 1<<20 {
+		errs = append(errs, fmt.Errorf("event-buffer-max-size %d: want 1..1048576", c.EventBufferMaxSize))
+	}
+	return errors.Join(errs...)
+}
+
+// offsetEndpoint returns tcp endpoint ep with its port + n, as SGLang's
+// publisher offsets its endpoints by the attention-DP rank.
+func offsetEndpoint(ep string, n int) (string, error) {
+	u, err := url.Parse(ep)
+	if err != nil {
+		return "", fmt.Errorf("%q: %w", ep, err)
+	}
+	p, err := strconv.Atoi(u.Port())
+	if err != nil || p+n > 65535 {
+		return "", fmt.Errorf("%q: no port to offset by %d", ep, n)
+	}
+	return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(p+n)), nil
 }
 
 // checkTCPEndpoint accepts tcp://host:port (vLLM's "*" host means all

@@ -353,6 +353,11 @@ func (e *Engine) advance(st *loopState, r *request) {
 // that computed tokens hold KV (one BlockStored for them).
 func (e *Engine) cacheComputed(st *loopState, r *request, computed int) {
 	bs := e.cfg.BlockSize
+	if e.cfg.Engine == EngineTRTLLM {
+		// TensorRT-LLM keys the blocks of all but the last token
+		// (kvCacheManager.cpp, usableSize = size - 1).
+		computed--
+	}
 	full := min(computed/bs, len(r.blocks))
 	if full <= r.numCached {
 		return
@@ -463,7 +468,25 @@ type CacheStats struct {
 }
 
 // Stats returns a snapshot taken inside the engine loop.
+// With attention-DP ranks (Config.DPSize) it sums every rank's.
 func (e *Engine) Stats(ctx context.Context) (CacheStats, error) {
+	s, err := e.rankStats(ctx)
+	for _, r := range e.dpRanks {
+		if err != nil {
+			break
+		}
+		var rs CacheStats
+		rs, err = r.rankStats(ctx)
+		s.CachedBlocks += rs.CachedBlocks
+		s.UsedBlocks += rs.UsedBlocks
+		s.UsableBlocks += rs.UsableBlocks
+		s.Running += rs.Running
+		s.Waiting += rs.Waiting
+	}
+	return s, err
+}
+
+func (e *Engine) rankStats(ctx context.Context) (CacheStats, error) {
 	var s CacheStats
 	err := e.runInLoop(ctx, func(st *loopState) error {
 		s = CacheStats{
@@ -496,7 +519,11 @@ func (e *Engine) newRequest(ctx context.Context, id string, prompt []uint32, ext
 		out:       newOutbox(),
 		ctx:       ctx,
 	}
-	for _, b := range e.hasher.AppendBlocks(nil, prompt, extra) {
+	keyed := prompt
+	if e.cfg.Engine == EngineTRTLLM {
+		keyed = kvhash.TRTLLMRequestTokens(prompt) // the last token's KV is not computed yet
+	}
+	for _, b := range e.hasher.AppendBlocks(nil, keyed, extra) {
 		r.chain = append(r.chain, blockHash{Digest: b.Digest, Wire: b.Hash})
 	}
 	if need := ceilDiv(r.totalTokens(), e.cfg.BlockSize); need > e.pool.usable() {

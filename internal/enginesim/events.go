@@ -104,10 +104,21 @@ func extraKeysMsgpack(extra kvhash.Extra, firstBlock, n int) []byte {
 // publishStep encodes one engine step's events as one batch and publishes it.
 // Steps without events publish nothing, as in vLLM.
 func (e *Engine) publishStep(evs []poolEvent, now time.Time) {
+	if e.drain != nil && len(evs) > 0 {
+		e.drain.add(evs, e.cfg.BlockSize)
+		return
+	}
 	if e.pub == nil || len(evs) == 0 {
 		return
 	}
-	payload, err := encodeBatch(evs, e.cfg.BlockSize, float64(now.UnixNano())/1e9, e.cfg.DataParallelRank, e.layout, e.cfg.BytesBlockHashes)
+	ts := float64(now.UnixNano()) / 1e9
+	var payload []byte
+	var err error
+	if e.cfg.Engine == EngineSGLang {
+		payload, err = encodeSGLangBatch(evs, e.cfg.BlockSize, ts, e.cfg.DataParallelRank, e.cfg.EventLayout)
+	} else {
+		payload, err = encodeBatch(evs, e.cfg.BlockSize, ts, e.cfg.DataParallelRank, e.layout, e.cfg.BytesBlockHashes)
+	}
 	if err != nil {
 		e.cfg.Logger.Error("kv events: encode failed", "err", err)
 		return

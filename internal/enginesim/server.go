@@ -58,6 +58,13 @@ type Engine struct {
 	closeErr     error
 	reqCounter   atomic.Uint64
 	notifyClient *http.Client
+	// dpRanks are attention-DP ranks 1..DPSize-1 (this engine is rank 0);
+	// generation requests go round robin over all of them (sglang.go).
+	dpRanks []*Engine
+	dpNext  atomic.Uint64
+	// drain holds TensorRT-LLM's KV events until POST /kv_cache_events
+	// takes them (trtllm.go); nil for other engines.
+	drain *trtDrain
 }
 
 // New validates cfg, binds the HTTP listener and the KV-event sockets and
@@ -94,6 +101,9 @@ func New(cfg Config) (*Engine, error) {
 	if e.pool, err = newBlockPool(cfg.NumGPUBlocks); err != nil {
 		return nil, fmt.Errorf("enginesim: %w", err)
 	}
+	if cfg.Engine == EngineTRTLLM {
+		e.drain = newTRTDrain(cfg.EventBufferMaxSize, cfg.NumGPUBlocks, cfg.MaxModelLen)
+	}
 	e.metrics = newEngineMetrics(cfg)
 
 	e.ln, err = net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
@@ -117,6 +127,13 @@ func New(cfg Config) (*Engine, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		ErrorLog:          nil,
+	}
+	if err := e.startDPRanks(); err != nil {
+		if e.pub != nil {
+			e.pub.close()
+		}
+		e.ln.Close()
+		return nil, err
 	}
 	go e.run()
 	go func() {
@@ -202,6 +219,11 @@ func (e *Engine) Close() error {
 		if e.pub != nil {
 			e.closeErr = e.pub.close()
 		}
+		for _, r := range e.dpRanks {
+			if err := r.Close(); err != nil && e.closeErr == nil {
+				e.closeErr = err
+			}
+		}
 	})
 	return e.closeErr
 }
@@ -216,6 +238,13 @@ func (e *Engine) routes() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"version": "enginesim"})
 	})
 	mux.HandleFunc("POST /tokenize", e.handleTokenize)
+	switch e.cfg.Engine {
+	case EngineSGLang:
+		mux.HandleFunc("GET /get_server_info", e.handleServerInfo)
+	case EngineTRTLLM:
+		mux.HandleFunc("POST /kv_cache_events", e.handleDrain)
+		mux.HandleFunc("GET /server_info", e.handleTRTServerInfo)
+	}
 	mux.HandleFunc("POST /reset_prefix_cache", e.handleReset)
 	mux.HandleFunc("POST "+notifyPath, e.handleNotify)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.metrics.registry, promhttp.HandlerOpts{}))
@@ -370,6 +399,9 @@ func (e *Engine) generationParams(kind string, ids []uint32, g generationRequest
 		p.includeUsage = g.StreamOptions.IncludeUsage
 	}
 	p.extra.LoRAName = lora
+	if id, ok := e.cfg.LoRATaskIDs[lora]; ok && lora != "" && e.cfg.Engine == EngineTRTLLM {
+		p.extra.LoRATaskID, p.extra.HasLoRATaskID = id, true
+	}
 	if g.CacheSalt != nil {
 		p.extra.CacheSalt = *g.CacheSalt
 	}
@@ -385,7 +417,7 @@ func (e *Engine) handleGeneration(parse func(*http.Request) (genParams, *badRequ
 			writeError(w, b)
 			return
 		}
-		e.generate(w, r, p)
+		e.pickRank(w).generate(w, r, p)
 	}
 }
 

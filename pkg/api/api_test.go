@@ -213,13 +213,20 @@ func TestValidation400(t *testing.T) {
 		{"kvZmqPort", set("kvZmqPort", 65536), "kvZmqPort", "1-65535"},
 		{"kvDpRankCount", set("kvDpRankCount", 9), "kvDpRankCount", "1-8"},
 		{"kvWarmupSec", set("kvWarmupSec", -1), "kvWarmupSec", "allowed 0-"},
-		{"kvHashAlgo enum", set("kvHashAlgo", "md5"), "kvHashAlgo", "sha256_cbor, xxhash_cbor, sha256, xxhash"},
-		{"kvHashAlgo sglang", set("kvHashAlgo", "sha256_sglang"), "kvHashAlgo", "not supported yet"},
-		{"kvHashAlgo trtllm", set("kvHashAlgo", "blockhash_trtllm"), "kvHashAlgo", "not supported yet"},
+		{"kvHashAlgo enum", set("kvHashAlgo", "md5"), "kvHashAlgo", `kv-hash-algo must be one of "sha256_cbor", "xxhash_cbor", "sha256_sglang", "blockhash_trtllm"`},
+		{"kvHashAlgo sglang on vllm", set("kvHashAlgo", "sha256_sglang"), "kvHashAlgo", `incompatible with kv-engine-type "vllm"`},
+		{"kvHashAlgo trtllm on vllm", set("kvHashAlgo", "blockhash_trtllm"), "kvHashAlgo", `incompatible with kv-engine-type "vllm"`},
 		{"xxhash needs seed", set("kvHashAlgo", "xxhash_cbor"), "kvHashAlgo", "seed"},
-		{"engine sglang", set("kvEngineType", "sglang"), "kvEngineType", "not supported yet"},
-		{"engine trtllm", set("kvEngineType", "trtllm"), "kvEngineType", "not supported yet"},
-		{"engine unknown", set("kvEngineType", "tgi"), "kvEngineType", "vllm, sglang, trtllm, llamacpp"},
+		{"engine sglang, vllm algo", func(a map[string]any, e []map[string]any) []map[string]any {
+			a["kvEngineType"], a["kvHashAlgo"] = "sglang", "sha256_cbor"
+			return nil
+		}, "kvHashAlgo", `incompatible with kv-engine-type "sglang"`},
+		{"engine trtllm with ranks", func(a map[string]any, _ []map[string]any) []map[string]any {
+			a["kvEngineType"], a["kvDpRankCount"] = "trtllm", 2
+			delete(a, "kvHashAlgo")
+			return nil
+		}, "kvDpRankCount", "meaningless for kv-engine-type trtllm"},
+		{"engine unknown", set("kvEngineType", "tgi"), "kvEngineType", `kv-engine-type must be one of "vllm", "sglang", "trtllm"`},
 		{"llamacpp rejects kv", set("kvEngineType", "llamacpp"), "kvExactMode", "llamacpp"},
 		{"mode 1 needs decode", setEP(1, "ep_role", 1), "ep_role", "decode"},
 		{"mode 1 needs prefill", setEP(0, "ep_role", 0), "ep_role", "prefill"},

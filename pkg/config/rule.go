@@ -139,6 +139,10 @@ type ServiceArguments struct {
 	// tokenizer); a bare name uses the tokenizer staged under the adapter's
 	// own name. Ours; the reference has no LoRA support.
 	KVLoraAdapters []string `json:"kvLoraAdapters,omitempty"`
+	// KVLoraTaskIDs maps kvLoraAdapters names to TensorRT-LLM lora_task_ids
+	// (kvEngineType trtllm only): TensorRT-LLM mixes the task id, not the
+	// name, into every block key. Ours (docs/engines.md).
+	KVLoraTaskIDs map[string]uint64 `json:"kvLoraTaskIds,omitempty"`
 	// TrustRequestChatTemplate lets a request's own chat_template be
 	// rendered to route it, mirroring vLLM's --trust-request-chat-template
 	// (set it when the engines run with that flag). Off (the default), a
@@ -357,6 +361,12 @@ func (r *Rule) Clone() *Rule {
 		c.Args.KVHashSeed = &s
 	}
 	c.Args.KVLoraAdapters = append([]string(nil), r.Args.KVLoraAdapters...)
+	if r.Args.KVLoraTaskIDs != nil {
+		c.Args.KVLoraTaskIDs = make(map[string]uint64, len(r.Args.KVLoraTaskIDs))
+		for k, v := range r.Args.KVLoraTaskIDs {
+			c.Args.KVLoraTaskIDs[k] = v
+		}
+	}
 	return &c
 }
 
@@ -438,9 +448,16 @@ func (r *Rule) ZmqPort() int {
 	return r.Args.KVZmqPort
 }
 
+// DefaultTRTLLMBlockSize is TensorRT-LLM's default tokens_per_block, the
+// block size of a trtllm rule without kvBlockSize.
+const DefaultTRTLLMBlockSize = 32
+
 // BlockSize is the number of tokens per hashed block.
 func (r *Rule) BlockSize() int {
 	if r.Args.KVBlockSize <= 0 {
+		if r.EffectiveEngine() == EngineTRTLLM {
+			return DefaultTRTLLMBlockSize
+		}
 		return DefaultBlockSize
 	}
 	return r.Args.KVBlockSize

@@ -73,6 +73,14 @@ func TestDefaults(t *testing.T) {
 	if r.EffectiveHashAlgo() != HashSHA256SGLang {
 		t.Error("sglang default algo")
 	}
+	if r.BlockSize() != 16 {
+		t.Errorf("sglang default block size %d, want 16", r.BlockSize())
+	}
+	r.Args.KVEngineType = "trtllm"
+	if r.EffectiveHashAlgo() != HashBlockHashTRTLLM || r.BlockSize() != 32 {
+		t.Errorf("trtllm defaults %s / %d, want blockhash_trtllm / 32 (tokens_per_block)", r.EffectiveHashAlgo(), r.BlockSize())
+	}
+	r.Args.KVEngineType = "sglang"
 	r.Args.KVExactMode = 3
 	r.Endpoints = []Endpoint{{IP: "10.0.0.2", TargetPort: 1}, {IP: "10.0.0.3", TargetPort: 1}}
 	if len(r.KVEndpoints()) != 2 {

@@ -54,6 +54,10 @@ type Settings struct {
 	MaxPromptTokens int
 	// LLB_KV_MAX_FRAME_BYTES: largest ZMTP frame or message taken from a KV peer, 4096-1073741824. Default 64 MiB.
 	MaxFrameBytes int
+	// LOXILB_KV_TRTLLM_POLL_MIN_MS / _MAX_MS: bounds of the TensorRT-LLM
+	// event-drain poll interval, 1-10000 ms each. Defaults 5 / 20; when min >
+	// max both revert to the defaults, as the reference does.
+	TRTLLMPollMin, TRTLLMPollMax time.Duration
 
 	// LLB_PD_PREFILL_TIMEOUT_SEC: prefill leg and decode first-byte bound, 1-99999 s. Default 30.
 	PrefillTimeout time.Duration
@@ -91,6 +95,8 @@ func DefaultSettings() Settings {
 		ReplayPortOffset:   1000,
 		MaxPromptTokens:    262144,
 		MaxFrameBytes:      64 << 20,
+		TRTLLMPollMin:      5 * time.Millisecond,
+		TRTLLMPollMax:      20 * time.Millisecond,
 		PrefillTimeout:     30 * time.Second,
 		DecodeSilence:      120 * time.Second,
 		OriginErrThreshold: 3,
@@ -160,6 +166,13 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
 	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
 	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)
+	pollMin, pollMax := int(s.TRTLLMPollMin/time.Millisecond), int(s.TRTLLMPollMax/time.Millisecond)
+	p.integer("LOXILB_KV_TRTLLM_POLL_MIN_MS", &pollMin, 1, 10000)
+	p.integer("LOXILB_KV_TRTLLM_POLL_MAX_MS", &pollMax, 1, 10000)
+	if pollMin > pollMax {
+		pollMin, pollMax = 5, 20
+	}
+	s.TRTLLMPollMin, s.TRTLLMPollMax = time.Duration(pollMin)*time.Millisecond, time.Duration(pollMax)*time.Millisecond
 
 	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)
 	p.seconds("LLB_PD_DECODE_SILENCE_SEC", &s.DecodeSilence, 1, 99999)

@@ -70,6 +70,12 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LLB_KV_MAX_PROMPT_TOKENS": "1024"}, func(s Settings) bool { return s.MaxPromptTokens == 1024 }},
 		{map[string]string{}, func(s Settings) bool { return s.MaxPromptTokens == 262144 }},
 		{map[string]string{"LLB_KV_MAX_FRAME_BYTES": "4096"}, func(s Settings) bool { return s.MaxFrameBytes == 4096 }},
+		{map[string]string{"LOXILB_KV_TRTLLM_POLL_MIN_MS": "1", "LOXILB_KV_TRTLLM_POLL_MAX_MS": "10000"}, func(s Settings) bool {
+			return s.TRTLLMPollMin == time.Millisecond && s.TRTLLMPollMax == 10*time.Second
+		}},
+		{map[string]string{"LOXILB_KV_TRTLLM_POLL_MIN_MS": "50"}, func(s Settings) bool { // min > max: both revert
+			return s.TRTLLMPollMin == 5*time.Millisecond && s.TRTLLMPollMax == 20*time.Millisecond
+		}},
 		{map[string]string{}, func(s Settings) bool { return s.MaxFrameBytes == 64<<20 }},
 		{map[string]string{"LLB_PD_PREFILL_TIMEOUT_SEC": "600"}, func(s Settings) bool { return s.PrefillTimeout == 600*time.Second }},
 		{map[string]string{"LLB_PD_DECODE_SILENCE_SEC": "5"}, func(s Settings) bool { return s.DecodeSilence == 5*time.Second }},
@@ -109,6 +115,8 @@ func TestSettingsErrorsNameVariable(t *testing.T) {
 		"LLB_KV_REPLAY_PORT_OFFSET":      "1e3",
 		"LLB_KV_MAX_PROMPT_TOKENS":       "0",
 		"LLB_KV_MAX_FRAME_BYTES":         "4095",
+		"LOXILB_KV_TRTLLM_POLL_MIN_MS":   "0",
+		"LOXILB_KV_TRTLLM_POLL_MAX_MS":   "10001",
 		"LLB_PD_PREFILL_TIMEOUT_SEC":     "0",
 		"LLB_PD_DECODE_SILENCE_SEC":      "100000",
 		"LLB_PD_MAX_INFLIGHT_PER_EP":     "-3",

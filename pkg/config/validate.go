@@ -106,15 +106,17 @@ func validateEngine(a *ServiceArguments) error {
 
 	engine := strings.ToLower(a.KVEngineType)
 	switch engine {
-	case "", EngineVLLM:
-	case EngineSGLang, EngineTRTLLM:
-		return invalid("serviceArguments.kvEngineType", "%q is not supported yet; allowed values: vllm, llamacpp", a.KVEngineType)
+	case "", EngineVLLM, EngineSGLang:
+	case EngineTRTLLM:
+		if err := validateTRTLLM(a); err != nil {
+			return err
+		}
 	case EngineLlamaCpp:
 		if f := firstKVField(a); f != "" {
-			return invalid("serviceArguments."+f, "kvEngineType llamacpp publishes no KV events, so KV-exact fields are rejected; remove %s or use kvEngineType vllm", f)
+			return invalid("serviceArguments."+f, "kvEngineType llamacpp publishes no KV events, so KV-exact fields are rejected; remove %s or use kvEngineType vllm, sglang or trtllm", f)
 		}
 	default:
-		return invalid("serviceArguments.kvEngineType", "%q is invalid; allowed values: vllm, sglang, trtllm, llamacpp (sglang and trtllm are not supported yet)", a.KVEngineType)
+		return invalid("serviceArguments.kvEngineType", "%q is invalid: kv-engine-type must be one of \"vllm\", \"sglang\", \"trtllm\" (or llamacpp, without KV-exact fields)", a.KVEngineType)
 	}
 	return nil
 }
@@ -135,7 +137,7 @@ func validateKV(r *Rule, env Settings) error {
 	}
 
 	if a.KVBlockSize < 0 || a.KVBlockSize > maxBlockSize {
-		return invalid("serviceArguments.kvBlockSize", "%d is out of range; allowed 1-%d (0 = default 16); it must equal vLLM's --block-size", a.KVBlockSize, maxBlockSize)
+		return invalid("serviceArguments.kvBlockSize", "%d is out of range; allowed 1-%d (0 = default 16, 32 for trtllm); it must equal the engine's block size (vLLM --block-size, SGLang --page-size, TensorRT-LLM tokens_per_block)", a.KVBlockSize, maxBlockSize)
 	}
 	if a.KVZmqPort < 0 || a.KVZmqPort > 65535 {
 		return invalid("serviceArguments.kvZmqPort", "%d is out of range; allowed 1-65535 (0 = default 5557)", a.KVZmqPort)
@@ -152,8 +154,8 @@ func validateKV(r *Rule, env Settings) error {
 	if a.KVWarmupSec < 0 || a.KVWarmupSec > maxWarmupSec {
 		return invalid("serviceArguments.kvWarmupSec", "%d is out of range; allowed 0-%d", a.KVWarmupSec, maxWarmupSec)
 	}
-	if a.KVHashSeed != nil && len(*a.KVHashSeed) > maxSeedLen {
-		return invalid("serviceArguments.kvHashSeed", "longer than %d bytes", maxSeedLen)
+	if err := validateHashSeed(r); err != nil {
+		return err
 	}
 	if a.Security != 0 {
 		return invalid("serviceArguments.security", "%d: TLS termination (1 https, 2 e2ehttps) is not supported yet; allowed values: 0 (plain HTTP)", a.Security)
@@ -161,12 +163,11 @@ func validateKV(r *Rule, env Settings) error {
 	if err := validateLoraAdapters(r); err != nil {
 		return err
 	}
-	switch a.KVHashAlgo {
-	case "", HashSHA256CBOR, HashXXHashCBOR, HashSHA256, HashXXHash:
-	case HashSHA256SGLang, HashBlockHashTRTLLM:
-		return invalid("serviceArguments.kvHashAlgo", "%q is not supported yet (its engine is not supported yet); allowed values: sha256_cbor, xxhash_cbor, sha256, xxhash", a.KVHashAlgo)
-	default:
-		return invalid("serviceArguments.kvHashAlgo", "%q is invalid; allowed values: sha256_cbor, xxhash_cbor, sha256, xxhash", a.KVHashAlgo)
+	if err := validateLoraTaskIDs(r); err != nil {
+		return err
+	}
+	if err := validateHashAlgo(r); err != nil {
+		return err
 	}
 	if r.KVEnabled() {
 		algo := r.EffectiveHashAlgo()
@@ -321,6 +322,32 @@ func validateLoraAdapters(r *Rule) error {
 	return nil
 }
 
+// validateLoraTaskIDs checks kvLoraTaskIds: a trtllm rule's map from its
+// kvLoraAdapters names to TensorRT-LLM lora_task_ids.
+func validateLoraTaskIDs(r *Rule) error {
+	const field = "serviceArguments.kvLoraTaskIds"
+	ids := r.Args.KVLoraTaskIDs
+	if len(ids) == 0 {
+		return nil
+	}
+	if r.EffectiveEngine() != EngineTRTLLM {
+		return invalid(field, "applies to kvEngineType trtllm only (other engines key LoRA blocks by adapter name); remove kvLoraTaskIds")
+	}
+	if len(ids) > MaxLoraAdapters {
+		return invalid(field, "%d entries; at most %d per rule", len(ids), MaxLoraAdapters)
+	}
+	names := make(map[string]bool, len(r.Args.KVLoraAdapters))
+	for _, a := range r.LoraAdapters() {
+		names[a.Name] = true
+	}
+	for name := range ids {
+		if !names[name] {
+			return invalid(field, "%q is not a kvLoraAdapters name; each key must name an adapter the rule lists", name)
+		}
+	}
+	return nil
+}
+
 func validateCHWBL(a *ServiceArguments) error {
 	if a.CHWBLMeanLoadFactor != 0 && (a.CHWBLMeanLoadFactor < 100 || a.CHWBLMeanLoadFactor > 300) {
 		return invalid("serviceArguments.chwbl_mean_load_factor", "%d is out of range; allowed 100-300", a.CHWBLMeanLoadFactor)
@@ -363,6 +390,75 @@ func validateProbe(a *ServiceArguments) error {
 	return nil
 }
 
+// validateHashSeed checks kvHashSeed: bounded, and only for vLLM, the one
+// engine whose hashes take a seed.
+func validateHashSeed(r *Rule) error {
+	seed := r.Args.KVHashSeed
+	if seed == nil {
+		return nil
+	}
+	if engine := r.EffectiveEngine(); engine == EngineSGLang || engine == EngineTRTLLM {
+		return invalid("serviceArguments.kvHashSeed", "kvEngineType %s hashes without a seed (PYTHONHASHSEED plays no part, see docs/engines.md); remove kvHashSeed", engine)
+	}
+	if len(*seed) > maxSeedLen {
+		return invalid("serviceArguments.kvHashSeed", "longer than %d bytes", maxSeedLen)
+	}
+	return nil
+}
+
+// validateTRTLLM holds the reference's TensorRT-LLM checks: its events come
+// from polling POST /kv_cache_events on the endpoint, not from ZeroMQ, and
+// the drain carries every attention-DP rank (docs/engines.md).
+func validateTRTLLM(a *ServiceArguments) error {
+	if a.KVExactMode != KVModePD && a.KVExactMode != KVModeSinglePool {
+		return invalid("serviceArguments.kvExactMode", "kv-engine-type trtllm supports kvExactMode 1 or 3 (HTTP-polled event plane); got %d", a.KVExactMode)
+	}
+	if a.KVZmqPort != 0 && a.KVZmqPort != DefaultZmqPort {
+		return invalid("serviceArguments.kvZmqPort", "kvZmqPort is meaningless for kv-engine-type trtllm (events are drained from POST /kv_cache_events on the endpoint's targetPort); got %d, allowed 0 or %d", a.KVZmqPort, DefaultZmqPort)
+	}
+	if a.KVDpRankCount > 1 {
+		return invalid("serviceArguments.kvDpRankCount", "kvDpRankCount is meaningless for kv-engine-type trtllm (the drain carries every attention_dp_rank); got %d, allowed 0 or 1", a.KVDpRankCount)
+	}
+	if a.KVReplayPort != 0 {
+		return invalid("serviceArguments.kvReplayPort", "kvReplayPort is meaningless for kv-engine-type trtllm (it has no replay socket); got %d, allowed 0", a.KVReplayPort)
+	}
+	return nil
+}
+
+// engineHashAlgos lists the kvHashAlgo values each engine can publish; the
+// first is the engine's default (Rule.EffectiveHashAlgo).
+var engineHashAlgos = map[string][]string{
+	EngineVLLM:   {HashSHA256CBOR, HashXXHashCBOR, HashSHA256, HashXXHash},
+	EngineSGLang: {HashSHA256SGLang},
+	EngineTRTLLM: {HashBlockHashTRTLLM},
+}
+
+// validateHashAlgo checks kvHashAlgo and that it fits kvEngineType, with the
+// reference's messages.
+func validateHashAlgo(r *Rule) error {
+	const field = "serviceArguments.kvHashAlgo"
+	algo := r.Args.KVHashAlgo
+	switch algo {
+	case "":
+		return nil
+	case HashSHA256CBOR, HashXXHashCBOR, HashSHA256, HashXXHash, HashSHA256SGLang, HashBlockHashTRTLLM:
+	default:
+		return invalid(field, "%q is invalid: kv-hash-algo must be one of \"sha256_cbor\", \"xxhash_cbor\", \"sha256_sglang\", \"blockhash_trtllm\" (or vLLM's pickle algorithms sha256, xxhash)", algo)
+	}
+	engine := r.EffectiveEngine()
+	allowed, ok := engineHashAlgos[engine]
+	if !ok {
+		return nil // llamacpp: KV fields were refused above
+	}
+	for _, a := range allowed {
+		if a == algo {
+			return nil
+		}
+	}
+	return invalid(field, "kv-hash-algo %q is incompatible with kv-engine-type %q (omit kvHashAlgo to take the engine default %q); serviceArguments.kvEngineType %s allows %s",
+		algo, engine, allowed[0], engine, strings.Join(allowed, ", "))
+}
+
 // firstKVField names the first KV-exact field set on a, or "".
 func firstKVField(a *ServiceArguments) string {
 	switch {
@@ -384,6 +480,8 @@ func firstKVField(a *ServiceArguments) string {
 		return "kvHashSeed"
 	case len(a.KVLoraAdapters) > 0:
 		return "kvLoraAdapters"
+	case len(a.KVLoraTaskIDs) > 0:
+		return "kvLoraTaskIds"
 	case a.TrustRequestChatTemplate:
 		return "trustRequestChatTemplate"
 	}

@@ -46,14 +46,36 @@ func TestValidateRejects(t *testing.T) {
 		{"kvDpRankCount 9", func(r *Rule) { r.Args.KVDpRankCount = 9 }, "kvDpRankCount", "1-8"},
 		{"kvWarmupSec negative", func(r *Rule) { r.Args.KVWarmupSec = -5 }, "kvWarmupSec", "0-"},
 		{"kvReplayPort", func(r *Rule) { r.Args.KVReplayPort = 70000 }, "kvReplayPort", "1-65535"},
-		{"kvHashAlgo bogus", func(r *Rule) { r.Args.KVHashAlgo = "md5" }, "kvHashAlgo", "sha256_cbor, xxhash_cbor, sha256, xxhash"},
-		{"kvHashAlgo sglang", func(r *Rule) { r.Args.KVHashAlgo = "sha256_sglang" }, "kvHashAlgo", "not supported yet"},
-		{"kvHashAlgo trtllm", func(r *Rule) { r.Args.KVHashAlgo = "blockhash_trtllm" }, "kvHashAlgo", "not supported yet"},
+		{"kvHashAlgo bogus", func(r *Rule) { r.Args.KVHashAlgo = "md5" }, "kvHashAlgo", `kv-hash-algo must be one of "sha256_cbor", "xxhash_cbor", "sha256_sglang", "blockhash_trtllm"`},
+		{"kvHashAlgo sglang on vllm", func(r *Rule) { r.Args.KVHashAlgo = "sha256_sglang" }, "kvHashAlgo", `kv-hash-algo "sha256_sglang" is incompatible with kv-engine-type "vllm" (omit kvHashAlgo to take the engine default "sha256_cbor")`},
+		{"kvHashAlgo trtllm on vllm", func(r *Rule) { r.Args.KVHashAlgo = "blockhash_trtllm" }, "kvHashAlgo", `incompatible with kv-engine-type "vllm"`},
+		{"kvHashAlgo cbor on sglang", func(r *Rule) { r.Args.KVEngineType = "sglang"; r.Args.KVHashAlgo = "sha256_cbor" }, "kvHashAlgo", `kv-hash-algo "sha256_cbor" is incompatible with kv-engine-type "sglang" (omit kvHashAlgo to take the engine default "sha256_sglang")`},
+		{"kvHashAlgo trtllm on sglang", func(r *Rule) { r.Args.KVEngineType = "SGLang"; r.Args.KVHashAlgo = "blockhash_trtllm" }, "kvHashAlgo", `incompatible with kv-engine-type "sglang"`},
+		{"kvHashAlgo sglang on trtllm", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVHashAlgo = "sha256_sglang" }, "kvHashAlgo", `incompatible with kv-engine-type "trtllm" (omit kvHashAlgo to take the engine default "blockhash_trtllm")`},
+		{"kvHashSeed on sglang", func(r *Rule) { r.Args.KVEngineType = "sglang"; r.Args.KVHashSeed = strp("0") }, "kvHashSeed", "without a seed"},
+		{"kvHashSeed on trtllm", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVHashSeed = strp("0") }, "kvHashSeed", "without a seed"},
+		{"sglang ranks 9", func(r *Rule) { r.Args.KVEngineType = "sglang"; r.Args.KVDpRankCount = 9 }, "kvDpRankCount", "1-8"},
+		{"trtllm kvExactMode 0", func(r *Rule) {
+			r.Args.KVEngineType = "trtllm"
+			r.Args.KVExactMode = 0
+			r.Args.PDDisaggMode = true
+		}, "kvExactMode", "kv-engine-type trtllm supports kvExactMode 1 or 3 (HTTP-polled event plane)"},
+		{"trtllm kvZmqPort", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVZmqPort = 6000 }, "kvZmqPort", "kvZmqPort is meaningless for kv-engine-type trtllm"},
+		{"trtllm kvDpRankCount 2", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVDpRankCount = 2 }, "kvDpRankCount", "kvDpRankCount is meaningless for kv-engine-type trtllm"},
+		{"kvLoraTaskIds on vllm", func(r *Rule) {
+			r.Args.KVLoraAdapters, r.Args.KVLoraTaskIDs = []string{"a"}, map[string]uint64{"a": 7}
+		}, "kvLoraTaskIds", "trtllm only"},
+		{"kvLoraTaskIds unknown adapter", func(r *Rule) {
+			r.Args.KVEngineType = "trtllm"
+			r.Args.KVLoraAdapters, r.Args.KVLoraTaskIDs = []string{"a=Qwen/Qwen3-0.6B"}, map[string]uint64{"b": 7}
+		}, "kvLoraTaskIds", `"b" is not a kvLoraAdapters name`},
+		{"kvLoraTaskIds needs mode 4", func(r *Rule) {
+			*r = Rule{Args: ServiceArguments{ExternalIP: "10.0.0.1", Port: 80, KVLoraTaskIDs: map[string]uint64{"a": 1}}}
+		}, "kvLoraTaskIds", "mode 4"},
+		{"trtllm kvReplayPort", func(r *Rule) { r.Args.KVEngineType = "trtllm"; r.Args.KVReplayPort = 7000 }, "kvReplayPort", "meaningless for kv-engine-type trtllm"},
 		{"xxhash without seed", func(r *Rule) { r.Args.KVHashAlgo = "xxhash_cbor" }, "kvHashAlgo", "seed"},
 		{"pickle xxhash without seed", func(r *Rule) { r.Args.KVHashAlgo = "xxhash" }, "kvHashAlgo", "PYTHONHASHSEED"},
-		{"engine sglang", func(r *Rule) { r.Args.KVEngineType = "sglang" }, "kvEngineType", "not supported yet"},
-		{"engine trtllm", func(r *Rule) { r.Args.KVEngineType = "trtllm" }, "kvEngineType", "not supported yet"},
-		{"engine bogus", func(r *Rule) { r.Args.KVEngineType = "tgi" }, "kvEngineType", "vllm, sglang, trtllm, llamacpp"},
+		{"engine bogus", func(r *Rule) { r.Args.KVEngineType = "tgi" }, "kvEngineType", `kv-engine-type must be one of "vllm", "sglang", "trtllm"`},
 		{"llamacpp with kv", func(r *Rule) { r.Args.KVEngineType = "llamacpp" }, "kvExactMode", "llamacpp"},
 		{"llamacpp with seed", func(r *Rule) {
 			r.Args.KVEngineType = "llamacpp"
@@ -163,6 +185,23 @@ func TestValidateAccepts(t *testing.T) {
 		{"xxhash with empty rule seed", func(r *Rule) { r.Args.KVHashAlgo = "xxhash"; r.Args.KVHashSeed = strp("") }, DefaultSettings()},
 		{"xxhash with env seed", func(r *Rule) { r.Args.KVHashAlgo = "xxhash_cbor" }, withSeed},
 		{"sha256 pickle", func(r *Rule) { r.Args.KVHashAlgo = "sha256" }, DefaultSettings()},
+		{"sglang default algo", func(r *Rule) { r.Args.KVEngineType = "sglang" }, DefaultSettings()},
+		{"sglang explicit algo, 8 ranks", func(r *Rule) {
+			r.Args.KVEngineType, r.Args.KVHashAlgo, r.Args.KVDpRankCount = "sglang", "sha256_sglang", 8
+		}, DefaultSettings()},
+		{"trtllm mode 1", func(r *Rule) { r.Args.KVEngineType = "trtllm" }, DefaultSettings()},
+		{"trtllm mode 3, explicit algo, default port", func(r *Rule) {
+			r.Args.KVEngineType, r.Args.KVHashAlgo, r.Args.KVZmqPort, r.Args.KVDpRankCount = "trtllm", "blockhash_trtllm", 5557, 1
+			r.Args.KVExactMode = 3
+			r.Endpoints[0].Role, r.Endpoints[1].Role = 0, 0
+		}, DefaultSettings()},
+		{"trtllm lora task ids", func(r *Rule) {
+			r.Args.KVEngineType = "trtllm"
+			r.Args.KVLoraAdapters = []string{"a=Qwen/Qwen3-0.6B", "b"}
+			r.Args.KVLoraTaskIDs = map[string]uint64{"a": 0, "b": 1<<64 - 3}
+		}, DefaultSettings()},
+		{"vllm data-parallel ranks", func(r *Rule) { r.Args.KVDpRankCount = 4 }, DefaultSettings()},
+		{"vllm explicit", func(r *Rule) { r.Args.KVEngineType = "vllm"; r.Args.KVHashAlgo = "sha256_cbor" }, DefaultSettings()},
 		{"plain rule", func(r *Rule) {
 			*r = Rule{Args: ServiceArguments{ExternalIP: "10.0.0.1", Port: 80, Protocol: "TCP"}, Endpoints: []Endpoint{{IP: "10.0.0.2", TargetPort: 80, Weight: 1}}}
 		}, DefaultSettings()},

@@ -22,7 +22,7 @@ import (
 func TestConnectionNamingHostKeepsHost(t *testing.T) {
 	hosts := make(chan string, 8)
 	be := startBackend(t, "ep0", func(w http.ResponseWriter, r *http.Request) { hosts <- r.Host })
-	s := startProxy(t, Config{Router: &staticRouter{addrs: []string{be.addr}}})
+	s := startProxy(t, Config{Handler: NewForward(&staticRouter{addrs: []string{be.addr}}, nil)})
 	for _, conn := range []string{"keep-alive, Host", "Host", "close, host, X-Secret"} {
 		resp, body := rawExchange(t, s.Addr().String(), "GET /v1/models HTTP/1.1\r\nHost: api.example\r\nX-Secret: s\r\nConnection: "+conn+"\r\n\r\n")
 		if resp.StatusCode != 200 {
@@ -68,7 +68,7 @@ func TestErrorDetailsHideBackendAddresses(t *testing.T) {
 		{"unreachable", []string{dead}},
 		{"closed without a response", []string{silent.Addr().String()}},
 	} {
-		s := startProxy(t, Config{Router: &staticRouter{addrs: c.addrs}, Limits: Limits{MaxAttempts: 1}})
+		s := startProxy(t, Config{Handler: NewForward(&staticRouter{addrs: c.addrs}, nil), Limits: Limits{MaxAttempts: 1}})
 		resp, body := rawExchange(t, s.Addr().String(), "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
 		var eb ErrorBody
 		if resp.StatusCode != 502 || json.Unmarshal([]byte(body), &eb) != nil || eb.Detail == "" {
@@ -119,7 +119,7 @@ func TestEngineRefusalOfALargeBodyIsRelayed(t *testing.T) {
 			}()
 		}
 	}()
-	s := startProxy(t, Config{Router: &staticRouter{addrs: []string{ln.Addr().String()}},
+	s := startProxy(t, Config{Handler: NewForward(&staticRouter{addrs: []string{ln.Addr().String()}}, nil),
 		Limits: Limits{MaxBodyBytes: 256 << 20, InspectBytes: 1024}})
 	const size = 64 << 20 // larger than the loopback socket buffers, so kvgate's send fails
 	c := dialProxy(t, s)

@@ -10,19 +10,18 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/recovery"
-	"github.com/kvgate/kvgate/pkg/epset"
 )
 
 // panicRouter panics on any path containing "boom", as a router bug on one
 // hostile body would; other requests route to addr.
 type panicRouter struct{ staticRouter }
 
-func (r *panicRouter) Route(ctx context.Context, req *Request, excluded epset.Set) (Decision, error) {
+func (r *panicRouter) Plan(ctx context.Context, req *Request) RoutePlan {
 	if strings.Contains(req.Path(), "boom") {
 		var none []int
 		_ = none[len(req.Path())] // index out of range
 	}
-	return r.staticRouter.Route(ctx, req, excluded)
+	return r.staticRouter.Plan(ctx, req)
 }
 
 type panicCount struct {
@@ -54,7 +53,7 @@ func TestConnPanicIsRecovered(t *testing.T) {
 	be := startBackend(t, "e0", nil)
 	count := &panicCount{n: map[string]int{}, notify: make(chan struct{}, 8)}
 	guard := recovery.New(slog.New(slog.NewTextHandler(io.Discard, nil)), count)
-	s := startProxy(t, Config{Router: &panicRouter{staticRouter{addrs: []string{be.addr}}}, Guard: guard})
+	s := startProxy(t, Config{Handler: NewForward(&panicRouter{staticRouter{addrs: []string{be.addr}}}, nil), Guard: guard})
 
 	for i, path := range []string{"/v1/boom", "/v1/completions/boom", "/v1/boom"} {
 		c := dialProxy(t, s)

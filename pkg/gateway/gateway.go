@@ -178,6 +178,7 @@ func New(opts Options) (*Gateway, error) {
 	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
+	so.PollMin, so.PollMax = opts.Settings.TRTLLMPollMin, opts.Settings.TRTLLMPollMax
 	so.Logger = g.log
 	so.Observer = subscriberObserver{g.Metrics}
 	so.Guard = g.guard
@@ -339,14 +340,15 @@ func (g *Gateway) create(rule *config.Rule) error {
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
 	rt.router.state.Store(st)
-	if _, err := rh.newFlow(rule, rt.router); err != nil {
+	handler, err := rh.handler(rule, rt.router)
+	if err != nil {
 		return err
 	}
 
 	addr := net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port))
 	srv, err := fullproxy.Listen(fullproxy.Config{
-		Service: strconv.Itoa(id), Addr: addr, Router: rh.router(rt.router), Leg: g.leg, Loads: loads,
-		Observer: rh.observer(&proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}), Limits: g.opts.Limits, PD: rh.pdHandler(),
+		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
+		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
 		Guard: g.guard,
 	})
@@ -498,12 +500,24 @@ func (g *Gateway) reconcile() {
 	var targets []ingest.Target
 	for _, rt := range g.rules {
 		r := rt.rule
+		engine, err := ingest.ParseEngine(r.EffectiveEngine())
+		if err != nil {
+			g.log.Error("KV subscribers: rule not followed", "service", r.ServiceID, "err", err)
+			continue
+		}
 		for _, e := range r.KVEndpoints() {
-			targets = append(targets, ingest.Target{
-				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(),
+			t := ingest.Target{
+				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
 				Parity: rt.router.state.Load().parity,
-			})
+			}
+			switch engine {
+			case ingest.EngineTRTLLM:
+				t.Port, t.Ranks, t.ReplayPort = e.TargetPort, 1, 0 // the drain on the endpoint itself
+			case ingest.EngineSGLang:
+				t.HTTPPort = e.TargetPort // /get_server_info: the page size
+			}
+			targets = append(targets, t)
 		}
 	}
 	g.mu.Unlock()

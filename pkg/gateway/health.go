@@ -1,22 +1,20 @@
 package gateway
 
-// Health and P/D wiring of one rule: the health tracker (probes, engine
-// scrape, circuit breaker, admin state) feeding the selector's exclusion
-// state, the admission controller of P/D rules, and the mode-1 flow
-// (pkg/pd) the rule's proxy hands P/D requests to.
+// Health of one rule: the health tracker (probes, engine scrape, circuit
+// breaker, admin state) feeding the selector's exclusion state, and the
+// admission controller of P/D rules. The breaker is driven by the request
+// handlers' attempt loops (pkg/attempt); the P/D wiring is in pdflow.go.
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
-	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/metrics"
@@ -114,7 +112,7 @@ func (h *ruleHealth) GPUBlocks(ep int) (int64, bool) { return h.tracker.Load().G
 func (h *ruleHealth) Waiting(ep int) (int, time.Time, bool) { return h.tracker.Load().Waiting(ep) }
 
 // Allow, Success, ConnectFailure and OriginError drive the current tracker's
-// breaker (pd.Health).
+// breaker (attempt.Breaker, for the plain forward and the P/D flow).
 func (h *ruleHealth) Allow(ep int) bool     { return h.tracker.Load().Allow(ep) }
 func (h *ruleHealth) Success(ep int)        { h.tracker.Load().Success(ep) }
 func (h *ruleHealth) ConnectFailure(ep int) { h.tracker.Load().ConnectFailure(ep) }
@@ -207,175 +205,7 @@ func (h *ruleHealth) update(rule *config.Rule) error {
 	return nil
 }
 
-// newFlow builds the P/D flow of the rule (nil for other rules).
-func (h *ruleHealth) newFlow(rule *config.Rule, r *router) (*pd.Flow, error) {
-	if !h.pdRule {
-		return nil, nil
-	}
-	f, err := pd.New(pd.Config{
-		ServiceID: rule.ServiceID, Begin: r.pdPlan, Health: h, Admission: h.admission,
-		PrefillTimeout: h.settings.PrefillTimeout, DecodeSilence: h.settings.DecodeSilence,
-		DecodeOnlyFallback: h.settings.DecodeOnlyFallback,
-		Observer:           &pdObserver{m: h.m, service: rule.ServiceID}, Logger: h.log,
-	}, pdTopology(rule))
-	if err != nil {
-		return nil, fmt.Errorf("service %d: %w", rule.ServiceID, err)
-	}
-	h.flow = f
-	return f, nil
-}
-
-// pdHandler is the proxy's P/D hook; a nil interface for other rules.
-func (h *ruleHealth) pdHandler() fullproxy.PDHandler {
-	if h.flow == nil {
-		return nil
-	}
-	return h.flow
-}
-
-// observer wraps the proxy observer: for single-pool rules the plain
-// path's connect failures and answers drive the breaker (the P/D flow
-// drives it itself).
-func (h *ruleHealth) observer(inner fullproxy.Observer) fullproxy.Observer {
-	if h.pdRule {
-		return inner
-	}
-	return &breakerFeed{Observer: inner, h: h}
-}
-
-// router wraps the rule's router for single-pool rules: a decision whose
-// breaker refuses (open, or half-open with its trials used) is re-routed with
-// that endpoint excluded, as the P/D flow does. The proxy's attempt limit
-// does not count these, so the loop is bounded by the rule's endpoints.
-func (h *ruleHealth) router(inner *router) fullproxy.Router {
-	if h.pdRule {
-		return inner
-	}
-	return &breakerRouter{router: inner, h: h}
-}
-
-type breakerRouter struct {
-	*router
-	h *ruleHealth
-}
-
-func (b *breakerRouter) Route(ctx context.Context, req *fullproxy.Request, excluded epset.Set) (fullproxy.Decision, error) {
-	for i := 0; i < epset.Max; i++ {
-		d, err := b.router.Route(ctx, req, excluded)
-		if err != nil || b.h.Allow(d.Endpoint) {
-			return d, err
-		}
-		excluded.Add(d.Endpoint)
-	}
-	return fullproxy.Decision{Endpoint: -1}, fullproxy.ErrNoBackend
-}
-
-type breakerFeed struct {
-	fullproxy.Observer
-	h *ruleHealth
-}
-
-func (b *breakerFeed) ConnectFailed(service string, ep int) {
-	b.Observer.ConnectFailed(service, ep)
-	b.h.ConnectFailure(ep)
-}
-
-func (b *breakerFeed) Done(r *fullproxy.Record) {
-	b.Observer.Done(r)
-	if r.Routed && r.TTFB > 0 { // a backend answered: its status counts
-		// A body the backend cut short is an origin failure whatever its
-		// status (docs/body-leg.md, "Broken responses").
-		if r.Status >= 500 || r.Outcome == "backend_broken" {
-			b.h.OriginError(r.Decision.Endpoint)
-		} else {
-			b.h.Success(r.Decision.Endpoint)
-		}
-	}
-}
-
 func (h *ruleHealth) close() { h.stopProber() }
-
-func pdTopology(rule *config.Rule) pd.Topology {
-	t := pd.Topology{RequestIDReceipt: rule.Args.PDRequestIDReceipt}
-	for _, e := range rule.Endpoints {
-		t.Endpoints = append(t.Endpoints, pd.Endpoint{Idx: e.Idx, Role: selector.Role(e.Role), IP: e.IP, Port: e.TargetPort, NixlPort: e.NixlPort})
-	}
-	return t
-}
-
-// pdPlan prepares a request for the P/D flow exactly as Route does, and
-// keeps the preparation in req.Scratch so a plain-path fallback reuses it.
-func (r *router) pdPlan(req *fullproxy.Request) pd.Plan {
-	sc, _ := req.Scratch.(*scratch)
-	if sc == nil {
-		sc = r.prepare(r.state.Load(), req)
-		req.Scratch = sc
-	}
-	return pd.Plan{Attempt: &sc.attempt, Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes), Stages: sc.stages}
-}
-
-// healthObserver feeds pkg/health's counters to pkg/metrics.
-type healthObserver struct{ m *metrics.Metrics }
-
-func (o healthObserver) BreakerFlip(id uint32, ep int, to health.BreakerState) {
-	o.m.SetCircuitBreaker(int(id), ep, int(to), true)
-}
-func (o healthObserver) ProbeTransition(id uint32, ep int, up bool) {
-	o.m.SetProbe(int(id), ep, up, true)
-}
-func (o healthObserver) AdmissionShed(id uint32)        { o.m.PDInc(o.m.PDAdmissionShed, int(id)) }
-func (o healthObserver) AdmissionQueued(id uint32)      { o.m.PDInc(o.m.PDAdmissionQueued, int(id)) }
-func (o healthObserver) AdmissionParkTimeout(id uint32) { o.m.PDInc(o.m.PDParkTimeouts, int(id)) }
-func (o healthObserver) ScrapeFailed(uint32, int)       {}
-
-// pdObserver feeds the P/D flow's measurements to pkg/metrics.
-type pdObserver struct {
-	m       *metrics.Metrics
-	service int
-}
-
-func (o *pdObserver) Decided(d selector.Decision) {
-	if d.Reason.Miss() {
-		o.m.Tier15Miss(o.service, d.Reason.String())
-	}
-	if d.Fallthrough {
-		o.m.Tier15FallthroughInc(o.service)
-	}
-}
-
-func (o *pdObserver) Committed(out selector.Outcome, model string, stages []fullproxy.Stage) {
-	if out.Tier == selector.TierSession && model != "" {
-		o.m.AIPDSessionHits.WithLabelValues(o.m.ModelLabel(model)).Inc()
-	}
-	observeStages(o.m, o.service, stages)
-	recordOutcome(o.m, o.service, out)
-}
-
-func (o *pdObserver) Leg(leg, model string, d time.Duration) {
-	o.m.ObservePDLeg(o.service, leg, model, d)
-}
-func (o *pdObserver) Timeout(kind string) { o.m.PDTimeout(o.service, kind) }
-func (o *pdObserver) Retry(leg string) {
-	o.m.PDRetries.WithLabelValues(strconv.Itoa(o.service), leg).Inc()
-}
-func (o *pdObserver) Failover() { o.m.PDInc(o.m.PDConnectFailover, o.service) }
-func (o *pdObserver) EndpointDied(leg string) {
-	if leg == "prefill" {
-		o.m.PDInc(o.m.PDPrefillEPDied, o.service)
-	} else {
-		o.m.PDInc(o.m.PDDecodeEPDied, o.service)
-	}
-}
-func (o *pdObserver) DecodeZeroByte() { o.m.PDInc(o.m.PDDecodeZeroByte, o.service) }
-func (o *pdObserver) DecodeOnly()     { o.m.PDInc(o.m.PDFallbackToNormal, o.service) }
-func (o *pdObserver) KVParams(model string, found bool) {
-	if found {
-		o.m.AIPDKVParamsFound.WithLabelValues(o.m.ModelLabel(model)).Inc()
-	} else {
-		o.m.AIPDKVParamsMiss.WithLabelValues(o.m.ModelLabel(model)).Inc()
-	}
-}
-func (o *pdObserver) Request(model, phase, status string) { o.m.AIPDRequest(model, phase, status) }
 
 // ruleHealth builds a rule's health state; the process-wide total in-flight
 // gate is created with the first P/D rule.

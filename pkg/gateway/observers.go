@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
@@ -34,13 +35,13 @@ func (o *proxyObserver) Done(r *fullproxy.Record) {
 	if r.Routed {
 		ep = r.Decision.Endpoint
 	}
-	outcome := r.Outcome
-	if outcome == "ok" {
+	outcome := r.OutcomeLabel()
+	if r.Outcome == fullproxy.OutcomeOK {
 		outcome = statusClass(r.Status)
 	}
 	if ep >= 0 {
 		o.m.ObserveRequest(o.service, ep, outcome, r.Duration)
-		if r.Outcome == "backend_broken" {
+		if r.Outcome == fullproxy.OutcomeBackendBroken {
 			o.m.BrokenResponse(o.service, ep)
 		}
 	}
@@ -152,3 +153,17 @@ func (o poolObserver) TokenizerLoaded(model string, reload bool, d time.Duration
 func (o poolObserver) TokenizerLoadFailed(model string, err error) {
 	o.log.Warn("tokenizer load failed; requests for this model take the fallback (reason tokenize)", "model", model, "reason", tokenizer.ErrorReason(err), "err", err)
 }
+
+// healthObserver feeds pkg/health's counters to pkg/metrics.
+type healthObserver struct{ m *metrics.Metrics }
+
+func (o healthObserver) BreakerFlip(id uint32, ep int, to health.BreakerState) {
+	o.m.SetCircuitBreaker(int(id), ep, int(to), true)
+}
+func (o healthObserver) ProbeTransition(id uint32, ep int, up bool) {
+	o.m.SetProbe(int(id), ep, up, true)
+}
+func (o healthObserver) AdmissionShed(id uint32)        { o.m.PDInc(o.m.PDAdmissionShed, int(id)) }
+func (o healthObserver) AdmissionQueued(id uint32)      { o.m.PDInc(o.m.PDAdmissionQueued, int(id)) }
+func (o healthObserver) AdmissionParkTimeout(id uint32) { o.m.PDInc(o.m.PDParkTimeouts, int(id)) }
+func (o healthObserver) ScrapeFailed(uint32, int)       {}

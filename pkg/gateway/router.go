@@ -38,6 +38,11 @@ type ruleState struct {
 	// gran is the block size the rule's engines publish against kvBlockSize
 	// (docs/parity.md, "Hash granularity"); nil for non-KV rules.
 	gran *ingest.Granularity
+	// trtllm: TensorRT-LLM keys the blocks of every prompt token but the
+	// last, and keys LoRA by task id (docs/engines.md).
+	trtllm bool
+	// loraTask maps adapter names to TensorRT-LLM lora_task_ids (kvLoraTaskIds).
+	loraTask map[string]uint64
 	// parity is the rule's live parity self-check (docs/parity.md); nil
 	// without a hasher.
 	parity *ingest.Parity
@@ -60,8 +65,11 @@ type router struct {
 	gate      *inspectGate
 }
 
-// scratch is the per-request state kept across connect-failure retries.
-type scratch struct {
+// plan is one request's routing state, prepared once and kept by the
+// handler serving the request (the plain forward's fullproxy.RoutePlan, or
+// the P/D flow's pd.Plan) across retries.
+type plan struct {
+	r       *router
 	selReq  selector.Request
 	attempt selector.Attempt
 	facts   reqfacts.Facts
@@ -69,14 +77,16 @@ type scratch struct {
 	stages  []fullproxy.Stage
 }
 
-// Route implements fullproxy.Router.
-func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset.Set) (fullproxy.Decision, error) {
+// Plan implements fullproxy.Router.
+func (r *router) Plan(_ context.Context, req *fullproxy.Request) fullproxy.RoutePlan {
+	return r.prepare(r.state.Load(), req)
+}
+
+// Route implements fullproxy.RoutePlan: one pass of the ladder with the
+// endpoints the forward's tries failed on excluded.
+func (sc *plan) Route(_ context.Context, excluded epset.Set) (fullproxy.Decision, error) {
+	r := sc.r
 	st := r.state.Load()
-	sc, _ := req.Scratch.(*scratch)
-	if sc == nil {
-		sc = r.prepare(st, req)
-		req.Scratch = sc
-	}
 	for ep := excluded.Next(0); ep >= 0; ep = excluded.Next(ep + 1) {
 		if !sc.attempt.Excluded().Has(ep) {
 			sc.attempt.Exclude(ep)
@@ -103,7 +113,7 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 		r.m.Tier15FallthroughInc(r.service)
 	}
 	out := fullproxy.Decision{
-		Endpoint: d.Endpoint, Decode: d.Decode, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
+		Endpoint: d.Endpoint, Tier: d.Tier.String(), Reason: reasonLabel(d), Score: d.Score,
 		Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes),
 		Stages: stages,
 	}
@@ -114,9 +124,6 @@ func (r *router) Route(_ context.Context, req *fullproxy.Request, excluded epset
 		return out, fullproxy.ErrNoBackend
 	}
 	out.Addr, out.EndpointID = st.addrs[d.Endpoint], st.ids[d.Endpoint]
-	if d.Decode >= 0 && d.Decode < len(st.addrs) {
-		out.DecodeAddr = st.addrs[d.Decode]
-	}
 	if out.Addr == "" {
 		return out, fmt.Errorf("selector chose ep_idx %d, which the rule no longer has: %w", d.Endpoint, fullproxy.ErrNoBackend)
 	}
@@ -130,13 +137,10 @@ func reasonLabel(d selector.Decision) string {
 	return d.Reason.String()
 }
 
-// Finish implements fullproxy.Router: the routed decision is committed once,
-// so a request counts as one hit at most across retries.
-func (r *router) Finish(req *fullproxy.Request, d fullproxy.Decision, connected bool) {
-	sc, _ := req.Scratch.(*scratch)
-	if sc == nil {
-		return
-	}
+// Finish implements fullproxy.RoutePlan: the routed decision is committed
+// once, so a request counts as one hit at most across retries.
+func (sc *plan) Finish(d fullproxy.Decision, connected bool) {
+	r := sc.r
 	observeStages(r.m, r.service, d.Stages)
 	if !connected {
 		return
@@ -168,8 +172,8 @@ func recordOutcome(m *metrics.Metrics, service int, o selector.Outcome) {
 // prepare extracts the request facts, tokenizes and hashes the prompt, and
 // begins the selector attempt. Failures become the guard reason the selector
 // reports (text_empty, model_empty, tokenize, hashes).
-func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
-	sc := &scratch{}
+func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
+	sc := &plan{r: r}
 	sr := &sc.selReq
 	if ap, err := netip.ParseAddrPort(req.RemoteAddr.String()); err == nil {
 		sr.Client = ap.Addr().Unmap()
@@ -205,7 +209,7 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 	// Bounded inspection (docs/tokenizer.md, "Bounds"): a request that would
 	// cost too much is forwarded unchanged under reason tokenize, with the
 	// detail in kvgate_kv_skip_total{cause}.
-	skip := func(cause string, err error) *scratch {
+	skip := func(cause string, err error) *plan {
 		r.log.Debug("tokenize miss", "model", f.Model, "cause", cause, "err", err)
 		if r.m != nil { // nil in the router's unit tests
 			r.m.KVSkip(r.service, cause)
@@ -237,24 +241,52 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *scratch {
 	sc.tokens = len(ids)
 
 	t2 := time.Now()
-	if st.hasher == nil {
-		sr.Upstream = selector.ReasonHashes
-	} else {
-		sr.Hashes = st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt})
-		if st.gran != nil {
-			if bs, bad := st.gran.Unusable(); bad {
-				// No hash of ours can match: say why instead of scoring 0.
-				r.m.KVSkip(r.service, "block_size")
-				r.log.Debug("KV tier skipped: engines publish a block_size that is not a multiple of kvBlockSize", "block_size", bs, "kvBlockSize", st.gran.HashBlockSize())
-				sr.Hashes, sr.Upstream = nil, selector.ReasonHashes
-			} else {
-				sr.Hashes = ingest.EveryKth(sr.Hashes, st.gran.Step())
-			}
-		}
+	var skipped selector.Reason
+	if sr.Hashes, skipped = r.kvHashes(st, ids, f); skipped != selector.ReasonNone {
+		sr.Upstream = skipped
 	}
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "hash", Duration: time.Since(t2)})
 	sc.attempt = r.sel.Begin(sr)
 	return sc
+}
+
+// kvHashes are the request's block hashes as the rule's engine keys its
+// blocks, or ReasonHashes (with kvgate_kv_skip_total's cause) when none of
+// ours can match; ReasonNone otherwise.
+func (r *router) kvHashes(st *ruleState, ids []uint32, f *reqfacts.Facts) ([]uint64, selector.Reason) {
+	if st.hasher == nil {
+		return nil, selector.ReasonHashes
+	}
+	extra := kvhash.Extra{LoRAName: f.LoRA, CacheSalt: f.CacheSalt}
+	if st.trtllm {
+		if f.LoRA != "" {
+			// TensorRT-LLM mixes the adapter's lora_task_id into every block,
+			// not its name; without kvLoraTaskIds for it, no hash can match.
+			id, ok := st.loraTask[f.LoRA]
+			if !ok {
+				r.m.KVSkip(r.service, "lora_task_id")
+				return nil, selector.ReasonHashes
+			}
+			extra.LoRATaskID, extra.HasLoRATaskID = id, true
+		}
+		ids = kvhash.TRTLLMRequestTokens(ids) // the engine keys all but the last token
+	}
+	hashes := st.hasher.AppendHashes(nil, ids, extra)
+	if st.gran == nil {
+		return hashes, selector.ReasonNone
+	}
+	if bs, bad := st.gran.Unusable(); bad {
+		// No hash of ours can match: say why instead of scoring 0.
+		r.m.KVSkip(r.service, "block_size")
+		r.log.Debug("KV tier skipped: engines publish a block_size that is not a multiple of kvBlockSize", "block_size", bs, "kvBlockSize", st.gran.HashBlockSize())
+		return nil, selector.ReasonHashes
+	}
+	if algo, bad := st.gran.Refused(); bad {
+		r.m.KVSkip(r.service, "hash_algo")
+		r.log.Debug("KV tier skipped: the engines hash blocks with an algorithm kvgate does not compute", "kv_cache_hash_algo", algo)
+		return nil, selector.ReasonHashes
+	}
+	return ingest.EveryKth(hashes, st.gran.Step()), selector.ReasonNone
 }
 
 // refuse names why a request must not be tokenized at all, or "": a request
@@ -367,7 +399,18 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	if !rule.KVEnabled() {
 		return st, nil
 	}
-	st.gran = ingest.NewGranularity(rule.BlockSize())
+	st.trtllm = rule.EffectiveEngine() == config.EngineTRTLLM
+	if ids := rule.Args.KVLoraTaskIDs; len(ids) > 0 {
+		st.loraTask = make(map[string]uint64, len(ids))
+		for name, id := range ids {
+			st.loraTask[name] = id
+		}
+	}
+	if rule.EffectiveEngine() == config.EngineVLLM {
+		st.gran = ingest.NewGranularity(rule.BlockSize())
+	} else {
+		st.gran = ingest.NewExactGranularity(rule.BlockSize()) // one hash per page or block
+	}
 	if ads := rule.LoraAdapters(); len(ads) > 0 {
 		st.loraTokenizer = make(map[string]string, len(ads))
 		for _, a := range ads {

@@ -16,7 +16,7 @@ import (
 //
 // Requests are told apart by their hash slice: Score receives the request's
 // own Hashes (selector.Request.Hashes, whose backing array belongs to one
-// request's scratch), so its first element's address is a per-request key.
+// request's plan), so its first element's address is a per-request key.
 type timedScorer struct {
 	selector.Scorer
 

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/attempt"
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
@@ -95,13 +96,11 @@ type Plan struct {
 }
 
 // Health is the per-endpoint health the flow drives: the exclusion state
-// and the circuit breaker. *health.Tracker implements it.
+// and the circuit breaker, which both legs' attempt loops ask and feed.
+// *health.Tracker implements it.
 type Health interface {
 	States() selector.States
-	Allow(ep int) bool
-	Success(ep int)
-	ConnectFailure(ep int)
-	OriginError(ep int)
+	attempt.Breaker
 }
 
 // Config configures the flow of one P/D rule.
@@ -109,6 +108,9 @@ type Config struct {
 	ServiceID int
 	// Begin prepares a request for selection. Required.
 	Begin func(req *fullproxy.Request) Plan
+	// Plain serves the requests the two-leg flow does not take (bodyless
+	// requests, n > 1, several prompts): the rule's plain forward. Required.
+	Plain fullproxy.Handler
 	// Health and Admission are the rule's health tracker and admission
 	// controller. Required.
 	Health    Health
@@ -133,8 +135,8 @@ type Config struct {
 	Logger            *slog.Logger
 }
 
-// Flow is the mode-1 request flow of one rule; it implements
-// fullproxy.PDHandler. Safe for concurrent use.
+// Flow is the mode-1 request flow of one rule; it is the rule's
+// fullproxy.Handler. Safe for concurrent use.
 type Flow struct {
 	cfg      Config
 	topo     atomic.Pointer[topology]
@@ -148,6 +150,8 @@ func New(cfg Config, t Topology) (*Flow, error) {
 	switch {
 	case cfg.Begin == nil:
 		return nil, errors.New("pd: config has no Begin")
+	case cfg.Plain == nil:
+		return nil, errors.New("pd: config has no Plain handler")
 	case cfg.Health == nil || cfg.Admission == nil:
 		return nil, errors.New("pd: config needs Health and Admission")
 	case cfg.PrefillTimeout < 0 || cfg.DecodeSilence < 0:
@@ -190,30 +194,30 @@ func (f *Flow) SetTopology(t Topology) error {
 	return nil
 }
 
-var _ fullproxy.PDHandler = (*Flow)(nil)
+var _ fullproxy.Handler = (*Flow)(nil)
 
-// ServePD implements fullproxy.PDHandler. A POST whose inspected body is a
+// Serve implements fullproxy.Handler. A POST whose inspected body is a
 // single-generation JSON object takes the two-leg flow; anything else
 // (bodyless requests such as GET /v1/models, bodies above the inspection
-// limit, n > 1, several prompts) takes the plain path, which sends it to
-// the chosen prefill endpoint.
-func (f *Flow) ServePD(ctx context.Context, x *fullproxy.Exchange) (keep, handled bool) {
+// limit, n > 1, several prompts) goes to the plain forward, which sends it
+// to the chosen prefill endpoint.
+func (f *Flow) Serve(ctx context.Context, x *fullproxy.Exchange) bool {
 	req := x.Req
 	if req.Method != "POST" || !req.BodyInspected {
-		return false, false
+		return f.cfg.Plain.Serve(ctx, x)
 	}
 	m, err := parseBody(req.Body)
 	if err != nil {
-		return false, false
+		return f.cfg.Plain.Serve(ctx, x)
 	}
 	plan := f.cfg.Begin(req)
 	if plan.Attempt == nil {
-		return false, false
+		return f.cfg.Plain.Serve(ctx, x)
 	}
 	r := &run{f: f, x: x, topo: f.topo.Load(), plan: plan, a: plan.Attempt, body: m, id: newUUID(),
 		prefill: -1, decode: -1, clientID: req.Get("X-Request-Id")}
 	defer r.releaseAll()
-	return r.serve(ctx), true
+	return r.serve(ctx)
 }
 
 // run is one P/D request.
@@ -231,7 +235,6 @@ type run struct {
 	prefill, decode int
 
 	d             selector.Decision
-	excludedDec   epset.Set
 	prefillFailed int
 	params        []byte
 	cached        int
@@ -323,10 +326,6 @@ func (r *run) record(ep int) {
 		rec.Decision.Addr = r.topo.eps[ep].addr()
 		rec.Decision.EndpointID = rec.Decision.Addr
 	}
-	rec.Decision.Decode = -1
-	if r.decode >= 0 && r.decode != ep {
-		rec.Decision.Decode, rec.Decision.DecodeAddr = r.decode, r.topo.eps[r.decode].addr()
-	}
 	rec.Routed = ep >= 0
 }
 
@@ -335,14 +334,12 @@ func (r *run) serve(ctx context.Context) bool {
 	x := r.x
 	cfg := &r.f.cfg
 	var prefillDeadline time.Time
-	drains, attempts := 0, 0
-	maxAttempts := r.topo.prefill.Len() + 1
-	for {
-		attempts++
-		x.Record.Attempts = attempts
-		if attempts > maxAttempts+maxDrainRetries {
-			break // bounded: every prefill endpoint was tried
-		}
+	drains := 0
+	// Bounded: every prefill endpoint once, one more pass of the ladder, and
+	// the re-selections after a drained park.
+	loop := x.Attempts(r.topo.prefill.Len()+1+maxDrainRetries, cfg.Health)
+	for loop.Next() {
+		x.Record.Attempts = loop.Tries()
 		d := r.a.Decide()
 		r.obs().Decided(d)
 		r.d = d
@@ -355,53 +352,24 @@ func (r *run) serve(ctx context.Context) bool {
 			break // no prefill endpoint left
 		}
 		if d.Saturated {
-			wctx, stopWatch := x.WatchClient(ctx)
-			ep, err := cfg.Admission.Park(wctx, r.a.Parkable())
-			stopWatch()
-			switch {
-			case err == nil:
-				d = r.a.Assign(ep)
-				r.d = d
-				if d.Endpoint != ep {
-					cfg.Admission.ReleasePrefill(ep)
-					return x.Fail(503, "pd_pool_unavailable", "the endpoint granted by admission left the rule")
-				}
-			case errors.Is(err, admission.ErrDrained) && drains < maxDrainRetries:
-				drains++
+			var retry, done, keep bool
+			if d, retry, done, keep = r.park(ctx, &drains); done {
+				return keep
+			}
+			if retry {
 				continue
-			case errors.Is(err, admission.ErrParkTimeout):
-				r.record(-1)
-				return x.Fail(504, "pd_admission_park_timeout", "no prefill endpoint had room within the park time")
-			case errors.Is(err, admission.ErrOverloaded):
-				r.record(-1)
-				return r.overloaded()
-			case ctx.Err() == nil:
-				r.record(-1)
-				x.Record.Outcome = "client_gone"
-				return false
-			default:
-				r.record(-1)
-				return x.Fail(503, "pd_pool_unavailable", "request cancelled while waiting for admission: "+err.Error())
 			}
 		} else if err := cfg.Admission.AcquirePrefill(d.Endpoint); err != nil {
 			r.record(d.Endpoint)
 			return r.overloaded()
 		}
-		r.holdPrefill(d.Endpoint)
-		dec := d.Decode
-		if dec < 0 {
-			dec = r.pickDecode()
-		}
-		if dec < 0 {
+		if !r.holdPair(d) {
 			// No healthy decode endpoint: a prefill now would strand its blocks.
-			r.record(d.Endpoint)
 			r.obs().Request(r.plan.Model, "decode", "error")
 			return x.Fail(503, "pd_pool_unavailable", "no decode endpoint is available")
 		}
-		r.holdDecode(dec)
-		r.record(d.Endpoint)
 		p := d.Endpoint
-		if !cfg.Health.Allow(p) {
+		if !loop.Admit(p) {
 			// The breaker refuses (open, or its half-open trials are used):
 			// like a connect failure, without recording another one.
 			r.releaseAll()
@@ -418,23 +386,13 @@ func (r *run) serve(ctx context.Context) bool {
 			// The client went away: the prefill was abandoned (its
 			// connection closed, so the engine aborts it).
 			r.f.log.Debug("client gone during the prefill", "prefill_ep", p)
-			x.Record.Outcome = "client_gone"
+			x.Record.Outcome = fullproxy.OutcomeClientGone
 			return false
 		}
 		switch out.kind {
 		case legOK:
-			cfg.Health.Success(p)
-			o := r.a.Commit()
-			r.obs().Committed(o, r.plan.Model, r.plan.Stages)
-			pr := parsePrefill(out.body)
-			r.params, r.cached = pr.params, pr.cached
-			r.obs().KVParams(r.plan.Model, pr.params != nil)
-			if pr.params == nil {
-				r.f.log.Warn("prefill response without kv_transfer_params; decode computes the prompt", "prefill_ep", p)
-			}
-			// The prefill is finished: its admission unit stays held until
-			// the decode stream ends (L_i counts the whole request).
-			return r.decodeLeg(ctx, r.decode)
+			loop.Answered(p, out.resp.Status)
+			return r.prefilled(ctx, p, out.body)
 		case legClientError:
 			// A 4xx goes to the client unchanged.
 			r.obs().Request(r.plan.Model, "prefill", "error")
@@ -447,13 +405,12 @@ func (r *run) serve(ctx context.Context) bool {
 		case legCancelled:
 			return x.Fail(503, "pd_pool_unavailable", "request cancelled (shutting down)")
 		case legConnectFailed:
-			cfg.Health.ConnectFailure(p)
-			x.ConnectFailed(p)
+			loop.ConnectFailed(p)
 		case legOriginError:
-			cfg.Health.OriginError(p)
+			loop.OriginError(p)
 			r.obs().Failover()
 		case legDied:
-			cfg.Health.ConnectFailure(p)
+			loop.Died(p)
 			r.obs().Failover()
 		}
 		// Retry the next prefill endpoint with this one excluded.
@@ -470,6 +427,73 @@ func (r *run) serve(ctx context.Context) bool {
 		}
 	}
 	return r.fallback(ctx, -1)
+}
+
+// holdPair holds the admitted prefill endpoint of d and a decode endpoint
+// (d's, else the least loaded), recording the pair; false when no decode
+// endpoint is available.
+func (r *run) holdPair(d selector.Decision) bool {
+	r.holdPrefill(d.Endpoint)
+	dec := d.Decode
+	if dec < 0 {
+		dec = r.pickDecode(epset.Set{})
+	}
+	if dec >= 0 {
+		r.holdDecode(dec)
+	}
+	r.record(d.Endpoint)
+	return dec >= 0
+}
+
+// prefilled commits the decision after prefill endpoint p answered body
+// and runs the decode leg. The prefill is finished, but its admission unit
+// stays held until the decode stream ends (L_i counts the whole request).
+func (r *run) prefilled(ctx context.Context, p int, body []byte) bool {
+	o := r.a.Commit()
+	r.obs().Committed(o, r.plan.Model, r.plan.Stages)
+	pr := parsePrefill(body)
+	r.params, r.cached = pr.params, pr.cached
+	r.obs().KVParams(r.plan.Model, pr.params != nil)
+	if pr.params == nil {
+		r.f.log.Warn("prefill response without kv_transfer_params; decode computes the prompt", "prefill_ep", p)
+	}
+	return r.decodeLeg(ctx, r.decode)
+}
+
+// park waits for a prefill admission slot on a saturated pool. It returns
+// the decision on the granted endpoint; retry after a park the endpoint's
+// drain ended (at most maxDrainRetries, counted in drains); done with the
+// keep-alive answer when the request ended (park timeout, overload, client
+// gone, shutdown, or the granted endpoint left the rule).
+func (r *run) park(ctx context.Context, drains *int) (d selector.Decision, retry, done, keep bool) {
+	x, adm := r.x, r.f.cfg.Admission
+	wctx, stopWatch := x.WatchClient(ctx)
+	ep, err := adm.Park(wctx, r.a.Parkable())
+	stopWatch()
+	switch {
+	case err == nil:
+		d = r.a.Assign(ep)
+		r.d = d
+		if d.Endpoint != ep {
+			adm.ReleasePrefill(ep)
+			return d, false, true, x.Fail(503, "pd_pool_unavailable", "the endpoint granted by admission left the rule")
+		}
+		return d, false, false, false
+	case errors.Is(err, admission.ErrDrained) && *drains < maxDrainRetries:
+		*drains++
+		return d, true, false, false
+	}
+	r.record(-1)
+	switch {
+	case errors.Is(err, admission.ErrParkTimeout):
+		return d, false, true, x.Fail(504, "pd_admission_park_timeout", "no prefill endpoint had room within the park time")
+	case errors.Is(err, admission.ErrOverloaded):
+		return d, false, true, r.overloaded()
+	case ctx.Err() == nil:
+		x.Record.Outcome = fullproxy.OutcomeClientGone
+		return d, false, true, false
+	}
+	return d, false, true, x.Fail(503, "pd_pool_unavailable", "request cancelled while waiting for admission: "+err.Error())
 }
 
 // overloaded answers 429 pd_overloaded (the shed is counted by Admission).
@@ -546,7 +570,7 @@ func (r *run) prefillLeg(ctx context.Context, p int, deadline time.Time) legOutc
 		return legOutcome{kind: legConnectFailed, err: err}
 	}
 	defer bc.Close()
-	stop := context.AfterFunc(ctx, func() { _ = bc.SetDeadline(time.Unix(1, 0)) })
+	stop := fullproxy.CloseOnCancel(ctx, bc)
 	defer stop()
 	_ = bc.SetDeadline(deadline)
 	set := []fullproxy.HeaderField{{Name: "X-Request-Id", Value: r.requestID(p, r.decode)}}
@@ -585,11 +609,11 @@ func (r *run) legErr(ctx context.Context, err error) legOutcome {
 	return legOutcome{kind: legDied, err: err}
 }
 
-// pickDecode chooses a healthy decode endpoint not yet failed for this
-// request: least in flight, round-robin among ties.
-func (r *run) pickDecode() int {
+// pickDecode chooses a healthy decode endpoint not in excluded (those
+// failed for this request): least in flight, round-robin among ties.
+func (r *run) pickDecode(excluded epset.Set) int {
 	st := r.f.cfg.Health.States()
-	elig := r.topo.decode.AndNot(st.Unavailable().Or(r.excludedDec))
+	elig := r.topo.decode.AndNot(st.Unavailable().Or(excluded))
 	best, bestLoad := -1, 0
 	var tied []int
 	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
@@ -614,26 +638,26 @@ func (r *run) pickDecode() int {
 // unhealthy or fails to connect.
 func (r *run) decodeLeg(ctx context.Context, dec int) bool {
 	x := r.x
-	for tries := 0; tries <= r.topo.decode.Len(); tries++ {
+	// Bounded: every decode endpoint once, and one more choice.
+	loop := x.Attempts(r.topo.decode.Len()+1, r.f.cfg.Health)
+	for loop.Next() {
 		st := r.f.cfg.Health.States()
-		if dec < 0 || !r.topo.decode.Has(dec) || st.Unavailable().Has(dec) || r.excludedDec.Has(dec) {
-			dec = r.pickDecode()
+		if dec < 0 || !r.topo.decode.Has(dec) || st.Unavailable().Has(dec) || loop.Excluded().Has(dec) {
+			dec = r.pickDecode(loop.Excluded())
 		}
 		if dec < 0 {
 			break
 		}
-		if !r.f.cfg.Health.Allow(dec) {
-			r.excludedDec.Add(dec)
+		if !loop.Admit(dec) {
 			r.a.ExcludeDecode(dec)
 			dec = -1
 			continue
 		}
-		keep, retry := r.tryDecode(ctx, dec)
+		keep, retry := r.tryDecode(ctx, loop, dec)
 		if !retry {
 			return keep
 		}
 		r.obs().Retry("decode")
-		r.excludedDec.Add(dec)
 		r.a.ExcludeDecode(dec)
 		dec = -1
 	}
@@ -645,10 +669,11 @@ func (r *run) decodeLeg(ctx context.Context, dec int) bool {
 // decodeLegTo runs the plain request on a fixed endpoint (a role-0
 // endpoint the selector chose), without re-choosing.
 func (r *run) decodeLegTo(ctx context.Context, ep int) bool {
-	if !r.f.cfg.Health.Allow(ep) {
+	loop := r.x.Attempts(1, r.f.cfg.Health)
+	if !loop.Next() || !loop.Admit(ep) {
 		return r.x.Fail(503, "pd_pool_unavailable", "no endpoint available")
 	}
-	keep, retry := r.tryDecode(ctx, ep)
+	keep, retry := r.tryDecode(ctx, loop, ep)
 	if retry {
 		r.obs().Request(r.plan.Model, "decode", "error")
 		return r.x.Fail(503, "pd_pool_unavailable", "endpoint unreachable")
@@ -656,9 +681,10 @@ func (r *run) decodeLegTo(ctx context.Context, ep int) bool {
 	return keep
 }
 
-// tryDecode sends the decode body to dec and relays the answer. retry
-// reports a connect failure (nothing was sent to the client).
-func (r *run) tryDecode(ctx context.Context, dec int) (keep, retry bool) {
+// tryDecode sends the decode body to dec and relays the answer; loop hears
+// how dec did. retry reports a connect failure (nothing was sent to the
+// client).
+func (r *run) tryDecode(ctx context.Context, loop *attempt.Loop, dec int) (keep, retry bool) {
 	x := r.x
 	cfg := &r.f.cfg
 	r.holdDecode(dec)
@@ -677,18 +703,17 @@ func (r *run) tryDecode(ctx context.Context, dec int) (keep, retry bool) {
 		if ctx.Err() != nil {
 			return x.Fail(503, "pd_pool_unavailable", "request cancelled (shutting down)"), false
 		}
-		cfg.Health.ConnectFailure(dec)
-		x.ConnectFailed(dec)
+		loop.ConnectFailed(dec)
 		r.obs().EndpointDied("decode")
 		r.f.log.Warn("decode endpoint connect failed; re-choosing", "decode_ep", dec, "err", err)
 		return false, true
 	}
 	defer bc.Close()
-	stop := context.AfterFunc(ctx, func() { _ = bc.SetDeadline(time.Unix(1, 0)) })
+	stop := fullproxy.CloseOnCancel(ctx, bc)
 	defer stop()
 	set := []fullproxy.HeaderField{{Name: "X-Request-Id", Value: r.requestID(r.prefill, dec)}}
 	if err := x.WriteRequest(bc, db, set); err != nil {
-		cfg.Health.ConnectFailure(dec)
+		loop.Died(dec)
 		r.obs().EndpointDied("decode")
 		return false, true
 	}
@@ -700,7 +725,7 @@ func (r *run) tryDecode(ctx context.Context, dec int) (keep, retry bool) {
 		r.obs().Request(r.plan.Model, "decode", "timeout")
 		return x.Fail(504, "pd_decode_timeout", fmt.Sprintf("decode sent no byte within %s", cfg.PrefillTimeout)), false
 	case err != nil:
-		cfg.Health.ConnectFailure(dec)
+		loop.Died(dec)
 		r.obs().DecodeZeroByte()
 		r.obs().EndpointDied("decode")
 		r.obs().Request(r.plan.Model, "decode", "error")
@@ -710,11 +735,7 @@ func (r *run) tryDecode(ctx context.Context, dec int) (keep, retry bool) {
 	x.TTFB(dec, ttfb)
 	x.Record.TTFB = ttfb
 	r.obs().Leg("decode", r.plan.Model, ttfb)
-	if resp.Status >= 500 {
-		cfg.Health.OriginError(dec)
-	} else {
-		cfg.Health.Success(dec)
-	}
+	loop.Answered(dec, resp.Status)
 	dv := r.decisionValue(dec)
 
 	// Usage: a buffered JSON answer gets the prefill's cached_tokens.
@@ -722,7 +743,7 @@ func (r *run) tryDecode(ctx context.Context, dec int) (keep, retry bool) {
 		resp.ContentLength >= 0 && resp.ContentLength <= cfg.MaxBufferedDecode {
 		b, err := resp.ReadBody(cfg.MaxBufferedDecode, cfg.DecodeSilence, time.Time{})
 		if err != nil {
-			x.Record.Outcome = "backend_error"
+			x.Record.Outcome = fullproxy.OutcomeBackendError
 			if fullproxy.IsTimeout(err) {
 				r.obs().Timeout("pd_decode_stream_timeout")
 				return x.Fail(502, "pd_decode_stream_timeout", "decode response stalled"), false
@@ -733,35 +754,23 @@ func (r *run) tryDecode(ctx context.Context, dec int) (keep, retry bool) {
 		if nb, ok := withCachedTokens(b, r.cached); ok {
 			b = nb
 		}
-		x.Record.Outcome = "ok"
+		x.Record.Outcome = fullproxy.OutcomeOK
 		r.obs().Request(r.plan.Model, "complete", "success")
 		return x.Respond(resp.Status, resp.Header, b, dv), false
 	}
 
+	// Relay records the outcome (fullproxy.EndingOutcome); the P/D
+	// counters read the leg's ending.
 	res, keep := x.Relay(ctx, resp, dv, cfg.DecodeSilence)
-	x.Record.BodyBytes, x.Record.Datapath = res.Bytes, res.Path
 	switch res.Ending {
-	case datapath.BackendEOF:
-		x.Record.Outcome = "ok"
-		if resp.ContentLength >= 0 && res.Bytes != resp.ContentLength {
-			x.Record.Outcome = "backend_error"
-		}
+	case datapath.BackendEOF, datapath.ClientGone, datapath.Cancelled:
 	case datapath.Silence:
-		x.Record.Outcome = "silence"
 		r.obs().Timeout("pd_decode_stream_timeout")
 		r.f.log.Warn("decode stream silent; ended", "decode_ep", dec, "silence", cfg.DecodeSilence)
-	case datapath.ClientGone:
-		x.Record.Outcome = "client_gone"
-	case datapath.Cancelled:
-		x.Record.Outcome = "cancelled"
-	case datapath.BackendBroken: // cut before its framing ended (docs/body-leg.md)
-		x.Record.Outcome = "backend_broken"
-		r.obs().EndpointDied("decode")
 	default:
-		x.Record.Outcome = "backend_error"
 		r.obs().EndpointDied("decode")
 	}
-	if x.Record.Outcome == "ok" && resp.Status < 400 {
+	if x.Record.Outcome == fullproxy.OutcomeOK && resp.Status < 400 {
 		r.obs().Request(r.plan.Model, "complete", "success")
 	} else {
 		r.obs().Request(r.plan.Model, "decode", "error")

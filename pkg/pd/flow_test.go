@@ -8,12 +8,14 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
@@ -662,4 +664,62 @@ func BenchmarkExchange(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestRetriesCountedOnce: a prefill retry after a connect failure counts
+// like the plain forward's: one more attempt in the record, the endpoint in
+// ConnectErr, one connect failure for the proxy observer.
+func TestRetriesCountedOnce(t *testing.T) {
+	r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){prefillOK("p0", 0), decodeOK("d1"), prefillOK("p2", 0)}, prefillRoles(), rigOptions{})
+	r.eps[0].kill()
+	// Two requests so Tier 2 round-robin tries EP0 once.
+	for i := 0; i < 2; i++ {
+		if a := r.post(`{"model":"m","prompt":"x"}`); a.status != 200 {
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
+		}
+	}
+	r.atRest()
+	waitUntil(t, func() bool { return len(r.pobs.all()) == 2 })
+	retried := 0
+	for _, rec := range r.pobs.all() {
+		switch {
+		case rec.Attempts == 2 && len(rec.ConnectErr) == 1 && rec.ConnectErr[0] == 0:
+			retried++
+		case rec.Attempts == 1 && len(rec.ConnectErr) == 0:
+		default:
+			t.Fatalf("record: attempts %d, connect errors %v", rec.Attempts, rec.ConnectErr)
+		}
+		if rec.OutcomeLabel() != "ok" || rec.Decision.Endpoint != 2 {
+			t.Fatalf("record: outcome %q on ep %d, want ok on 2", rec.OutcomeLabel(), rec.Decision.Endpoint)
+		}
+	}
+	r.pobs.mu.Lock()
+	fails := append([]int(nil), r.pobs.connFail...)
+	r.pobs.mu.Unlock()
+	// Round-robin may try EP0 for either request or both: each retry is one
+	// connect failure, on EP0.
+	if retried == 0 || len(fails) != retried || slices.ContainsFunc(fails, func(ep int) bool { return ep != 0 }) {
+		t.Fatalf("%d retried records, connect failures %v; want one failure on ep 0 per retry", retried, fails)
+	}
+}
+
+// TestPlainPathFeedsTheBreaker: requests the two-leg flow hands to the
+// plain forward drive the same breaker as the legs: 5xx answers from the
+// prefill endpoint open it.
+func TestPlainPathFeedsTheBreaker(t *testing.T) {
+	fail500 := func(w http.ResponseWriter, _ *http.Request, _ seen) { http.Error(w, `{"error":"boom"}`, 500) }
+	r := newRig(t, []func(http.ResponseWriter, *http.Request, seen){fail500, decodeOK("d1"), prefillOK("p2", 0)}, prefillRoles(),
+		rigOptions{plainBreaker: true})
+	for i := 0; i < health.DefaultOriginErrThreshold; i++ {
+		if a := r.post(`{"model":"m","prompt":"x","n":2}`); a.status != 500 {
+			t.Fatalf("plain request %d: %d %s", i, a.status, a.body)
+		}
+	}
+	// The answer reaches the client before the forward reports it.
+	waitUntil(t, func() bool { return r.tracker.States().BreakerOpen.Has(0) })
+	// The two-leg flow now skips EP0.
+	if a := r.post(`{"model":"m","prompt":"x"}`); a.status != 200 || len(r.eps[0].seen()) != health.DefaultOriginErrThreshold {
+		t.Fatalf("P/D request after the breaker opened: %d; EP0 saw %d requests", a.status, len(r.eps[0].seen()))
+	}
+	r.atRest()
 }

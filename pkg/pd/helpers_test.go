@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/attempt"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
@@ -144,11 +145,24 @@ func (o *recObserver) DecodeOnly()                        { o.inc("decode_only")
 func (o *recObserver) KVParams(_ string, found bool)      { o.inc("kv_params:" + strconv.FormatBool(found)) }
 func (o *recObserver) Request(_, phase, status string)    { o.inc("request:" + phase + ":" + status) }
 
-// proxyObs counts the proxy's connect failures.
+// proxyObs counts the proxy's connect failures and keeps its records.
 type proxyObs struct {
 	fullproxy.NopObserver
 	mu       sync.Mutex
 	connFail []int
+	records  []fullproxy.Record
+}
+
+func (p *proxyObs) Done(r *fullproxy.Record) {
+	p.mu.Lock()
+	p.records = append(p.records, *r)
+	p.mu.Unlock()
+}
+
+func (p *proxyObs) all() []fullproxy.Record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]fullproxy.Record(nil), p.records...)
 }
 
 func (p *proxyObs) ConnectFailed(_ string, ep int) {
@@ -160,10 +174,11 @@ func (p *proxyObs) ConnectFailed(_ string, ep int) {
 // fixedRouter is the plain path: always the first prefill endpoint.
 type fixedRouter struct{ addr string }
 
-func (r fixedRouter) Route(context.Context, *fullproxy.Request, epset.Set) (fullproxy.Decision, error) {
+func (r fixedRouter) Plan(context.Context, *fullproxy.Request) fullproxy.RoutePlan { return r }
+func (r fixedRouter) Route(context.Context, epset.Set) (fullproxy.Decision, error) {
 	return fullproxy.Decision{Endpoint: 0, Addr: r.addr, Tier: "2"}, nil
 }
-func (fixedRouter) Finish(*fullproxy.Request, fullproxy.Decision, bool) {}
+func (fixedRouter) Finish(fullproxy.Decision, bool) {}
 
 // rig is a P/D rule on loopback: EP0 and EP2 prefill, EP1 decode (docs/pd.md's worked example).
 type rig struct {
@@ -186,6 +201,9 @@ type rigOptions struct {
 	receipt   bool
 	nixlPorts map[int]int
 	limits    fullproxy.Limits // zero: ConnectTimeout 1 s
+	// plainBreaker puts the plain forward under the rule's breaker, as the
+	// gateway wires it.
+	plainBreaker bool
 }
 
 func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, seen), roles []selector.Role, o rigOptions) *rig {
@@ -233,6 +251,11 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 		a := sel.Begin(sr)
 		return Plan{Attempt: &a, Model: "m"}
 	}
+	var breaker attempt.Breaker
+	if o.plainBreaker {
+		breaker = r.tracker
+	}
+	cfg.Plain = fullproxy.NewForward(fixedRouter{addr: net.JoinHostPort(r.eps[0].host, strconv.Itoa(r.eps[0].port))}, breaker)
 	r.flow, err = New(cfg, top)
 	if err != nil {
 		t.Fatal(err)
@@ -241,9 +264,8 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 	if limits.ConnectTimeout == 0 {
 		limits.ConnectTimeout = time.Second
 	}
-	r.srv, err = fullproxy.Listen(fullproxy.Config{Service: "7", Addr: "127.0.0.1:0", PD: r.flow, Loads: r.loads,
-		Router: fixedRouter{addr: net.JoinHostPort(r.eps[0].host, strconv.Itoa(r.eps[0].port))}, Observer: r.pobs,
-		DecisionHeader: true, Limits: limits})
+	r.srv, err = fullproxy.Listen(fullproxy.Config{Service: "7", Addr: "127.0.0.1:0", Handler: r.flow, Loads: r.loads,
+		Observer: r.pobs, DecisionHeader: true, Limits: limits})
 	if err != nil {
 		t.Fatal(err)
 	}

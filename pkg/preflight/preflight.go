@@ -265,8 +265,17 @@ var (
 	lazyFamilies  = []string{"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket"}
 )
 
-// checkMetrics is check 2: the families and the cache config against the rule.
+// checkMetrics is check 2: the engine's cache configuration against the
+// rule — vLLM's metric families and vllm:cache_config_info, SGLang's page
+// size from /get_server_info, TensorRT-LLM's tokens_per_block and block-key
+// algorithm from /server_info.
 func (r *Runner) checkMetrics(ctx context.Context, rule *config.Rule, f *endpointFacts) Check {
+	switch rule.EffectiveEngine() {
+	case config.EngineSGLang:
+		return r.checkServerInfo(ctx, rule, f, "/get_server_info", "page_size", "")
+	case config.EngineTRTLLM:
+		return r.checkServerInfo(ctx, rule, f, "/server_info", "tokens_per_block", "kv_cache_hash_algo")
+	}
 	c := Check{ID: CheckMetrics, EPIdx: f.ep.Idx}
 	base := baseURL(f.ep)
 	code, body, err := r.get(ctx, base+"/metrics")
@@ -316,6 +325,51 @@ func (r *Runner) checkMetrics(ctx context.Context, rule *config.Rule, f *endpoin
 		c.Result = Warn
 		c.Detail += "; cold engine, lazy families missing: " + strings.Join(cold, ", ")
 		c.Fix = "warm up first: send one request to the engine, then run the preflight again"
+	default:
+		c.Result = Pass
+	}
+	return c
+}
+
+// checkServerInfo reads an SGLang or TensorRT-LLM server's info document:
+// its block size must equal kvBlockSize (these engines hash whole pages, so
+// there is no granularity to bridge), and TensorRT-LLM's block keys must be
+// the v1 hash kvgate computes (docs/engines.md).
+func (r *Runner) checkServerInfo(ctx context.Context, rule *config.Rule, f *endpointFacts, path, sizeKey, algoKey string) Check {
+	c := Check{ID: CheckMetrics, EPIdx: f.ep.Idx}
+	base := baseURL(f.ep)
+	code, body, err := r.get(ctx, base+path)
+	if err != nil || code != http.StatusOK {
+		c.Result = Warn
+		c.Detail = fmt.Sprintf("GET %s%s: %s; the engine's block size could not be compared with kvBlockSize=%d", base, path, httpErr(code, err), rule.BlockSize())
+		c.Fix = "serve " + path + " (a current " + rule.EffectiveEngine() + " does) so the preflight can read the block size"
+		return c
+	}
+	var info map[string]any
+	if err := json.Unmarshal(body, &info); err != nil {
+		c.Result, c.Detail = Warn, fmt.Sprintf("GET %s%s is not a JSON object: %v", base, path, err)
+		return c
+	}
+	size, _ := info[sizeKey].(float64)
+	c.Detail = fmt.Sprintf("%s=%v", sizeKey, info[sizeKey])
+	var fixes []string
+	if size > 0 && int(size) != rule.BlockSize() {
+		fixes = append(fixes, fmt.Sprintf("the engine's %s is %d and the rule has kvBlockSize=%d: set kvBlockSize=%d", sizeKey, int(size), rule.BlockSize(), int(size)))
+	}
+	if algoKey != "" {
+		algo, _ := info[algoKey].(string)
+		c.Detail += fmt.Sprintf(" %s=%s", algoKey, algo)
+		switch algo {
+		case "", "v1_block_key", "auto":
+		default:
+			fixes = append(fixes, fmt.Sprintf("the engine's %s is %s; kvgate computes TensorRT-LLM's v1 block key only: start it with %s v1_block_key", algoKey, algo, algoKey))
+		}
+	}
+	switch {
+	case len(fixes) > 0:
+		c.Result, c.Fix = Fail, strings.Join(fixes, "; ")
+	case size == 0:
+		c.Result, c.Fix = Warn, "the engine's "+path+" names no "+sizeKey+"; check kvBlockSize by hand"
 	default:
 		c.Result = Pass
 	}
@@ -376,6 +430,18 @@ func parseLabels(s string, into map[string]string) {
 // and kvgate's subscriber is connected.
 func (r *Runner) checkKVEvents(ctx context.Context, rule *config.Rule, f *endpointFacts) Check {
 	c := Check{ID: CheckKVEvents, EPIdx: f.ep.Idx}
+	if rule.EffectiveEngine() == config.EngineTRTLLM {
+		// TensorRT-LLM publishes no ZeroMQ stream: kvgate drains POST
+		// /kv_cache_events on the serving port, so "connected" is the drain.
+		connected, known := r.src.SubscriberConnected(rule.ServiceID, f.ep.Idx)
+		if known && connected {
+			c.Result, c.Detail = Pass, "kvgate drains the engine's /kv_cache_events"
+		} else {
+			c.Result, c.Detail = Fail, "kvgate's /kv_cache_events drain of this endpoint is not running"
+			c.Fix = "start trtllm-serve with KV-cache events enabled (event_buffer_max_size > 0) and let kvgate reach its serving port"
+		}
+		return c
+	}
 	var unreachable []string
 	for rank := range rule.DpRankCount() {
 		addr := net.JoinHostPort(f.ep.IP, strconv.Itoa(rule.ZmqPort()+rank))

@@ -116,3 +116,43 @@ func TestParseLabels(t *testing.T) {
 		t.Fatal("family without labels missing")
 	}
 }
+
+// TestCheckServerInfo: for SGLang and TensorRT-LLM rules, check 2 reads the
+// engine's block size from its own info document (SGLang's /get_server_info
+// page_size, TensorRT-LLM's /server_info tokens_per_block and
+// kv_cache_hash_algo) and names the setting to change.
+func TestCheckServerInfo(t *testing.T) {
+	rule := func(engine string, bs int) *config.Rule {
+		r := kvRule("", bs)
+		r.Args.KVEngineType = engine
+		return r
+	}
+	cases := []struct {
+		name, path, doc string
+		rule            *config.Rule
+		result, text    string
+	}{
+		{"sglang-match", "/get_server_info", `{"page_size":16,"model_path":"m"}`, rule("sglang", 16), Pass, "page_size=16"},
+		{"sglang-page-size", "/get_server_info", `{"page_size":64}`, rule("sglang", 16), Fail, "set kvBlockSize=64"},
+		{"sglang-no-info", "/other", `{}`, rule("sglang", 16), Warn, "could not be compared"},
+		{"trtllm-match", "/server_info", `{"tokens_per_block":32,"kv_cache_hash_algo":"v1_block_key"}`, rule("trtllm", 32), Pass, "tokens_per_block=32"},
+		{"trtllm-auto", "/server_info", `{"tokens_per_block":32,"kv_cache_hash_algo":"auto"}`, rule("trtllm", 32), Pass, "kv_cache_hash_algo=auto"},
+		{"trtllm-block", "/server_info", `{"tokens_per_block":64,"kv_cache_hash_algo":"v1_block_key"}`, rule("trtllm", 32), Fail, "set kvBlockSize=64"},
+		{"trtllm-algo", "/server_info", `{"tokens_per_block":32,"kv_cache_hash_algo":"sha256"}`, rule("trtllm", 32), Fail, "v1 block key only"},
+		{"trtllm-no-size", "/server_info", `{"kv_cache_hash_algo":"v1_block_key"}`, rule("trtllm", 32), Warn, "names no tokens_per_block"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			mux := http.NewServeMux()
+			mux.HandleFunc("GET "+tc.path, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(tc.doc)) })
+			srv := httptest.NewServer(mux)
+			t.Cleanup(srv.Close)
+			host, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+			p, _ := strconv.Atoi(port)
+			c := New(nil).checkMetrics(context.Background(), tc.rule, &endpointFacts{ep: config.Endpoint{IP: host, TargetPort: p}})
+			if c.Result != tc.result || !strings.Contains(c.Detail+" "+c.Fix, tc.text) {
+				t.Fatalf("got %+v, want %s naming %q", c, tc.result, tc.text)
+			}
+		})
+	}
+}

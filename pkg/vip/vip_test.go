@@ -406,3 +406,30 @@ func TestAnnounceReachesThePeer(t *testing.T) {
 		t.Fatalf("on the peer: gratuitous ARP %v, neighbour advertisement %v", sawARP, sawNA)
 	}
 }
+
+// TestClaimOnLoopback: lo works as --vip-dev too (a VIP behind ECMP or BGP
+// lives there); it has no Ethernet address, so nothing is announced.
+func TestClaimOnLoopback(t *testing.T) {
+	h := testLink(t)
+	ns := lastNS[h]
+	p, err := Open(Options{Device: "lo", StateDir: t.TempDir(), Handle: h, Namespace: &ns, Announce: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, _ := h.LinkByName("lo")
+	has := func() bool {
+		addrs, _ := h.AddrList(lo, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			if a.IPNet.String() == "10.213.7.100/32" {
+				return true
+			}
+		}
+		return false
+	}
+	if err := p.Claim(vipA); err != nil || !has() {
+		t.Fatalf("claim on lo: %v, on lo: %v", err, has())
+	}
+	if err := p.Release(vipA); err != nil || has() {
+		t.Fatalf("release on lo: %v, still on lo: %v", err, has())
+	}
+}

@@ -75,9 +75,13 @@ func engineTokenizer(t *testing.T) enginesim.Tokenizer {
 
 type engineSpec struct {
 	role              enginesim.Role
-	prefillUsPerToken float64  // 0: 20 µs
-	decodeTS          float64  // decode tokens/s (0: fast)
-	lora              []string // LoRA adapters served on the model (--lora-modules)
+	prefillUsPerToken float64           // 0: 20 µs
+	decodeTS          float64           // decode tokens/s (0: fast)
+	lora              []string          // LoRA adapters served on the model (--lora-modules)
+	engine            string            // enginesim --engine ("": vllm)
+	blockSize         int               // --block-size (SGLang's page size); 0: 16
+	dpSize            int               // --dp-size (SGLang attention-DP ranks on the events port + rank)
+	loraTaskIDs       map[string]uint64 // --lora-task-ids (TensorRT-LLM)
 }
 
 // startEngines starts one engine per spec on <block>.11, .12, …, all
@@ -97,7 +101,8 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 			if us == 0 {
 				us = 20
 			}
-			return enginesim.Config{
+			cfg := enginesim.Config{
+				Engine: s.engine, BlockSize: s.blockSize, DPSize: s.dpSize, LoRATaskIDs: s.loraTaskIDs,
 				Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tk,
 				PythonHashSeed: "0", HashSeedSet: true, Role: s.role, LoRAModules: s.lora,
 				KVEventsEndpoint:  fmt.Sprintf("tcp://%s:%d", host, port),
@@ -105,6 +110,10 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 				PrefillUsPerToken: us, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
 				Logger: quietLogger(),
 			}
+			if s.engine == enginesim.EngineTRTLLM {
+				cfg.KVEventsEndpoint, cfg.ReplayEndpoint = "none", "none" // drained over HTTP
+			}
+			return cfg
 		})
 	if err != nil {
 		t.Fatal(err)
@@ -373,12 +382,21 @@ func (r reply) cached() int {
 
 func post(t *testing.T, url string, body any) reply {
 	t.Helper()
+	return postWith(t, url, body, nil)
+}
+
+// postWith is post that also hands the response headers to hdr.
+func postWith(t *testing.T, url string, body any, hdr func(http.Header)) reply {
+	t.Helper()
 	b, _ := json.Marshal(body)
 	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if hdr != nil {
+		hdr(resp.Header)
+	}
 	r := reply{status: resp.StatusCode, engine: resp.Header.Get("x-engine-id"), decision: resp.Header.Get("x-kvgate-decision")}
 	r.body, _ = io.ReadAll(resp.Body)
 	var u struct {

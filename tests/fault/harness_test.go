@@ -381,9 +381,11 @@ func (tp *topo) startDaemon(t *testing.T, dp string, grace time.Duration) *daemo
 	// The API listens in the gateway's namespace, but the BPF pin instance
 	// derived from --api lives in the host's bpffs: pick a port no other
 	// kvgate instance pins under.
+	// Below the ephemeral range (32768+): a client connection's local port in
+	// the same namespace could otherwise hold the port (seen once under load).
 	var api, pins string
 	for {
-		api = fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(20000))
+		api = fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
 		pins = filepath.Join("/sys/fs/bpf/kvgate", "api_"+strings.NewReplacer(".", "_", ":", "_").Replace(api))
 		if _, err := os.Stat(pins); os.IsNotExist(err) {
 			break

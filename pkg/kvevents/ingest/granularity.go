@@ -21,9 +21,17 @@ const maxGranularityStep = 64
 // See docs/parity.md, "Hash granularity". Safe for concurrent use.
 type Granularity struct {
 	hashBlock int
+	// exact: only a block size equal to the hash block size matches. SGLang
+	// hashes whole pages, so a page of k × kvBlockSize tokens carries one
+	// hash no request chain contains (docs/engines.md).
+	exact bool
 
 	mu  sync.Mutex
 	eps map[int]int // ep_idx → the block size its primary group last published
+	// algo holds the endpoints whose engine reports a block-hash algorithm
+	// kvgate does not compute (TensorRT-LLM's /server_info), by ep_idx.
+	algo    map[int]string
+	refused atomic.Pointer[string] // set while every endpoint heard from refuses
 
 	step     atomic.Int32 // lcm of the usable k, ≥ 1
 	badSize  atomic.Int32 // a non-multiple block size, when no endpoint is usable
@@ -35,6 +43,23 @@ func NewGranularity(hashBlockSize int) *Granularity {
 	g := &Granularity{hashBlock: max(hashBlockSize, 1), eps: map[int]int{}}
 	g.step.Store(1)
 	return g
+}
+
+// NewExactGranularity returns the state for a rule whose engine publishes
+// one hash per block of exactly hashBlockSize tokens (SGLang, TensorRT-LLM):
+// any other block size is unusable.
+func NewExactGranularity(hashBlockSize int) *Granularity {
+	g := NewGranularity(hashBlockSize)
+	g.exact = true
+	return g
+}
+
+// usable reports whether an engine block of blockSize tokens can match.
+func (g *Granularity) usable(blockSize int) bool {
+	if g.exact {
+		return blockSize == g.hashBlock
+	}
+	return blockSize%g.hashBlock == 0
 }
 
 // HashBlockSize is the rule's kvBlockSize.
@@ -56,7 +81,7 @@ func (g *Granularity) Unusable() (blockSize int, bad bool) {
 // multiple of the hash block size (k = blockSize / hash block size) and
 // whether the rule's state changed.
 func (g *Granularity) observe(ep, blockSize int) (k int, ok, changed bool) {
-	ok = blockSize%g.hashBlock == 0
+	ok = g.usable(blockSize)
 	if ok {
 		k = blockSize / g.hashBlock
 	}
@@ -73,10 +98,64 @@ func (g *Granularity) observe(ep, blockSize int) (k int, ok, changed bool) {
 func (g *Granularity) forget(ep int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	delete(g.algo, ep)
 	if _, ok := g.eps[ep]; ok {
 		delete(g.eps, ep)
 		g.recompute()
 	}
+	g.recomputeAlgo()
+}
+
+// refuseAlgo records that ep's engine hashes blocks with algo, which kvgate
+// does not compute ("" clears it).
+func (g *Granularity) refuseAlgo(ep int, algo string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if algo == "" {
+		delete(g.algo, ep)
+	} else {
+		if g.algo == nil {
+			g.algo = map[int]string{}
+		}
+		g.algo[ep] = algo
+	}
+	g.recomputeAlgo()
+}
+
+// recomputeAlgo sets refused when every endpoint heard from refuses;
+// callers hold mu.
+func (g *Granularity) recomputeAlgo() {
+	if len(g.algo) == 0 {
+		g.refused.Store(nil)
+		return
+	}
+	var one string
+	for ep := range g.eps {
+		a, ok := g.algo[ep]
+		if !ok {
+			g.refused.Store(nil)
+			return
+		}
+		one = a
+	}
+	if one == "" {
+		for _, a := range g.algo {
+			one = a
+			break
+		}
+	}
+	g.refused.Store(&one)
+}
+
+// Refused reports whether every endpoint heard from runs a block-hash
+// algorithm kvgate does not compute, and one such algorithm: requests then
+// skip the KV tier by name (guard hashes, kvgate_kv_skip_total{cause=
+// "hash_algo"}), see docs/engines.md.
+func (g *Granularity) Refused() (algo string, bad bool) {
+	if p := g.refused.Load(); p != nil {
+		return *p, true
+	}
+	return "", false
 }
 
 // recompute derives step and the unusable flag; callers hold mu.
@@ -84,7 +163,7 @@ func (g *Granularity) recompute() (changed bool) {
 	var ks []int
 	bad := 0
 	for _, bs := range g.eps {
-		if bs%g.hashBlock != 0 {
+		if !g.usable(bs) {
 			bad = max(bad, bs)
 			continue
 		}

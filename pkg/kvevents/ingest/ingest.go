@@ -15,6 +15,8 @@ type Ingester struct {
 	Inventory Sink
 	EPIdx     int
 	Rank      int
+	// Engine picks the payload adapter (engine.go); the zero value is vLLM.
+	Engine Engine
 	// Granularity, when set, learns the block size the engine publishes
 	// against the rule's kvBlockSize; blocks of a size that is not a
 	// multiple are not stored, since no request hash can match them.
@@ -96,6 +98,12 @@ type IngestResult struct {
 // bucket), BlockRemoved removes them, AllBlocksCleared clears this rank. The batch's own
 // data_parallel_rank is not trusted: the rank is the publisher's port.
 func (in *Ingester) Apply(payload []byte) (IngestResult, error) {
+	switch in.Engine {
+	case EngineSGLang:
+		return in.applySGLang(payload)
+	case EngineTRTLLM:
+		return IngestResult{}, fmt.Errorf("apply: TensorRT-LLM events come from the drain poller, not from payloads")
+	}
 	var res IngestResult
 	if err := in.dec.Decode(payload, &in.batch); err != nil {
 		return res, fmt.Errorf("decode batch: %w", err)

@@ -9,6 +9,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -29,8 +30,15 @@ type Target struct {
 	Service uint32 // the rule's service id (metric label "service")
 	EPIdx   int    // the endpoint's ep_idx in the rule (metric labels "ep", "ep_idx")
 	IP      string // the endpoint's IP
-	Port    int    // kvZmqPort: rank r publishes on Port+r
+	Port    int    // kvZmqPort: rank r publishes on Port+r; TensorRT-LLM: the endpoint's HTTP port
 	Ranks   int    // kvDpRankCount, at least 1
+	// HTTPPort is the endpoint's targetPort, where an SGLang engine answers
+	// GET /get_server_info (its page_size); 0 skips that read.
+	HTTPPort int
+	// Engine is the rule's kvEngineType adapter: vLLM and SGLang speak
+	// vLLM's ZeroMQ transport with their own payloads; TensorRT-LLM's
+	// events are drained over HTTP from Port (trtllm.go).
+	Engine Engine
 	// ReplayPort is the rule's kvReplayPort override for rank 0 (rank r uses
 	// ReplayPort+r); 0 means Port + Options.ReplayPortOffset.
 	ReplayPort int
@@ -137,6 +145,14 @@ type Options struct {
 	Logger *slog.Logger
 	// Observer receives metrics (default: none).
 	Observer Observer
+	// PollMin and PollMax bound the TensorRT-LLM drain interval
+	// (LOXILB_KV_TRTLLM_POLL_MIN_MS / _MAX_MS; defaults 5 and 20 ms): PollMin
+	// while drains return events, doubling to PollMax while they are empty.
+	PollMin, PollMax time.Duration
+	// DrainTimeout bounds one drain request (default 5 s); MaxDrainBytes
+	// bounds its body (default MaxFrameBytes).
+	DrainTimeout  time.Duration
+	MaxDrainBytes int
 	// Guard recovers a panic in a rank's goroutines; nil still recovers.
 	Guard *recovery.Guard
 }
@@ -168,6 +184,15 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	def(&o.PollMin, DefaultTRTLLMPollMin)
+	def(&o.PollMax, DefaultTRTLLMPollMax)
+	if o.PollMin > o.PollMax {
+		o.PollMin, o.PollMax = DefaultTRTLLMPollMin, DefaultTRTLLMPollMax
+	}
+	def(&o.DrainTimeout, 5*time.Second)
+	if o.MaxDrainBytes <= 0 {
+		o.MaxDrainBytes = o.MaxFrameBytes
 	}
 	if o.Observer == nil {
 		o.Observer = NopObserver{}
@@ -218,6 +243,7 @@ func (m *Manager) Reconcile(targets []Target) error {
 		}
 		want[t.Key()] = t
 	}
+	errs = append(errs, m.oneDrainer(want)...)
 	m.mu.Lock()
 	var stop []*endpointSub
 	for k, s := range m.subs {
@@ -238,6 +264,45 @@ func (m *Manager) Reconcile(targets []Target) error {
 	}
 	m.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// oneDrainer keeps one target per TensorRT-LLM endpoint (ip:port) in want:
+// POST /kv_cache_events is a destructive drain, so two pollers of one
+// engine (two rules over it) would each see half its events. The one already
+// running is kept, else the lowest service id; the others are dropped and
+// reported. Their rules' requests find no inventory there.
+func (m *Manager) oneDrainer(want map[string]Target) []error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	byAddr := map[string][]string{}
+	for k, t := range want {
+		if t.Engine == EngineTRTLLM {
+			addr := net.JoinHostPort(t.IP, strconv.Itoa(t.Port))
+			byAddr[addr] = append(byAddr[addr], k)
+		}
+	}
+	var errs []error
+	for addr, keys := range byAddr {
+		if len(keys) < 2 {
+			continue
+		}
+		slices.SortFunc(keys, func(a, b string) int {
+			_, ra := m.subs[a]
+			_, rb := m.subs[b]
+			if ra != rb {
+				if ra {
+					return -1
+				}
+				return 1
+			}
+			return int(want[a].Service) - int(want[b].Service)
+		})
+		for _, k := range keys[1:] {
+			errs = append(errs, fmt.Errorf("kv target %s: TensorRT-LLM endpoint %s is already drained for service %d; POST /kv_cache_events has one consumer, so this rule gets no inventory from it", k, addr, want[keys[0]].Service))
+			delete(want, k)
+		}
+	}
+	return errs
 }
 
 // Close stops every subscriber. Inventories are left as they are.
@@ -302,6 +367,10 @@ func (m *Manager) Status() []EndpointStatus {
 		for _, r := range s.ranks {
 			st.Ranks = append(st.Ranks, r.status())
 		}
+		if s.target.Engine == EngineTRTLLM {
+			// The drain stands in for the one rank a TensorRT-LLM endpoint has.
+			st.Ranks = append(st.Ranks, RankStatus{Rank: 0, Endpoint: s.target.Key(), Connected: s.drainUp.Load()})
+		}
 		out = append(out, st)
 	}
 	return out
@@ -312,10 +381,13 @@ type endpointSub struct {
 	target    Target
 	ref       EndpointRef
 	obs       Observer
+	log       *slog.Logger
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	ranks     []*rankSub
 	connected atomic.Int32 // ranks currently connected
+	// drainUp is a TensorRT-LLM endpoint's drain state (it has no ranks).
+	drainUp atomic.Bool
 }
 
 func startEndpoint(t Target, opts Options) *endpointSub {
@@ -324,11 +396,31 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 		target: t,
 		ref:    EndpointRef{Service: t.Service, EPIdx: t.EPIdx, IP: t.IP},
 		obs:    opts.Observer,
+		log:    opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx),
 		cancel: cancel,
 	}
 	e.obs.EndpointInfo(e.ref)
 	e.obs.Connected(e.ref, false)
 	e.obs.Blocks(e.ref, t.Inventory.Blocks(t.EPIdx))
+	if t.Engine == EngineTRTLLM {
+		p := newDrainPoller(e, t, opts)
+		e.obs.RankConnected(e.ref, 0, false)
+		e.wg.Add(1)
+		opts.Guard.Go(recovery.Subscriber, func() {
+			defer e.wg.Done()
+			// As for a rank: a recovered panic restarts the poller.
+			for opts.Guard.Run(recovery.Subscriber, func() { p.run(ctx) }) && sleepCtx(ctx, time.Second) {
+			}
+		})
+		return e
+	}
+	if t.Engine == EngineSGLang && t.HTTPPort > 0 && t.Granularity != nil {
+		e.wg.Add(1)
+		opts.Guard.Go(recovery.Subscriber, func() {
+			defer e.wg.Done()
+			readSGLangPageSize(ctx, t, opts, e.log)
+		})
+	}
 	for r := range t.Ranks {
 		rs := &rankSub{
 			ep:     e,
@@ -338,7 +430,7 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 			opts:   opts,
 			log: opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx, "rank", r,
 				"endpoint", t.pubEndpoint(r)),
-			ingest:     Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r, Granularity: t.Granularity},
+			ingest:     Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Rank: r, Engine: t.Engine, Granularity: t.Granularity},
 			digestSeed: maphash.MakeSeed(),
 			verifyReq:  make(chan struct{}, 1),
 		}
@@ -367,10 +459,13 @@ func (e *endpointSub) stop(forget bool) {
 	for _, r := range e.ranks {
 		e.obs.RankConnected(e.ref, r.rank, false)
 	}
+	if e.target.Engine == EngineTRTLLM {
+		e.obs.RankConnected(e.ref, 0, false)
+	}
 	e.obs.Connected(e.ref, false)
 	if forget {
 		if err := e.target.Inventory.ClearEndpoint(e.target.EPIdx); err != nil {
-			e.ranks[0].log.Warn("kv subscriber: clearing inventory of removed endpoint failed", "err", err)
+			e.log.Warn("kv subscriber: clearing inventory of removed endpoint failed", "err", err)
 		}
 		e.obs.Blocks(e.ref, e.target.Inventory.Blocks(e.target.EPIdx))
 		if e.target.Granularity != nil {

@@ -1,31 +1,29 @@
-package fullproxy
+package http1
 
 import (
 	"bufio"
 	"bytes"
 	"strconv"
 	"strings"
-
-	"github.com/kvgate/kvgate/pkg/datapath"
 )
 
-// responseHead is a parsed backend response head.
-type responseHead struct {
-	status        int
-	reason        string
-	header        []HeaderField
-	contentLength int64 // -1 when absent
-	chunked       bool
-	eventStream   bool
-	ndjson        bool // application/x-ndjson: a stream of JSON lines
+// ResponseHead is a parsed backend response head.
+type ResponseHead struct {
+	Status        int
+	Reason        string
+	Header        []HeaderField
+	ContentLength int64 // -1 when absent
+	Chunked       bool
+	EventStream   bool
+	NDJSON        bool // application/x-ndjson: a stream of JSON lines
 }
 
-// readResponseHead reads a backend response head of at most max bytes,
+// ReadResponseHead reads a backend response head of at most max bytes,
 // skipping interim 1xx responses (except 101, which the proxy never asks
 // for since it strips Upgrade).
-func readResponseHead(br *bufio.Reader, max int) (*responseHead, error) {
+func ReadResponseHead(br *bufio.Reader, max int) (*ResponseHead, error) {
 	for {
-		raw, err := readHead(br, max)
+		raw, err := ReadHead(br, max)
 		if err != nil {
 			return nil, err
 		}
@@ -33,14 +31,14 @@ func readResponseHead(br *bufio.Reader, max int) (*responseHead, error) {
 		if err != nil {
 			return nil, err
 		}
-		if h.status >= 100 && h.status < 200 && h.status != 101 {
+		if h.Status >= 100 && h.Status < 200 && h.Status != 101 {
 			continue
 		}
 		return h, nil
 	}
 }
 
-func parseResponseHead(raw []byte) (*responseHead, error) {
+func parseResponseHead(raw []byte) (*ResponseHead, error) {
 	lines := splitLines(raw)
 	if len(lines) == 0 {
 		return nil, badRequest("empty response head")
@@ -53,9 +51,9 @@ func parseResponseHead(raw []byte) (*responseHead, error) {
 	if err != nil || code < 100 || code > 999 || (len(sl) > 12 && sl[12] != ' ') {
 		return nil, badRequest("malformed status line %q", truncateForError(lines[0]))
 	}
-	h := &responseHead{status: code, contentLength: -1}
+	h := &ResponseHead{Status: code, ContentLength: -1}
 	if len(sl) > 13 {
-		h.reason = sl[13:]
+		h.Reason = sl[13:]
 	}
 	for _, l := range lines[1:] {
 		if len(l) == 0 {
@@ -67,59 +65,59 @@ func parseResponseHead(raw []byte) (*responseHead, error) {
 		}
 		name := string(l[:colon])
 		value := strings.Trim(string(l[colon+1:]), " \t")
-		h.header = append(h.header, HeaderField{Name: name, Value: value})
+		h.Header = append(h.Header, HeaderField{Name: name, Value: value})
 		switch strings.ToLower(name) {
 		case "content-length":
-			n, err := parseContentLength(value)
+			n, err := ParseContentLength(value)
 			if err != nil {
 				return nil, err
 			}
-			h.contentLength = n
+			h.ContentLength = n
 		case "transfer-encoding":
 			if strings.Contains(strings.ToLower(value), "chunked") {
-				h.chunked = true
+				h.Chunked = true
 			}
 		case "content-type":
 			ct := strings.ToLower(strings.TrimSpace(value))
 			if strings.HasPrefix(ct, "text/event-stream") {
-				h.eventStream = true
+				h.EventStream = true
 			}
 			if strings.HasPrefix(ct, "application/x-ndjson") {
-				h.ndjson = true
+				h.NDJSON = true
 			}
 		}
 	}
-	if h.chunked {
-		h.contentLength = -1
+	if h.Chunked {
+		h.ContentLength = -1
 	}
 	return h, nil
 }
 
-// truncated reports whether a relayed body ended short of (or past) its
-// declared Content-Length.
-func (h *responseHead) truncated(res datapath.Result) bool {
-	return h.contentLength >= 0 && res.Bytes != h.contentLength
+// Truncated reports whether a relayed body of n bytes ended short of (or
+// past) its declared Content-Length.
+func (h *ResponseHead) Truncated(n int64) bool {
+	return h.ContentLength >= 0 && n != h.ContentLength
 }
 
-// bodyless reports whether the response has no body whatever its headers say.
-func (h *responseHead) bodyless(method string) bool {
-	return method == "HEAD" || h.status == 204 || h.status == 304 || (h.status >= 100 && h.status < 200)
+// Bodyless reports whether the response has no body whatever its headers say.
+func (h *ResponseHead) Bodyless(method string) bool {
+	return method == "HEAD" || h.Status == 204 || h.Status == 304 || (h.Status >= 100 && h.Status < 200)
 }
 
-// selfDelimited reports whether the client can find the end of the body
+// SelfDelimited reports whether the client can find the end of the body
 // without the connection closing.
-func (h *responseHead) selfDelimited(method string) bool {
-	return h.bodyless(method) || h.chunked || h.contentLength >= 0
+func (h *ResponseHead) SelfDelimited(method string) bool {
+	return h.Bodyless(method) || h.Chunked || h.ContentLength >= 0
 }
 
-// hop-by-hop headers the proxy owns on each leg (RFC 9110 §7.6.1).
-var hopByHop = map[string]bool{
+// HopByHop lists the hop-by-hop headers the proxy owns on each leg (RFC 9110 §7.6.1).
+var HopByHop = map[string]bool{
 	"connection": true, "keep-alive": true, "proxy-connection": true, "te": true,
 	"upgrade": true, "trailer": true, "proxy-authenticate": true, "proxy-authorization": true,
 }
 
-// connectionNamed lists the headers a Connection header names, lower-cased.
-func connectionNamed(hs []HeaderField) map[string]bool {
+// ConnectionNamed lists the headers a Connection header names, lower-cased.
+func ConnectionNamed(hs []HeaderField) map[string]bool {
 	var named map[string]bool
 	for _, h := range hs {
 		if !strings.EqualFold(h.Name, "connection") {
