@@ -5,7 +5,7 @@ TESTFLAGS ?= -count=1 -timeout 15m
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: all build test race fuzz bench generate lint fmt demo clean
+.PHONY: all build test race fuzz bench bench-routing bench-routing-full generate lint fmt demo clean
 
 all: build
 
@@ -30,6 +30,14 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+# Every routing policy side by side on simulated fleets (docs/routing-benchmark.md), ~7 min.
+bench-routing:
+	$(GO) run ./bench/routing -mode quick
+
+# The full sweep in the background (~85 min, resumable); progress in bench/routing/out/full.log.
+bench-routing-full:
+	mkdir -p bench/routing/out && nohup $(GO) run ./bench/routing -mode full > bench/routing/out/full.log 2>&1 &
 
 # Rebuilds the committed bpf2go output; needs Debian's clang, llvm and libbpf-dev.
 generate:
