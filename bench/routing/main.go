@@ -33,62 +33,110 @@ func main() {
 	}
 }
 
-func run() error {
-	mode := flag.String("mode", "quick", "quick (one load per workload, ~5 min), full (QPS sweep + closed loop, seeds 4-6, ≤ 90 min), tune (SGLang thresholds on the tune profile, seeds 1-3) or point")
-	out := flag.String("out", "bench/routing/out", "output directory (gitignored): results CSV and plots")
-	policies := flag.String("policies", "", "comma-separated policies (default: all; -mode quick: "+strings.Join(harness.QuickPolicies, ",")+")")
-	workloads := flag.String("workloads", strings.Join(harness.Workloads, ","), "comma-separated workloads")
-	seeds := flag.String("seeds", "4,5,6", "seeds for -mode full")
-	tokDir := flag.String("tokenizer-dir", "pkg/tokenizer/testdata/qwen3", "Qwen3 tokenizer (tokenizer.json, tokenizer_config.json)")
-	qps := flag.Float64("qps", 0, "-mode point: open-loop QPS")
-	conc := flag.Int("conc", 0, "-mode point: closed-loop clients")
-	requests := flag.Int("requests", 0, "requests per point (0: the mode's default)")
-	profile := flag.String("profile", "headline", "-mode point: profile (tune or headline)")
-	seed := flag.Uint64("seed", 4, "-mode point: seed")
-	dry := flag.Bool("dry-run", false, "print how many points the mode has and the time estimate, run nothing")
-	report := flag.Bool("report", false, "only write the tables and plots from the CSV")
-	traceReqs := flag.Bool("trace", false, "also write every request of every point to <out>/trace/")
-	verbose := flag.Bool("v", false, "log engines and gateways to stderr")
-	flag.Parse()
+// options are the command's flags.
+type options struct {
+	mode, out, policies, workloads, seeds, tokDir, profile string
+	qps                                                    float64
+	conc, requests                                         int
+	seed                                                   uint64
+	dry, report, trace, verbose                            bool
+}
 
+func parseFlags() options {
+	var o options
+	flag.StringVar(&o.mode, "mode", "quick", "quick (one load per workload, ~5 min), full (QPS sweep + closed loop, seeds 4-6, ≤ 90 min), tune (SGLang thresholds on the tune profile, seeds 1-3) or point")
+	flag.StringVar(&o.out, "out", "bench/routing/out", "output directory (gitignored): results CSV and plots")
+	flag.StringVar(&o.policies, "policies", "", "comma-separated policies (default: all; -mode quick: "+strings.Join(harness.QuickPolicies(), ",")+")")
+	flag.StringVar(&o.workloads, "workloads", strings.Join(harness.Workloads(), ","), "comma-separated workloads")
+	flag.StringVar(&o.seeds, "seeds", "4,5,6", "seeds for -mode full")
+	flag.StringVar(&o.tokDir, "tokenizer-dir", "pkg/tokenizer/testdata/qwen3", "Qwen3 tokenizer (tokenizer.json, tokenizer_config.json)")
+	flag.Float64Var(&o.qps, "qps", 0, "-mode point: open-loop QPS")
+	flag.IntVar(&o.conc, "conc", 0, "-mode point: closed-loop clients")
+	flag.IntVar(&o.requests, "requests", 0, "requests per point (0: the mode's default)")
+	flag.StringVar(&o.profile, "profile", "headline", "-mode point: profile (tune or headline)")
+	flag.Uint64Var(&o.seed, "seed", 4, "-mode point: seed")
+	flag.BoolVar(&o.dry, "dry-run", false, "print how many points the mode has and the time estimate, run nothing")
+	flag.BoolVar(&o.report, "report", false, "only write the tables and plots from the CSV")
+	flag.BoolVar(&o.trace, "trace", false, "also write every request of every point to <out>/trace/")
+	flag.BoolVar(&o.verbose, "v", false, "log engines and gateways to stderr")
+	flag.Parse()
+	return o
+}
+
+func run() error {
+	o := parseFlags()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	if *verbose {
+	if o.verbose {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
-	csvPath := filepath.Join(*out, "results-"+*mode+".csv")
-	if *report {
-		return harness.Report(os.Stdout, csvPath, *out)
+	csvPath := filepath.Join(o.out, "results-"+o.mode+".csv")
+	if o.report {
+		return harness.Report(os.Stdout, csvPath, o.out)
 	}
-	pols, wls := split(*policies), split(*workloads)
+	pols, wls, err := selection(o)
+	if err != nil {
+		return err
+	}
+	plan, err := buildPlan(o, pols, wls)
+	if err != nil {
+		return err
+	}
+	if o.trace {
+		if err := os.MkdirAll(filepath.Join(o.out, "trace"), 0o755); err != nil {
+			return err
+		}
+	}
+
+	env, err := harness.NewEnv(o.tokDir, log)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runPlan(ctx, env, plan, csvPath, o)
+}
+
+// selection is the policies and workloads to run: the flags' lists, checked,
+// or the mode's default policies.
+func selection(o options) (pols, wls []string, err error) {
+	pols, wls = split(o.policies), split(o.workloads)
 	if len(pols) == 0 {
-		pols = harness.Policies
-		if *mode == "quick" {
-			pols = harness.QuickPolicies
+		pols = harness.Policies()
+		if o.mode == "quick" {
+			pols = harness.QuickPolicies()
 		}
 	}
+	all := harness.Workloads()
 	for _, w := range wls {
-		if !slices.Contains(harness.Workloads, w) {
-			return fmt.Errorf("-workloads: %q is not one of %s", w, strings.Join(harness.Workloads, ", "))
+		if !slices.Contains(all, w) {
+			return nil, nil, fmt.Errorf("-workloads: %q is not one of %s", w, strings.Join(all, ", "))
 		}
 	}
+	known := harness.Policies()
 	for _, p := range pols {
-		if !slices.Contains(harness.Policies, p) && !strings.HasPrefix(p, "sglang@") {
-			return fmt.Errorf("-policies: %q is not one of %s (or sglang@absN-relF-thrF)", p, strings.Join(harness.Policies, ", "))
+		if !slices.Contains(known, p) && !strings.HasPrefix(p, "sglang@") {
+			return nil, nil, fmt.Errorf("-policies: %q is not one of %s (or sglang@absN-relF-thrF)", p, strings.Join(known, ", "))
 		}
 	}
+	return pols, wls, nil
+}
+
+// buildPlan is the mode's plan with -requests and -trace applied.
+func buildPlan(o options, pols, wls []string) (harness.Plan, error) {
 	var plan harness.Plan
-	switch *mode {
+	switch o.mode {
 	case "quick":
 		plan = harness.QuickPlan(pols, wls)
 	case "full":
 		var ss []uint64
-		for _, s := range split(*seeds) {
+		for _, s := range split(o.seeds) {
 			v, err := strconv.ParseUint(s, 10, 64)
 			if err != nil {
-				return fmt.Errorf("-seeds: %q is not a number", s)
+				return plan, fmt.Errorf("-seeds: %q is not a number", s)
 			}
 			ss = append(ss, v)
 		}
@@ -96,48 +144,51 @@ func run() error {
 	case "tune":
 		plan = harness.TunePlan()
 	case "point":
-		prof, ok := harness.Profiles[*profile]
-		if !ok {
-			return fmt.Errorf("-profile: %q is not tune or headline", *profile)
-		}
-		if (*qps > 0) == (*conc > 0) {
-			return fmt.Errorf("-mode point needs exactly one of -qps and -conc")
-		}
-		n := *requests
-		if n == 0 {
-			n = 40
-		}
-		for _, w := range wls {
-			for _, p := range pols {
-				plan.Points = append(plan.Points, harness.Point{Profile: prof, Seed: *seed, Workload: w,
-					Load: harness.Load{QPS: *qps, Concurrency: *conc}, Policy: p, Shape: harness.DefaultShape(n)})
-			}
+		var err error
+		if plan, err = pointPlan(o, pols, wls); err != nil {
+			return plan, err
 		}
 	default:
-		return fmt.Errorf("-mode: %q is not quick, full, tune or point", *mode)
+		return plan, fmt.Errorf("-mode: %q is not quick, full, tune or point", o.mode)
 	}
 	for i := range plan.Points {
-		if *requests > 0 {
-			plan.Points[i].Shape.Requests = *requests
+		if o.requests > 0 {
+			plan.Points[i].Shape.Requests = o.requests
 		}
-		if *traceReqs {
-			plan.Points[i].TraceDir = filepath.Join(*out, "trace")
-		}
-	}
-	if *traceReqs {
-		if err := os.MkdirAll(filepath.Join(*out, "trace"), 0o755); err != nil {
-			return err
+		if o.trace {
+			plan.Points[i].TraceDir = filepath.Join(o.out, "trace")
 		}
 	}
+	return plan, nil
+}
 
-	env, err := harness.NewEnv(*tokDir, log)
-	if err != nil {
-		return err
+// pointPlan is -mode point: one load on one profile and seed, for every
+// selected workload and policy.
+func pointPlan(o options, pols, wls []string) (harness.Plan, error) {
+	var plan harness.Plan
+	prof, ok := harness.Profiles()[o.profile]
+	if !ok {
+		return plan, fmt.Errorf("-profile: %q is not tune or headline", o.profile)
 	}
-	defer env.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	if (o.qps > 0) == (o.conc > 0) {
+		return plan, fmt.Errorf("-mode point needs exactly one of -qps and -conc")
+	}
+	n := o.requests
+	if n == 0 {
+		n = 40
+	}
+	for _, w := range wls {
+		for _, p := range pols {
+			plan.Points = append(plan.Points, harness.Point{Profile: prof, Seed: o.seed, Workload: w,
+				Load: harness.Load{QPS: o.qps, Concurrency: o.conc}, Policy: p, Shape: harness.DefaultShape(n)})
+		}
+	}
+	return plan, nil
+}
 
+// runPlan runs the plan's points not already in the CSV, appending each
+// result as it finishes so an interrupted run resumes, then writes the report.
+func runPlan(ctx context.Context, env *harness.Env, plan harness.Plan, csvPath string, o options) error {
 	prior, err := harness.ReadResults(csvPath)
 	if err != nil {
 		return err
@@ -156,7 +207,7 @@ func run() error {
 	}
 	fmt.Fprintf(os.Stderr, "%d points, %d finished earlier, %d to run (about %s); results in %s\n",
 		len(plan.Points), len(plan.Points)-todo, todo, left.Round(time.Minute), csvPath)
-	if *dry {
+	if o.dry {
 		return nil
 	}
 	started := time.Now()
@@ -183,7 +234,7 @@ func run() error {
 			done, todo, time.Since(started).Round(time.Second), pt.Workload, pt.Load.Kind(), pt.Load.Value(), pt.Policy,
 			r.TTFTp50, r.TTFTp90, 100*r.CachedRatio, r.LoadMaxMean, r.Errors)
 	}
-	return harness.Report(os.Stdout, csvPath, *out)
+	return harness.Report(os.Stdout, csvPath, o.out)
 }
 
 func split(s string) []string {

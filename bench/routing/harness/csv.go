@@ -11,10 +11,12 @@ import (
 )
 
 // CSVHeader names the columns of one result row.
-var CSVHeader = []string{"profile", "seed", "workload", "load_kind", "load", "policy",
-	"requests", "errors", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "e2e_p90_s",
-	"out_tok_per_s", "prompt_tokens", "cached_tokens", "cached_ratio", "load_max_mean", "req_max_mean",
-	"duration_s", "first_error"}
+func CSVHeader() []string {
+	return []string{"profile", "seed", "workload", "load_kind", "load", "policy",
+		"requests", "errors", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "e2e_p90_s",
+		"out_tok_per_s", "prompt_tokens", "cached_tokens", "cached_ratio", "load_max_mean", "req_max_mean",
+		"duration_s", "first_error"}
+}
 
 func f4(v float64) string { return strconv.FormatFloat(v, 'f', 4, 64) }
 
@@ -49,7 +51,7 @@ func ReadResults(path string) ([]Result, error) {
 		if err != nil {
 			continue
 		}
-		if line == 0 && len(rec) > 0 && rec[0] == CSVHeader[0] {
+		if line == 0 && len(rec) > 0 && rec[0] == CSVHeader()[0] {
 			continue
 		}
 		r, ok := parseRow(rec)
@@ -61,7 +63,7 @@ func ReadResults(path string) ([]Result, error) {
 }
 
 func parseRow(c []string) (Result, bool) {
-	if len(c) != len(CSVHeader) {
+	if len(c) != len(CSVHeader()) {
 		return Result{}, false
 	}
 	var r Result
@@ -105,7 +107,7 @@ func AppendResult(path string, r Result) error {
 	defer f.Close()
 	w := csv.NewWriter(f)
 	if errors.Is(statErr, os.ErrNotExist) {
-		_ = w.Write(CSVHeader)
+		_ = w.Write(CSVHeader())
 	}
 	_ = w.Write(r.Row())
 	w.Flush()

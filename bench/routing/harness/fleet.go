@@ -42,9 +42,11 @@ type Profile struct {
 
 // Profiles: "tune" is where the SGLang router's scaled thresholds were
 // chosen (seeds 1–3); "headline" is what the doc reports (seeds 4–6).
-var Profiles = map[string]Profile{
-	"tune":     {Name: "tune", PerfModel: "qwen2.5-32b-h100-tp2", Engines: 4, NumGPUBlocks: 4000, TimeScale: 3},
-	"headline": {Name: "headline", PerfModel: "llama3-8b-h100", Engines: 6, NumGPUBlocks: 4000, TimeScale: 3},
+func Profiles() map[string]Profile {
+	return map[string]Profile{
+		"tune":     {Name: "tune", PerfModel: "qwen2.5-32b-h100-tp2", Engines: 4, NumGPUBlocks: 4000, TimeScale: 3},
+		"headline": {Name: "headline", PerfModel: "llama3-8b-h100", Engines: 6, NumGPUBlocks: 4000, TimeScale: 3},
+	}
 }
 
 // Env is what every point shares: the tokenizer, its staging directory for
@@ -271,8 +273,10 @@ func waitSubscribers(ctx context.Context, g *gateway.Gateway, id, n int) error {
 
 // Policies in report order. kvgate's default load blend is hard, so
 // "kvgate" is also kvgate-hard.
-var Policies = []string{"kvgate", "kvgate-off", "kvgate-soft", "kvgate-adaptive", "kvgate-adaptive-soft",
-	"round-robin", "least-inflight", "least-load", "sglang", "sglang-scaled", "oracle"}
+func Policies() []string {
+	return []string{"kvgate", "kvgate-off", "kvgate-soft", "kvgate-adaptive", "kvgate-adaptive-soft",
+		"round-robin", "least-inflight", "least-load", "sglang", "sglang-scaled", "oracle"}
+}
 
 // StartFront starts policy name in front of the fleet.
 func StartFront(ctx context.Context, env *Env, f *Fleet, p Profile, name string) (*Front, error) {
@@ -303,7 +307,7 @@ func StartFront(ctx context.Context, env *Env, f *Fleet, p Profile, name string)
 	default:
 		spec, ok := strings.CutPrefix(name, "sglang@")
 		if !ok {
-			return nil, fmt.Errorf("policy %q: want one of %s, or sglang@absN-relF-thrF", name, strings.Join(Policies, ", "))
+			return nil, fmt.Errorf("policy %q: want one of %s, or sglang@absN-relF-thrF", name, strings.Join(Policies(), ", "))
 		}
 		cfg, err := parseSGLangSpec(spec, SGLangScaled(p.NumGPUBlocks*16*charsPerToken))
 		if err != nil {

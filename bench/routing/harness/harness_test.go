@@ -158,7 +158,7 @@ func TestPredictTTFT(t *testing.T) {
 
 func TestGenerateDeterministic(t *testing.T) {
 	s := DefaultShape(40)
-	for _, w := range Workloads {
+	for _, w := range Workloads() {
 		a, err := Generate(w, s, 7)
 		if err != nil {
 			t.Fatal(err)

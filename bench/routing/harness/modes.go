@@ -27,30 +27,36 @@ type Plan struct {
 // Sweep is the open-loop QPS sweep per workload (model time) for the
 // headline profile: moderate load, round-robin's knee on capacity, and past
 // it. Three levels keep the full mode within 90 minutes on two cores.
-var Sweep = map[string][]float64{
-	"capacity":  {30, 60, 90},
-	"chat":      {60, 120, 180},
-	"herding":   {30, 60, 90},
-	"nosharing": {30, 60, 90},
-	"mixed":     {30, 60, 90},
+func Sweep() map[string][]float64 {
+	return map[string][]float64{
+		"capacity":  {30, 60, 90},
+		"chat":      {60, 120, 180},
+		"herding":   {30, 60, 90},
+		"nosharing": {30, 60, 90},
+		"mixed":     {30, 60, 90},
+	}
 }
 
 // quickLoad is the one load per workload of the quick mode: near
 // round-robin's knee, where the policies differ.
-var quickLoad = map[string]float64{"capacity": 30, "chat": 60, "herding": 30, "nosharing": 30, "mixed": 30}
+func quickLoad() map[string]float64 {
+	return map[string]float64{"capacity": 30, "chat": 60, "herding": 30, "nosharing": 30, "mixed": 30}
+}
 
 // QuickPolicies are the policies of the quick mode.
-var QuickPolicies = []string{"kvgate", "kvgate-off", "round-robin", "least-load", "sglang", "sglang-scaled", "oracle"}
+func QuickPolicies() []string {
+	return []string{"kvgate", "kvgate-off", "round-robin", "least-load", "sglang", "sglang-scaled", "oracle"}
+}
 
 // QuickPlan is `make bench-routing`: the main policies on every workload at
 // one open-loop load near the knee, one seed of the headline profile.
 func QuickPlan(policies, workloads []string) Plan {
-	prof := Profiles["headline"]
+	prof := Profiles()["headline"]
 	s := DefaultShape(80)
 	var pl Plan
 	for _, w := range workloads {
 		for _, pol := range policies {
-			pl.Points = append(pl.Points, Point{Profile: prof, Seed: 4, Workload: w, Load: Load{QPS: quickLoad[w]}, Policy: pol, Shape: s})
+			pl.Points = append(pl.Points, Point{Profile: prof, Seed: 4, Workload: w, Load: Load{QPS: quickLoad()[w]}, Policy: pol, Shape: s})
 		}
 	}
 	return pl
@@ -60,13 +66,13 @@ func QuickPlan(policies, workloads []string) Plan {
 // closed-loop concurrency, for every policy and workload, on the headline
 // profile with the given seeds (4–6 for the doc).
 func FullPlan(policies, workloads []string, seeds []uint64) Plan {
-	prof := Profiles["headline"]
+	prof := Profiles()["headline"]
 	s := DefaultShape(60)
 	var pl Plan
 	for _, seed := range seeds {
 		for _, w := range workloads {
 			var loads []Load
-			for _, q := range Sweep[w] {
+			for _, q := range Sweep()[w] {
 				loads = append(loads, Load{QPS: q})
 			}
 			loads = append(loads, Load{Concurrency: 8 * prof.Engines})
@@ -82,22 +88,24 @@ func FullPlan(policies, workloads []string, seeds []uint64) Plan {
 
 // SGLangGrid is the tuning grid for the SGLang router's thresholds
 // (TunePlan): balance_abs_threshold, balance_rel_threshold, cache_threshold.
-var SGLangGrid = []string{
-	"sglang@abs4-rel1.25-thr0.3", "sglang@abs8-rel1.25-thr0.3", "sglang@abs16-rel1.5-thr0.3",
-	"sglang@abs4-rel1.25-thr0.5", "sglang@abs8-rel1.25-thr0.5", "sglang@abs16-rel1.5-thr0.5",
+func SGLangGrid() []string {
+	return []string{
+		"sglang@abs4-rel1.25-thr0.3", "sglang@abs8-rel1.25-thr0.3", "sglang@abs16-rel1.5-thr0.3",
+		"sglang@abs4-rel1.25-thr0.5", "sglang@abs8-rel1.25-thr0.5", "sglang@abs16-rel1.5-thr0.5",
+	}
 }
 
 // TunePlan runs the SGLang grid (and the router's defaults) on the tune
 // profile with seeds 1–3, capacity and herding near the knee; the winner
 // becomes sglang-scaled. kvgate is not tuned here.
 func TunePlan() Plan {
-	prof := Profiles["tune"]
+	prof := Profiles()["tune"]
 	s := DefaultShape(80)
 	var pl Plan
 	for _, seed := range []uint64{1, 2, 3} {
 		for _, w := range []string{"capacity", "herding"} {
-			for _, pol := range append([]string{"sglang"}, SGLangGrid...) {
-				pl.Points = append(pl.Points, Point{Profile: prof, Seed: seed, Workload: w, Load: Load{QPS: quickLoad[w] * 2 / 3}, Policy: pol, Shape: s})
+			for _, pol := range append([]string{"sglang"}, SGLangGrid()...) {
+				pl.Points = append(pl.Points, Point{Profile: prof, Seed: seed, Workload: w, Load: Load{QPS: quickLoad()[w] * 2 / 3}, Policy: pol, Shape: s})
 			}
 		}
 	}

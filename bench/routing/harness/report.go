@@ -72,6 +72,7 @@ func aggregate(rs []Result) []agg {
 		m.ReqMaxMean = col(func(r Result) float64 { return r.ReqMaxMean })
 		out = append(out, agg{workload: k.w, policy: k.pol, load: g[0].Load, seeds: len(g), m: m})
 	}
+	wls, pols := Workloads(), Policies()
 	order := func(list []string, s string) int {
 		if i := slices.Index(list, s); i >= 0 {
 			return i
@@ -81,7 +82,7 @@ func aggregate(rs []Result) []agg {
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]
 		if a.workload != b.workload {
-			return order(Workloads, a.workload) < order(Workloads, b.workload)
+			return order(wls, a.workload) < order(wls, b.workload)
 		}
 		if a.load.Kind() != b.load.Kind() {
 			return a.load.Kind() > b.load.Kind() // qps before conc
@@ -89,7 +90,7 @@ func aggregate(rs []Result) []agg {
 		if a.load.Value() != b.load.Value() {
 			return a.load.Value() < b.load.Value()
 		}
-		return order(Policies, a.policy) < order(Policies, b.policy)
+		return order(pols, a.policy) < order(pols, b.policy)
 	})
 	return out
 }
@@ -147,93 +148,122 @@ func secs(v float64) string {
 
 // Goals checks the targets of docs/routing-benchmark.md against the medians.
 func Goals(w io.Writer, as []agg) {
-	get := func(wl string, l Load, pol string) (Result, bool) {
-		for _, a := range as {
-			if a.workload == wl && a.load == l && a.policy == pol {
-				return a.m, true
-			}
-		}
-		return Result{}, false
-	}
-	loads := func(wl string) []Load {
-		var out []Load
-		for _, a := range as {
-			if a.workload == wl && a.load.Kind() == "qps" && !slices.Contains(out, a.load) {
-				out = append(out, a.load)
-			}
-		}
-		return out
-	}
-	check := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "**missed**"
-	}
-	ratio := func(a, b float64) float64 {
-		if b == 0 {
-			return math.Inf(1)
-		}
-		return a / b
-	}
+	g := goals(as)
 	fmt.Fprintln(w, "| goal | figure | verdict |")
 	fmt.Fprintln(w, "|---|---|---|")
-	// capacity at the knee: the highest QPS where round-robin's TTFT p90 < 5 s.
+	g.capacity(w)
+	g.herding(w)
+	g.nosharing(w)
+	g.noneBeatsKVGate(w)
+}
+
+// goals looks up the medians the goal rows compare.
+type goals []agg
+
+func (g goals) get(wl string, l Load, pol string) (Result, bool) {
+	for _, a := range g {
+		if a.workload == wl && a.load == l && a.policy == pol {
+			return a.m, true
+		}
+	}
+	return Result{}, false
+}
+
+// loads lists wl's open-loop loads in the order they appear.
+func (g goals) loads(wl string) []Load {
+	var out []Load
+	for _, a := range g {
+		if a.workload == wl && a.load.Kind() == "qps" && !slices.Contains(out, a.load) {
+			out = append(out, a.load)
+		}
+	}
+	return out
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return math.Inf(1)
+	}
+	return a / b
+}
+
+// capacity compares the policies at the knee: the highest QPS where
+// round-robin's TTFT p90 < 5 s.
+func (g goals) capacity(w io.Writer) {
 	var knee Load
-	for _, l := range loads("capacity") {
-		if rr, ok := get("capacity", l, "round-robin"); ok && rr.TTFTp90 < 5 {
+	for _, l := range g.loads("capacity") {
+		if rr, ok := g.get("capacity", l, "round-robin"); ok && rr.TTFTp90 < 5 {
 			knee = l
 		}
 	}
-	if knee.QPS > 0 {
-		kv, _ := get("capacity", knee, "kvgate")
-		for _, c := range []struct {
-			pol   string
-			bound float64
-		}{{"round-robin", 0.2}, {"sglang", 0.5}, {"sglang-scaled", 0.5}, {"oracle", 1.15}} {
-			if o, ok := get("capacity", knee, c.pol); ok {
-				r := ratio(kv.TTFTp90, o.TTFTp90)
-				fmt.Fprintf(w, "| capacity @ knee %g QPS: kvgate TTFT p90 ≤ %.2f× %s | %s vs %s = %.2f× | %s |\n",
-					knee.QPS, c.bound, c.pol, secs(kv.TTFTp90), secs(o.TTFTp90), r, check(r <= c.bound))
-			}
-		}
-		if o, ok := get("capacity", knee, "oracle"); ok && o.CachedTok > 0 {
-			r := float64(kv.CachedTok) / float64(o.CachedTok)
-			fmt.Fprintf(w, "| capacity @ knee: kvgate cached tokens ≥ 98%% of the oracle's | %d vs %d = %.1f%% | %s |\n", kv.CachedTok, o.CachedTok, 100*r, check(r >= 0.98))
-		}
-	} else {
+	if knee.QPS <= 0 {
 		fmt.Fprintln(w, "| capacity knee | no capacity QPS point where round-robin's TTFT p90 < 5 s | – |")
+		return
 	}
-	for _, l := range loads("herding") {
-		kv, ok := get("herding", l, "kvgate")
+	kv, _ := g.get("capacity", knee, "kvgate")
+	for _, c := range []struct {
+		pol   string
+		bound float64
+	}{{"round-robin", 0.2}, {"sglang", 0.5}, {"sglang-scaled", 0.5}, {"oracle", 1.15}} {
+		if o, ok := g.get("capacity", knee, c.pol); ok {
+			r := ratio(kv.TTFTp90, o.TTFTp90)
+			fmt.Fprintf(w, "| capacity @ knee %g QPS: kvgate TTFT p90 ≤ %.2f× %s | %s vs %s = %.2f× | %s |\n",
+				knee.QPS, c.bound, c.pol, secs(kv.TTFTp90), secs(o.TTFTp90), r, verdict(r <= c.bound))
+		}
+	}
+	if o, ok := g.get("capacity", knee, "oracle"); ok && o.CachedTok > 0 {
+		r := float64(kv.CachedTok) / float64(o.CachedTok)
+		fmt.Fprintf(w, "| capacity @ knee: kvgate cached tokens ≥ 98%% of the oracle's | %d vs %d = %.1f%% | %s |\n", kv.CachedTok, o.CachedTok, 100*r, verdict(r >= 0.98))
+	}
+}
+
+// herding compares kvgate with the best policy at each load and checks its
+// load spread.
+func (g goals) herding(w io.Writer) {
+	for _, l := range g.loads("herding") {
+		kv, ok := g.get("herding", l, "kvgate")
 		if !ok {
 			continue
 		}
 		best, bestPol := math.Inf(1), ""
-		for _, a := range as {
+		for _, a := range g {
 			if a.workload == "herding" && a.load == l && a.m.TTFTp90 < best {
 				best, bestPol = a.m.TTFTp90, a.policy
 			}
 		}
 		r := ratio(kv.TTFTp90, best)
-		fmt.Fprintf(w, "| herding @ %g QPS: TTFT p90 ≤ 1.1× the best (%s) | %s vs %s = %.2f× | %s |\n", l.QPS, bestPol, secs(kv.TTFTp90), secs(best), r, check(r <= 1.1))
-		fmt.Fprintf(w, "| herding @ %g QPS: max/mean engine load ≤ 1.5 | %.2f | %s |\n", l.QPS, kv.LoadMaxMean, check(kv.LoadMaxMean <= 1.5))
+		fmt.Fprintf(w, "| herding @ %g QPS: TTFT p90 ≤ 1.1× the best (%s) | %s vs %s = %.2f× | %s |\n", l.QPS, bestPol, secs(kv.TTFTp90), secs(best), r, verdict(r <= 1.1))
+		fmt.Fprintf(w, "| herding @ %g QPS: max/mean engine load ≤ 1.5 | %.2f | %s |\n", l.QPS, kv.LoadMaxMean, verdict(kv.LoadMaxMean <= 1.5))
 	}
-	for _, l := range loads("nosharing") {
-		kv, ok1 := get("nosharing", l, "kvgate")
-		ll, ok2 := get("nosharing", l, "least-load")
+}
+
+func (g goals) nosharing(w io.Writer) {
+	for _, l := range g.loads("nosharing") {
+		kv, ok1 := g.get("nosharing", l, "kvgate")
+		ll, ok2 := g.get("nosharing", l, "least-load")
 		if ok1 && ok2 {
 			r := ratio(kv.TTFTp90, ll.TTFTp90)
-			fmt.Fprintf(w, "| nosharing @ %g QPS: TTFT p90 ≤ 1.05× least-load | %s vs %s = %.2f× | %s |\n", l.QPS, secs(kv.TTFTp90), secs(ll.TTFTp90), r, check(r <= 1.05))
+			fmt.Fprintf(w, "| nosharing @ %g QPS: TTFT p90 ≤ 1.05× least-load | %s vs %s = %.2f× | %s |\n", l.QPS, secs(kv.TTFTp90), secs(ll.TTFTp90), r, verdict(r <= 1.05))
 		}
 	}
-	// No workload and load where a non-oracle policy beats kvgate's TTFT p90 by more than 10%.
+}
+
+// noneBeatsKVGate checks that no workload and load has a non-oracle policy
+// beating kvgate's TTFT p90 by more than 10%.
+func (g goals) noneBeatsKVGate(w io.Writer) {
 	var worst []string
-	for _, a := range as {
+	for _, a := range g {
 		if a.policy == "kvgate" || a.policy == "oracle" {
 			continue
 		}
-		kv, ok := get(a.workload, a.load, "kvgate")
+		kv, ok := g.get(a.workload, a.load, "kvgate")
 		if ok && a.m.TTFTp90 > 0 && kv.TTFTp90 > 1.1*a.m.TTFTp90 {
 			worst = append(worst, fmt.Sprintf("%s %s %g: %s %s vs kvgate %s", a.workload, a.load.Kind(), a.load.Value(), a.policy, secs(a.m.TTFTp90), secs(kv.TTFTp90)))
 		}
@@ -245,7 +275,7 @@ func Goals(w io.Writer, as []agg) {
 		}
 		fig = strings.Join(worst, "; ")
 	}
-	fmt.Fprintf(w, "| no other policy (oracle excepted) beats kvgate's TTFT p90 by > 10%% | %s | %s |\n", fig, check(len(worst) == 0))
+	fmt.Fprintf(w, "| no other policy (oracle excepted) beats kvgate's TTFT p90 by > 10%% | %s | %s |\n", fig, verdict(len(worst) == 0))
 }
 
 // plotPath names a plot file in dir.

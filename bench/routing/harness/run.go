@@ -144,102 +144,131 @@ func RunPoint(ctx context.Context, env *Env, pt Point) (Result, error) {
 func Replay(ctx context.Context, base string, trace []Request, conc int, reqTimeout time.Duration) []Record {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second}}
 	defer client.CloseIdleConnections()
-	recs := make([]Record, len(trace))
-	type key struct{ conv, turn int }
-	done := make(map[key]chan struct{}, len(trace))
+	rp := &replay{ctx: ctx, client: client, base: base, trace: trace, reqTimeout: reqTimeout,
+		recs: make([]Record, len(trace)), done: make(map[turnKey]chan struct{}, len(trace))}
 	for _, r := range trace {
 		if r.Conv >= 0 {
-			done[key{r.Conv, r.Turn}] = make(chan struct{})
+			rp.done[turnKey{r.Conv, r.Turn}] = make(chan struct{})
 		}
 	}
-	waitPrev := func(r Request) bool {
-		if r.Conv < 0 || r.Turn == 0 {
-			return true
-		}
-		ch, ok := done[key{r.Conv, r.Turn - 1}]
-		if !ok {
-			return true
-		}
-		select {
-		case <-ch:
-			return true
-		case <-ctx.Done():
-			return false
-		}
+	if conc > 0 {
+		rp.closedLoop(conc)
+	} else {
+		rp.openLoop()
 	}
-	one := func(i int) {
-		r := trace[i]
-		defer func() {
-			if r.Conv >= 0 {
-				close(done[key{r.Conv, r.Turn}])
-			}
-		}()
-		if !waitPrev(r) {
-			recs[i] = Record{Err: ctx.Err(), Start: time.Now(), End: time.Now()}
-			return
+	return rp.recs
+}
+
+// turnKey names one turn of a conversation.
+type turnKey struct{ conv, turn int }
+
+// replay is one Replay call's shared state: recs[i] is written only by the
+// goroutine sending trace[i], and done[k] is closed once turn k finished.
+type replay struct {
+	ctx        context.Context
+	client     *http.Client
+	base       string
+	trace      []Request
+	reqTimeout time.Duration
+	recs       []Record
+	done       map[turnKey]chan struct{}
+}
+
+// waitPrev waits for r's previous turn; false means ctx ended first.
+func (rp *replay) waitPrev(r Request) bool {
+	if r.Conv < 0 || r.Turn == 0 {
+		return true
+	}
+	ch, ok := rp.done[turnKey{r.Conv, r.Turn - 1}]
+	if !ok {
+		return true
+	}
+	select {
+	case <-ch:
+		return true
+	case <-rp.ctx.Done():
+		return false
+	}
+}
+
+// one sends trace[i] after its previous turn and records it.
+func (rp *replay) one(i int) {
+	r := rp.trace[i]
+	defer func() {
+		if r.Conv >= 0 {
+			close(rp.done[turnKey{r.Conv, r.Turn}])
 		}
-		rctx, cancel := context.WithTimeout(ctx, reqTimeout)
-		recs[i] = send(rctx, client, base, r)
-		cancel()
+	}()
+	if !rp.waitPrev(r) {
+		rp.recs[i] = Record{Err: rp.ctx.Err(), Start: time.Now(), End: time.Now()}
+		return
+	}
+	rctx, cancel := context.WithTimeout(rp.ctx, rp.reqTimeout)
+	rp.recs[i] = send(rctx, rp.client, rp.base, r)
+	cancel()
+}
+
+// closedLoop runs conc clients. A client owns a whole conversation so its
+// turns do not hold other clients hostage; requests left unsent when ctx
+// ends are recorded as errors.
+func (rp *replay) closedLoop(conc int) {
+	units := map[int][]int{}
+	var order []int
+	for i, r := range rp.trace {
+		k := r.Conv
+		if k < 0 {
+			k = -1 - i
+		}
+		if _, ok := units[k]; !ok {
+			order = append(order, k)
+		}
+		units[k] = append(units[k], i)
 	}
 	var wg sync.WaitGroup
-	if conc > 0 {
-		// Closed loop: a client owns a whole conversation so its turns do
-		// not hold other clients hostage.
-		units := map[int][]int{}
-		var order []int
-		for i, r := range trace {
-			k := r.Conv
-			if k < 0 {
-				k = -1 - i
-			}
-			if _, ok := units[k]; !ok {
-				order = append(order, k)
-			}
-			units[k] = append(units[k], i)
-		}
-		jobs := make(chan []int)
-		for range conc {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for u := range jobs {
-					for _, i := range u {
-						one(i)
-					}
+	jobs := make(chan []int)
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for u := range jobs {
+				for _, i := range u {
+					rp.one(i)
 				}
-			}()
-		}
-	feed:
-		for _, k := range order {
-			select {
-			case jobs <- units[k]:
-			case <-ctx.Done():
-				break feed
 			}
-		}
-		close(jobs)
-		wg.Wait()
-		for i := range recs {
-			if recs[i].Start.IsZero() {
-				recs[i] = Record{Err: errors.New("not sent: point timed out"), Start: time.Now(), End: time.Now()}
-			}
-		}
-		return recs
+		}()
 	}
+feed:
+	for _, k := range order {
+		select {
+		case jobs <- units[k]:
+		case <-rp.ctx.Done():
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	for i := range rp.recs {
+		if rp.recs[i].Start.IsZero() {
+			rp.recs[i] = Record{Err: errors.New("not sent: point timed out"), Start: time.Now(), End: time.Now()}
+		}
+	}
+}
+
+// openLoop starts each request at its At offset from now.
+func (rp *replay) openLoop() {
+	var wg sync.WaitGroup
 	start := time.Now()
-	for i := range trace {
-		if d := time.Until(start.Add(trace[i].At)); d > 0 {
+	for i := range rp.trace {
+		if d := time.Until(start.Add(rp.trace[i].At)); d > 0 {
 			select {
 			case <-time.After(d):
-			case <-ctx.Done():
+			case <-rp.ctx.Done():
 			}
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); one(i) }()
+		go func() { defer wg.Done(); rp.one(i) }()
 	}
 	wg.Wait()
-	return recs
 }
 
 // send issues one streaming request and measures it from the client.
@@ -275,23 +304,19 @@ func send(ctx context.Context, c *http.Client, base string, r Request) (rec Reco
 		rec.Err = fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
 		return rec
 	}
+	readStream(br, &rec)
+	return rec
+}
+
+// readStream reads the SSE body into rec: usage, the gaps between chunks
+// that carry text, and an error if the stream broke or lacked [DONE].
+func readStream(br *bufio.Reader, rec *Record) {
 	var last time.Time
 	sawDone := false
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
-			now := time.Now()
-			data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: "))
-			if ok {
-				if string(data) == "[DONE]" {
-					sawDone = true
-				} else if n := parseChunk(data, &rec); n {
-					if !last.IsZero() {
-						rec.Gaps = append(rec.Gaps, now.Sub(last))
-					}
-					last = now
-				}
-			}
+			sawDone = streamLine(line, rec, &last) || sawDone
 		}
 		if err != nil {
 			if errors.Is(err, bufio.ErrBufferFull) {
@@ -306,7 +331,27 @@ func send(ctx context.Context, c *http.Client, base string, r Request) (rec Reco
 	if rec.Err == nil && !sawDone {
 		rec.Err = errors.New("stream ended without [DONE]")
 	}
-	return rec
+}
+
+// streamLine handles one SSE line and reports whether it was [DONE]; a
+// chunk with text adds the gap since the previous one (*last) to rec.
+func streamLine(line []byte, rec *Record, last *time.Time) bool {
+	now := time.Now()
+	data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: "))
+	if !ok {
+		return false
+	}
+	if string(data) == "[DONE]" {
+		return true
+	}
+	if !parseChunk(data, rec) {
+		return false
+	}
+	if !last.IsZero() {
+		rec.Gaps = append(rec.Gaps, now.Sub(*last))
+	}
+	*last = now
+	return false
 }
 
 // parseChunk reads usage into rec and reports whether the chunk carried text.

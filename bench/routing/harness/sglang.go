@@ -96,28 +96,43 @@ func (p *sglangPolicy) Pick(r *PickRequest) int {
 	for _, l := range p.inflight {
 		maxL, minL = max(maxL, l), min(minL, l)
 	}
+	imbalanced := maxL-minL > p.cfg.BalanceAbsThreshold && float64(maxL) > float64(minL)*p.cfg.BalanceRelThreshold
 	var pick int
-	if maxL-minL > p.cfg.BalanceAbsThreshold && float64(maxL) > float64(minL)*p.cfg.BalanceRelThreshold {
-		for i, l := range p.inflight {
-			if l < p.inflight[pick] {
-				pick = i
-			}
-		}
+	if imbalanced {
+		pick = p.shortestQueue()
 	} else {
-		matched, tenant := p.tree.prefixMatch(text)
-		rate := 0.0
-		if len(text) > 0 {
-			rate = float64(matched) / float64(len(text))
-		}
-		if rate > p.cfg.CacheThreshold && tenant >= 0 {
-			pick = tenant
-		} else {
-			pick = p.tree.smallestTenant()
-		}
+		pick = p.cacheAware(text)
 	}
 	p.tree.insert(text, pick)
 	p.inflight[pick]++
 	return pick
+}
+
+// shortestQueue is the lowest-numbered worker with the fewest requests in
+// flight through this router.
+func (p *sglangPolicy) shortestQueue() int {
+	var pick int
+	for i, l := range p.inflight {
+		if l < p.inflight[pick] {
+			pick = i
+		}
+	}
+	return pick
+}
+
+// cacheAware is the balanced branch: the worker with the longest prefix
+// match if its match rate beats the cache threshold, else the worker whose
+// tree is smallest.
+func (p *sglangPolicy) cacheAware(text []rune) int {
+	matched, tenant := p.tree.prefixMatch(text)
+	rate := 0.0
+	if len(text) > 0 {
+		rate = float64(matched) / float64(len(text))
+	}
+	if rate > p.cfg.CacheThreshold && tenant >= 0 {
+		return tenant
+	}
+	return p.tree.smallestTenant()
 }
 
 func (p *sglangPolicy) Done(i int) {

@@ -57,7 +57,7 @@ type Shape struct {
 }
 
 // Workloads the harness knows, in report order.
-var Workloads = []string{"capacity", "chat", "herding", "nosharing", "mixed"}
+func Workloads() []string { return []string{"capacity", "chat", "herding", "nosharing", "mixed"} }
 
 // Generate builds the trace of workload w for one seed. Arrival offsets are
 // left at zero; Poisson stamps them per offered load, so every policy at a
@@ -82,7 +82,7 @@ func Generate(w string, s Shape, seed uint64) ([]Request, error) {
 		parts := [][]Request{g.capacity(n), g.chat(n), g.herding(n), g.nosharing(s.Requests - 3*n)}
 		out = interleave(rng, parts)
 	default:
-		return nil, fmt.Errorf("workload %q: want one of %s", w, strings.Join(Workloads, ", "))
+		return nil, fmt.Errorf("workload %q: want one of %s", w, strings.Join(Workloads(), ", "))
 	}
 	for i := range out {
 		out[i].Seq = i
@@ -218,14 +218,18 @@ func interleave(rng *rand.Rand, parts [][]Request) []Request {
 	return out
 }
 
-var words = strings.Fields(`the cluster node queue latency request token cache block prefix engine worker
+// proseWords is the vocabulary of prose.
+func proseWords() []string {
+	return strings.Fields(`the cluster node queue latency request token cache block prefix engine worker
 route balance shard replica memory budget window stream event batch sequence gap replay tensor prompt model
 scheduler throughput capacity policy fleet region service gateway upstream response header status metric
 label counter gauge histogram alert incident review deploy rollout canary config secret volume network
 packet socket kernel splice buffer thread core mutex channel context deadline retry backoff circuit probe
 invoice refund account order parcel warranty billing tariff contract ledger customer support ticket agent`)
+}
 
 func prose(rng *rand.Rand, n int) string {
+	words := proseWords()
 	var b strings.Builder
 	for i := 0; i < n; i++ {
 		if i > 0 {
