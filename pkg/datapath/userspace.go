@@ -87,6 +87,14 @@ func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, pref
 		_ = client.SetWriteDeadline(past)
 	})
 	defer stop()
+	// A client that leaves while the backend is silent wakes the read.
+	cw := watchClient(client, func() { _ = backend.SetReadDeadline(time.Unix(1, 0)) })
+	clientLeft := false
+	defer func() {
+		if !clientLeft {
+			cw.stop()
+		}
+	}()
 
 	buf := u.buffers.Get().(*[]byte)
 	defer u.buffers.Put(buf)
@@ -95,12 +103,22 @@ func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, pref
 		if opts.Silence > 0 {
 			_ = backend.SetReadDeadline(time.Now().Add(opts.Silence))
 		}
+		if cw.left() {
+			// The watch fired while the silence deadline was being set.
+			_ = backend.SetReadDeadline(time.Unix(1, 0))
+		}
 		n, rerr := backend.Read(*buf)
 		if n > 0 && !relay((*buf)[:n]) {
 			break
 		}
 		if rerr == nil {
 			continue
+		}
+		if errors.Is(rerr, os.ErrDeadlineExceeded) && ctx.Err() == nil {
+			if clientLeft = cw.stop(); clientLeft {
+				res.Ending, res.Err = ClientGone, errClientLeft
+				break
+			}
 		}
 		switch {
 		case errors.Is(rerr, io.EOF) && fr.Delimited():
@@ -122,6 +140,10 @@ func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, pref
 	u.endBroken(client, &res, fr, opts)
 	return res
 }
+
+// errClientLeft is the error of a leg whose client went away while the
+// backend was silent.
+var errClientLeft = errors.New("the client closed its connection while the backend was silent")
 
 // endBroken ends a broken event stream with SSEErrorEvent when the body
 // stopped at an event boundary (see EndBroken).
