@@ -686,6 +686,10 @@ func TestRetriesCountedOnce(t *testing.T) {
 		case rec.Attempts == 2 && len(rec.ConnectErr) == 1 && rec.ConnectErr[0] == 0:
 			retried++
 		case rec.Attempts == 1 && len(rec.ConnectErr) == 0:
+		case rec.Attempts == 2 && len(rec.ConnectErr) == 0:
+			// The first request's connect failure can open EP0's breaker
+			// before the second picks it: a refusal spends a try too
+			// (docs/dataplane.md, the attempt policy), with no connect.
 		default:
 			t.Fatalf("record: attempts %d, connect errors %v", rec.Attempts, rec.ConnectErr)
 		}
