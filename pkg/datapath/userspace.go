@@ -89,16 +89,25 @@ func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, pref
 	defer stop()
 	// A client that leaves while the backend is silent wakes the read.
 	cw := watchClient(client, func() { _ = backend.SetReadDeadline(time.Unix(1, 0)) })
-	clientLeft := false
-	defer func() {
-		if !clientLeft {
-			cw.stop()
-		}
-	}()
+	defer cw.stop()
 
 	buf := u.buffers.Get().(*[]byte)
 	defer u.buffers.Put(buf)
+	if ending, err, byRead := u.copyBody(ctx, backend, *buf, opts, fr, cw, relay); byRead {
+		res.Ending, res.Err = ending, err
+	}
+	stop()
+	// The client keeps no stale deadline for its next request.
+	_ = client.SetWriteDeadline(time.Time{})
+	u.endBroken(client, &res, fr, opts)
+	return res
+}
 
+// copyBody reads the backend into relay until the body ends. byRead is
+// false when relay ended the leg (it set the ending itself); otherwise the
+// read's ending is returned.
+func (u *Userspace) copyBody(ctx context.Context, backend net.Conn, buf []byte, opts Options, fr *Framing,
+	cw *clientWatch, relay func([]byte) bool) (ending Ending, err error, byRead bool) {
 	for {
 		if opts.Silence > 0 {
 			_ = backend.SetReadDeadline(time.Now().Add(opts.Silence))
@@ -107,38 +116,32 @@ func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, pref
 			// The watch fired while the silence deadline was being set.
 			_ = backend.SetReadDeadline(time.Unix(1, 0))
 		}
-		n, rerr := backend.Read(*buf)
-		if n > 0 && !relay((*buf)[:n]) {
-			break
+		n, rerr := backend.Read(buf)
+		if n > 0 && !relay(buf[:n]) {
+			return 0, nil, false
 		}
-		if rerr == nil {
-			continue
+		if rerr != nil {
+			ending, err = readEnding(ctx, rerr, fr, cw)
+			return ending, err, true
 		}
-		if errors.Is(rerr, os.ErrDeadlineExceeded) && ctx.Err() == nil {
-			if clientLeft = cw.stop(); clientLeft {
-				res.Ending, res.Err = ClientGone, errClientLeft
-				break
-			}
-		}
-		switch {
-		case errors.Is(rerr, io.EOF) && fr.Delimited():
-			res.Ending, res.Err = BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", fr.Seen(), io.ErrUnexpectedEOF)
-		case errors.Is(rerr, io.EOF):
-			res.Ending = BackendEOF
-		case ctx.Err() != nil:
-			res.Ending = Cancelled
-		case errors.Is(rerr, os.ErrDeadlineExceeded):
-			res.Ending = Silence
-		default:
-			res.Ending, res.Err = BackendError, rerr
-		}
-		break
 	}
-	stop()
-	// The client keeps no stale deadline for its next request.
-	_ = client.SetWriteDeadline(time.Time{})
-	u.endBroken(client, &res, fr, opts)
-	return res
+}
+
+// readEnding classifies a backend read error that ended the copy.
+func readEnding(ctx context.Context, rerr error, fr *Framing, cw *clientWatch) (Ending, error) {
+	switch {
+	case errors.Is(rerr, os.ErrDeadlineExceeded) && ctx.Err() == nil && cw.stop():
+		return ClientGone, errClientLeft
+	case errors.Is(rerr, io.EOF) && fr.Delimited():
+		return BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", fr.Seen(), io.ErrUnexpectedEOF)
+	case errors.Is(rerr, io.EOF):
+		return BackendEOF, nil
+	case ctx.Err() != nil:
+		return Cancelled, nil
+	case errors.Is(rerr, os.ErrDeadlineExceeded):
+		return Silence, nil
+	}
+	return BackendError, rerr
 }
 
 // errClientLeft is the error of a leg whose client went away while the
