@@ -8,8 +8,8 @@
 // health, inventories) through small interfaces, so it runs and is tested on
 // its own.
 //
-// There is no authentication or TLS yet: listen on loopback (the default
-// 127.0.0.1:11111) and do not expose the port.
+// Authentication, TLS and audit wrap the handler from outside
+// (Options.Middleware, package apiauth); docs/security.md has the model.
 package api
 
 import (
@@ -32,8 +32,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// DefaultAddr is the default --api listen address. Loopback only: the API has
-// no authentication or TLS yet.
+// DefaultAddr is the default --api listen address: loopback, where kvgate
+// starts without TLS or tokens (beyond it, cmd/kvgate requires both).
 const DefaultAddr = "127.0.0.1:11111"
 
 // BasePath is LoxiLB's API prefix.
