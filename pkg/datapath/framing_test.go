@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http/httputil"
+	"regexp"
 	"testing"
 )
 
@@ -134,6 +135,9 @@ func TestSSEErrorEvent(t *testing.T) {
 	}
 }
 
+// bwsBeforeExt finds a chunk-size line with whitespace before its extension.
+var bwsBeforeExt = regexp.MustCompile(`[0-9a-fA-F][ \t]+;`)
+
 // FuzzFraming: Feed never accepts more than it is given, does not depend on
 // how the bytes are split, and a body it calls complete is one net/http's
 // chunked reader reads to its end without error.
@@ -156,7 +160,10 @@ func FuzzFraming(f *testing.F) {
 		if m != n || split.Complete() != whole.Complete() || (split.Err() == nil) != (whole.Err() == nil) {
 			t.Fatalf("split by %d: accepted %d complete %v err %v; whole: %d %v %v", step, m, split.Complete(), split.Err(), n, whole.Complete(), whole.Err())
 		}
-		if whole.Complete() {
+		// net/http refuses whitespace between a chunk size and its extension
+		// ("0 ;x"), which RFC 9112 §7.1.1 allows as BWS and Framing accepts;
+		// such bodies are not compared.
+		if whole.Complete() && !bwsBeforeExt.Match(in[:n]) {
 			if _, err := io.Copy(io.Discard, httputil.NewChunkedReader(bytes.NewReader(in[:n]))); err != nil {
 				t.Fatalf("complete by Framing, but net/http says %v: %q", err, in[:n])
 			}
