@@ -525,3 +525,22 @@ func (g *Gateway) reconcile() {
 		g.log.Error("KV subscribers: reconcile failed", "err", err)
 	}
 }
+
+// ConnectedSubscribers counts the endpoints of a rule whose KV-event
+// subscriptions are up on every rank.
+func (g *Gateway) ConnectedSubscribers(serviceID int) int {
+	up := 0
+	for _, s := range g.Subscribers() {
+		if int(s.Service) != serviceID {
+			continue
+		}
+		ok := len(s.Ranks) > 0
+		for _, r := range s.Ranks {
+			ok = ok && r.Connected
+		}
+		if ok {
+			up++
+		}
+	}
+	return up
+}

@@ -242,19 +242,7 @@ func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb string) (*Front, er
 func waitSubscribers(ctx context.Context, g *gateway.Gateway, id, n int) error {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		up := 0
-		for _, s := range g.Subscribers() {
-			if int(s.Service) != id {
-				continue
-			}
-			ok := len(s.Ranks) > 0
-			for _, r := range s.Ranks {
-				ok = ok && r.Connected
-			}
-			if ok {
-				up++
-			}
-		}
+		up := g.ConnectedSubscribers(id)
 		if up >= n {
 			// ZeroMQ subscriptions settle just after the connect.
 			time.Sleep(200 * time.Millisecond)
