@@ -46,7 +46,9 @@ func TestValidateTLS(t *testing.T) {
 		}, "serviceArguments.mtls_frontend", "security 1"},
 		{"mode require (not LoxiLB's)", func(r *Rule) { r.Args.MTLSFrontend = &MTLSFrontend{ClientCertMode: "require", ClientCAPath: "/ca"} }, "serviceArguments.mtls_frontend.client_cert_mode", "disabled, optional, required"},
 		{"required without CA", func(r *Rule) { r.Args.MTLSFrontend = &MTLSFrontend{ClientCertMode: ClientCertRequired} }, "serviceArguments.mtls_frontend.client_ca_path", "required"},
-		{"relative CA", func(r *Rule) { r.Args.MTLSFrontend = &MTLSFrontend{ClientCertMode: ClientCertRequired, ClientCAPath: "ca.crt"} }, "serviceArguments.mtls_frontend.client_ca_path", "absolute"},
+		{"relative CA", func(r *Rule) {
+			r.Args.MTLSFrontend = &MTLSFrontend{ClientCertMode: ClientCertRequired, ClientCAPath: "ca.crt"}
+		}, "serviceArguments.mtls_frontend.client_ca_path", "absolute"},
 		{"CA without a mode", func(r *Rule) { r.Args.MTLSFrontend = &MTLSFrontend{ClientCAPath: "/ca"} }, "serviceArguments.mtls_frontend.client_ca_path", "disabled"},
 		{"CN pattern", func(r *Rule) {
 			r.Args.MTLSFrontend = &MTLSFrontend{ClientCertMode: ClientCertRequired, ClientCAPath: "/ca", RequireClientCN: true, ClientCNPattern: "*.corp"}

@@ -89,7 +89,7 @@ type Terminator struct {
 // reloadObserver adapts apiauth's observer to ours.
 type reloadObserver struct{ o Observer }
 
-func (r reloadObserver) AuthFailure(string)     {}
+func (r reloadObserver) AuthFailure(string)       {}
 func (r reloadObserver) Reload(_ string, ok bool) { r.o.Reload(ok) }
 
 // MissingFiles names the files a rule's certificate directory lacks (nil

@@ -28,7 +28,7 @@ func newCountObserver() *countObserver {
 
 func (o *countObserver) HandshakeFailed(r string) { o.mu.Lock(); o.reasons[r]++; o.mu.Unlock() }
 func (o *countObserver) Reload(ok bool)           { o.mu.Lock(); o.reloads[ok]++; o.mu.Unlock() }
-func (o *countObserver) count(r string) int        { o.mu.Lock(); defer o.mu.Unlock(); return o.reasons[r] }
+func (o *countObserver) count(r string) int       { o.mu.Lock(); defer o.mu.Unlock(); return o.reasons[r] }
 
 type fixture struct {
 	ca  *testcerts.CA
