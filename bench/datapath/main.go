@@ -394,6 +394,48 @@ func benchCerts(cfg *config) (func(), error) {
 	return func() { os.RemoveAll(dir) }, nil
 }
 
+// target is one thing the benchmark streams through.
+type target struct {
+	name    string
+	addr    string
+	pids    func() []int
+	cleanup func()
+	plain   bool // direct: the backend speaks plain HTTP even with -tls
+}
+
+// startTargets starts the proxies cfg names in front of the backend; the
+// targets started so far are returned with an error, for cleanup.
+func startTargets(cfg config, backend string) ([]target, error) {
+	var targets []target
+	for _, name := range cfg.targets {
+		switch name {
+		case "direct":
+			targets = append(targets, target{name: name, addr: backend, pids: func() []int { return nil }, cleanup: func() {}, plain: true})
+		case "userspace", "sockmap":
+			args := []string{"-role", "proxy", "-backend", backend, "-path", name}
+			if cfg.tls {
+				args = append(args, "-tls-dir", cfg.certDir)
+			}
+			p, err := spawn(args...)
+			if err != nil {
+				return targets, fmt.Errorf("starting %s proxy: %w", name, err)
+			}
+			pid := p.cmd.Process.Pid
+			targets = append(targets, target{name: name, addr: p.addr, pids: func() []int { return []int{pid} }, cleanup: p.stop})
+		case "nginx":
+			p, cleanup, err := startNginx(cfg.nginxConf, backend, cfg.certDir)
+			if err != nil {
+				return targets, fmt.Errorf("starting nginx: %w", err)
+			}
+			master := p.cmd.Process.Pid
+			targets = append(targets, target{name: name, addr: p.addr, pids: func() []int { return append([]int{master}, childrenOf(master)...) }, cleanup: cleanup})
+		default:
+			return targets, fmt.Errorf("unknown target %q", name)
+		}
+	}
+	return targets, nil
+}
+
 func orchestrate(cfg config) error {
 	if cfg.tls {
 		cleanup, err := benchCerts(&cfg)
@@ -408,12 +450,14 @@ func orchestrate(cfg config) error {
 	}
 	defer be.stop()
 
-	type target struct {
-		name    string
-		addr    string
-		pids    func() []int
-		cleanup func()
-		plain   bool // direct: the backend speaks plain HTTP even with -tls
+	targets, err := startTargets(cfg, be.addr)
+	defer func() {
+		for _, t := range targets {
+			t.cleanup()
+		}
+	}()
+	if err != nil {
+		return err
 	}
 	clientTLS := func(t target) *tls.Config {
 		if t.plain {
@@ -421,38 +465,6 @@ func orchestrate(cfg config) error {
 		}
 		return cfg.clientTLS
 	}
-	var targets []target
-	for _, name := range cfg.targets {
-		switch name {
-		case "direct":
-			targets = append(targets, target{name: name, addr: be.addr, pids: func() []int { return nil }, cleanup: func() {}, plain: true})
-		case "userspace", "sockmap":
-			args := []string{"-role", "proxy", "-backend", be.addr, "-path", name}
-			if cfg.tls {
-				args = append(args, "-tls-dir", cfg.certDir)
-			}
-			p, err := spawn(args...)
-			if err != nil {
-				return fmt.Errorf("starting %s proxy: %w", name, err)
-			}
-			pid := p.cmd.Process.Pid
-			targets = append(targets, target{name: name, addr: p.addr, pids: func() []int { return []int{pid} }, cleanup: p.stop})
-		case "nginx":
-			p, cleanup, err := startNginx(cfg.nginxConf, be.addr, cfg.certDir)
-			if err != nil {
-				return fmt.Errorf("starting nginx: %w", err)
-			}
-			master := p.cmd.Process.Pid
-			targets = append(targets, target{name: name, addr: p.addr, pids: func() []int { return append([]int{master}, childrenOf(master)...) }, cleanup: cleanup})
-		default:
-			return fmt.Errorf("unknown target %q", name)
-		}
-	}
-	defer func() {
-		for _, t := range targets {
-			t.cleanup()
-		}
-	}()
 
 	every := time.Duration(float64(time.Second) / cfg.rate)
 	perStream := int(cfg.duration / every)
@@ -624,6 +636,36 @@ func dialTarget(addr string, tlsCfg *tls.Config) (net.Conn, error) {
 	return tc, nil
 }
 
+// readStream asks for one SSE stream of perStream events on c and returns
+// each event's added latency (ms), ending early on a read error.
+func readStream(c net.Conn, perStream int, every time.Duration) ([]float64, error) {
+	c.SetDeadline(time.Now().Add(every*time.Duration(perStream) + time.Minute))
+	fmt.Fprintf(c, "GET /sse?n=%d&every=%d HTTP/1.1\r\nHost: bench\r\n\r\n", perStream, every.Microseconds())
+	br := bufio.NewReaderSize(c, 4096)
+	l := make([]float64, 0, perStream)
+	for len(l) < perStream {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return l, err
+		}
+		if !bytes.HasPrefix(line, []byte("data: {\"t\":")) {
+			continue
+		}
+		now := monoNow()
+		rest := line[len("data: {\"t\":"):]
+		j := bytes.IndexByte(rest, ',')
+		if j < 0 {
+			continue
+		}
+		t, err := strconv.ParseInt(string(rest[:j]), 10, 64)
+		if err != nil {
+			continue
+		}
+		l = append(l, float64(now-t)/1e6)
+	}
+	return l, nil
+}
+
 func runStreams(addr string, tlsCfg *tls.Config, n, perStream int, every time.Duration, backendPid int, pids []int) streamResult {
 	var chunks, errs atomic.Int64
 	lat := make([][]float64, n)
@@ -650,33 +692,11 @@ func runStreams(addr string, tlsCfg *tls.Config, n, perStream int, every time.Du
 				return
 			}
 			defer c.Close()
-			c.SetDeadline(time.Now().Add(every*time.Duration(perStream) + time.Minute))
-			fmt.Fprintf(c, "GET /sse?n=%d&every=%d HTTP/1.1\r\nHost: bench\r\n\r\n", perStream, every.Microseconds())
-			br := bufio.NewReaderSize(c, 4096)
-			got := 0
-			l := make([]float64, 0, perStream)
-			for got < perStream {
-				line, err := br.ReadSlice('\n')
-				if err != nil {
-					errs.Add(1)
-					break
-				}
-				if !bytes.HasPrefix(line, []byte("data: {\"t\":")) {
-					continue
-				}
-				now := monoNow()
-				rest := line[len("data: {\"t\":"):]
-				j := bytes.IndexByte(rest, ',')
-				if j < 0 {
-					continue
-				}
-				t, err := strconv.ParseInt(string(rest[:j]), 10, 64)
-				if err != nil {
-					continue
-				}
-				l = append(l, float64(now-t)/1e6)
-				got++
+			l, err := readStream(c, perStream, every)
+			if err != nil {
+				errs.Add(1)
 			}
+			got := len(l)
 			chunks.Add(int64(got))
 			lat[i] = l
 		}()
