@@ -125,7 +125,8 @@ type Config struct {
 	// AccessLog, when set, gets one line per request.
 	AccessLog *slog.Logger
 	Logger    *slog.Logger
-	// Dial overrides the backend dialer (tests); nil uses net.Dialer.
+	// Dial overrides the backend dialer: tests, and the TLS dialer of a
+	// security-2 rule (pkg/gateway, tls.go); nil uses net.Dialer.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// DialControl, when set, is the default dialer's net.Dialer.Control: it
 	// runs on each backend socket before connect(). The daemon uses it to tag
