@@ -207,6 +207,10 @@ func BenchmarkBackendTLSDial(b *testing.B) {
 		{"plain-tcp", func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }, plainLn.Addr().String()},
 		{"tls-full-handshake", full, eng.addr},
 		{"tls-resumed", newBackendTLSDialer(&backendRoots{path: caFile, pool: pool, seen: mtime}, nil), eng.addr},
+		// Not what kvgate does: how much of a handshake is the key exchange
+		// (Go's default hybrid X25519MLKEM768 against X25519 alone).
+		{"tls-full-handshake-x25519-only", x25519Dial(ca, false), eng.addr},
+		{"tls-resumed-x25519-only", x25519Dial(ca, true), eng.addr},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -216,5 +220,27 @@ func BenchmarkBackendTLSDial(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// x25519Dial is a TLS dialer restricted to the X25519 key exchange, with or
+// without session resumption (benchmark only).
+func x25519Dial(ca *testcerts.CA, resume bool) func(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	cfg := &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", CurvePreferences: []tls.CurveID{tls.X25519}}
+	if resume {
+		cfg.ClientSessionCache = tls.NewLRUClientSessionCache(16)
+	}
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		tc := tls.Client(nc, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		return tc, nil
 	}
 }
