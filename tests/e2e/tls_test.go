@@ -240,6 +240,22 @@ func TestTLSTermination(t *testing.T) {
 		if !strings.Contains(f.logs.String(), "TLS rule: the sockmap cannot move TLS records") {
 			t.Error("the TLS rule's body-leg choice is not logged")
 		}
+		// A token stream over TLS moves no byte through the kernel splice,
+		// whatever --datapath chose (auto splices token streams when BPF
+		// is available).
+		spliced := func() float64 { return f.metric(t, "kvgate_spliced_bytes_total", map[string]string{"path": "sockmap"}) }
+		before := spliced()
+		tc, err := tls.Dial("tcp", net.JoinHostPort(f.vip, strconv.Itoa(portTLS)), &tls.Config{RootCAs: f.ca.Pool(), ServerName: f.vip})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := rawStream(t, tc, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"no splice for TLS","max_tokens":16,"stream":true}`, model))
+		if !bytes.Contains(body, []byte("data: [DONE]")) {
+			t.Fatalf("TLS stream incomplete: %q", body)
+		}
+		if after := spliced(); after != before {
+			t.Errorf("a TLS stream moved %v bytes through the sockmap", after-before)
+		}
 	})
 	t.Run("e2ehttps", func(t *testing.T) { testE2EHTTPS(t, f) })
 }
