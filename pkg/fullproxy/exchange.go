@@ -375,8 +375,7 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 		Streamed:      r.head.Chunked || r.head.EventStream,
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
-		Chunked:       r.head.Chunked,
-		EventStream:   r.head.EventStream,
+		End:           http1.NewBodyFraming(r.head.Chunked, r.head.ContentLength, r.head.EventStream),
 	})
 }
 
