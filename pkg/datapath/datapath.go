@@ -3,10 +3,12 @@
 //
 // The proxy reads and forwards the response status line and headers itself
 // (it needs the status for the circuit breaker and the time to first byte),
-// then hands the rest of the response to a BodyLeg. A BodyLeg runs until the
-// backend ends the body, the client goes away, or the stream falls silent,
-// and reports what it moved. The userspace copy lives here; the eBPF sockmap
-// splice (package splice) implements the same interface.
+// then hands the rest of the response to a BodyLeg, with a BodyEnd that
+// follows the body's framing (Options.End): the legs move bytes and know no
+// HTTP. A BodyLeg runs until the body ends, the client goes away, or the
+// stream falls silent, and reports what it moved. The userspace copy lives
+// here; the eBPF sockmap splice (package splice) implements the same
+// interface.
 package datapath
 
 import (
