@@ -228,3 +228,30 @@ func FuzzFraming(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkBodyFraming is what a body leg pays to follow an SSE body
+// through the datapath.BodyEnd seam: 4 KiB reads of ~100-byte event chunks,
+// Feed and State per read, as the userspace leg does.
+func BenchmarkBodyFraming(b *testing.B) {
+	body := sseBody(1 << 20)
+	b.SetBytes(int64(len(body)))
+	for range b.N {
+		var end datapath.BodyEnd = NewBodyFraming(true, -1, true)
+		for p := body; len(p) > 0; {
+			n := end.Feed(p[:min(len(p), 4096)])
+			if st := end.State(); st.Err != nil || st.Complete {
+				b.Fatalf("state %+v", st)
+			}
+			p = p[n:]
+		}
+	}
+}
+
+// sseBody is at least n bytes of chunked SSE events, without the last chunk.
+func sseBody(n int) []byte {
+	var body []byte
+	for i := 0; len(body) < n; i++ {
+		body = append(body, chunkOf(fmt.Sprintf(`data: {"i":%d,"t":"%s"}`+"\n\n", i, bytes.Repeat([]byte("x"), 64)))...)
+	}
+	return body
+}
