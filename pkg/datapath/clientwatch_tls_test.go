@@ -62,7 +62,7 @@ func TestUserspaceLegTLSClient(t *testing.T) {
 			done := make(chan Result, 1)
 			go func() {
 				done <- NewUserspace(32<<10).Run(context.Background(), server, backend, nil,
-					Options{Chunked: true, ContentLength: -1, Silence: tc.silence})
+					Options{End: &endAfter{n: 1 << 20}, ContentLength: -1, Silence: tc.silence})
 			}()
 			buf := make([]byte, 64)
 			if _, err := client.Read(buf); err != nil {
