@@ -258,6 +258,38 @@ func TestTLSTermination(t *testing.T) {
 		}
 	})
 	t.Run("e2ehttps", func(t *testing.T) { testE2EHTTPS(t, f) })
+	t.Run("P/D over TLS", func(t *testing.T) { testTLSPD(t, f) })
+}
+
+// testTLSPD: a mode-1 P/D rule behind TLS: the two-leg flow answers a TLS
+// client, the decode leg streaming through the userspace copy.
+func testTLSPD(t *testing.T, f *tlsFixture) {
+	engines, zmq := startEngines(t, testnet.Block(t), []engineSpec{{role: enginesim.RolePrefill}, {role: enginesim.RoleDecode}})
+	port := testnet.Port(t, f.vip)
+	f.certify(t, port, "pd")
+	body := ruleJSON(t, f.vip, port, map[string]any{"kvExactMode": 1, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16, "security": 1},
+		engines, []int{1, 2})
+	resp, err := http.Post(f.api+"/netlox/v1/config/loadbalancer", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("P/D TLS rule: %d %s", resp.StatusCode, b)
+	}
+	c := f.client(nil)
+	req := fmt.Sprintf(`{"model":%q,"prompt":"prefill then decode, over TLS","max_tokens":12,"stream":true}`, model)
+	waitFor(t, "the P/D rule to serve", 10*time.Second, func() bool {
+		r, err := c.Post(fmt.Sprintf("https://%s:%d/v1/completions", f.vip, port), "application/json", strings.NewReader(req))
+		if err != nil {
+			return false
+		}
+		defer r.Body.Close()
+		out, err := io.ReadAll(r.Body)
+		return err == nil && r.StatusCode == 200 && r.Header.Get("x-engine-id") == "engine-1" &&
+			decisionField(r.Header.Get("x-kvgate-decision"), "decode") == "1" && bytes.Contains(out, []byte("data: [DONE]"))
+	})
 }
 
 func testTLSRefusals(t *testing.T, f *tlsFixture) {
