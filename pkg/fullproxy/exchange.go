@@ -43,6 +43,10 @@ type Exchange struct {
 	Record *Record
 	s      *Server
 	c      *clientConn
+	// watch is the backend wait registered for its endpoint going down
+	// (WatchEndpoint); ReadResponse ends it at the first byte.
+	watch *EndpointWatch
+	head  *HeadWatch // the client and endpoint watch of the current backend wait
 }
 
 // Limits are the proxy's limits.
@@ -87,7 +91,7 @@ func (x *Exchange) Dial(ctx context.Context, addr string) (net.Conn, error) {
 // that went away mid-body one for which ClientGone reports true.
 func (x *Exchange) Forward(bc net.Conn) error {
 	req := x.Req
-	_ = bc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
+	x.armWrite(bc, time.Now().Add(x.s.lim.WriteTimeout))
 	defer bc.SetWriteDeadline(time.Time{})
 	o := x.outgoing(bc, nil, nil)
 	if req.BodyInspected {
@@ -108,7 +112,7 @@ func (x *Exchange) Forward(bc net.Conn) error {
 // the client's: the client's headers minus hop-by-hop ones and those named
 // in drop (lower case), then set, Content-Length, "Connection: close".
 func (x *Exchange) WriteRequest(bc net.Conn, body []byte, set []HeaderField, drop ...string) error {
-	_ = bc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
+	x.armWrite(bc, time.Now().Add(x.s.lim.WriteTimeout))
 	defer bc.SetWriteDeadline(time.Time{})
 	skip := map[string]bool{}
 	for _, d := range drop {
@@ -139,7 +143,7 @@ func (x *Exchange) streamBody(bc net.Conn) error {
 	req := x.Req
 	buf := make([]byte, 32<<10)
 	writeChunk := func(p []byte) error {
-		_ = bc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
+		x.armWrite(bc, time.Now().Add(x.s.lim.WriteTimeout))
 		if req.Chunked {
 			return http1.WriteChunk(bc, p)
 		}
@@ -248,10 +252,12 @@ func (r *BackendResponse) Get(name string) string {
 // reads the response head (within WriteTimeout of the first byte). A
 // deadline passing before the first byte gives an error matching
 // os.ErrDeadlineExceeded; a close before it gives ErrNoResponse; a head
-// that does not parse gives a *BadResponseError.
+// that does not parse gives a *BadResponseError. The first byte ends bc's
+// WatchEndpoint registration, so an endpoint going down after it leaves
+// the response alone.
 func (x *Exchange) ReadResponse(bc net.Conn, deadline time.Time) (*BackendResponse, error) {
 	br := bufio.NewReaderSize(bc, 16<<10)
-	_ = bc.SetReadDeadline(deadline)
+	x.armRead(bc, deadline)
 	if _, err := br.Peek(1); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, ErrNoResponse
@@ -259,7 +265,8 @@ func (x *Exchange) ReadResponse(bc net.Conn, deadline time.Time) (*BackendRespon
 		return nil, err
 	}
 	first := time.Now()
-	_ = bc.SetReadDeadline(earliest(deadline, first.Add(x.s.lim.WriteTimeout)))
+	x.answered(bc)
+	x.armRead(bc, earliest(deadline, first.Add(x.s.lim.WriteTimeout)))
 	rh, err := http1.ReadResponseHead(br, x.s.lim.MaxHeaderBytes)
 	if err != nil {
 		return nil, &BadResponseError{FirstByte: first, Err: err}

@@ -79,6 +79,10 @@ type Server struct {
 	wg       sync.WaitGroup
 	served   chan struct{}
 	nConns   atomic.Int64
+
+	// waits are the backend waits without a response byte, per endpoint
+	// (headwait.go).
+	waits headWaits
 }
 
 // Listen binds the rule's address (with IP_FREEBIND) and returns a Server;
