@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -167,10 +168,12 @@ func TestHungEngineAndDepartedClients(t *testing.T) {
 	requireRoot(t)
 	tp := newTopo(t)
 	a := tp.startEngine(t, nil, eng1Addr)
-	tp.startEngine(t, nil, eng2Addr)
+	b := tp.startEngine(t, nil, eng2Addr)
+	tp.startEngine(t, nil, relayIP) // a second decode engine for the P/D rule
 	rec := startRecBackend(t, tp, net.JoinHostPort(relayIP, "9100"))
 	httpProbe := map[string]any{"probetype": "http"}
 	engA, engB := net.JoinHostPort(eng1Addr, fmt.Sprint(engPort)), net.JoinHostPort(eng2Addr, fmt.Sprint(engPort))
+	engC := net.JoinHostPort(relayIP, fmt.Sprint(engPort))
 
 	type leg struct {
 		name, datapath string
@@ -189,6 +192,12 @@ func TestHungEngineAndDepartedClients(t *testing.T) {
 	both := d.createRule(t, 8300, []string{engA, engB}, httpProbe)
 	single := d.createRule(t, 8301, []string{engA}, httpProbe)
 	bothBase, singleBase := fmt.Sprintf("http://%s:8300", gwAddr), fmt.Sprintf("http://%s:8301", gwAddr)
+	// P/D rules: prefill on A; decode on B and C, or on B alone.
+	pdArgs := map[string]any{"kvExactMode": 1, "kvZmqPort": zmqPort, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16,
+		"probetype": "http", "probeInterval": 1, "probeTimeout": 1, "probeRetries": 1}
+	pdBoth := createRuleRoles(t, d, 8320, []string{engA, engB, engC}, []int{1, 2, 2}, pdArgs)
+	pdSingle := createRuleRoles(t, d, 8321, []string{engA, engB}, []int{1, 2}, pdArgs)
+	pdBothBase, pdSingleBase := fmt.Sprintf("http://%s:8320", gwAddr), fmt.Sprintf("http://%s:8321", gwAddr)
 
 	for _, l := range legs {
 		for _, path := range []string{"/hang", "/stream"} {
@@ -299,6 +308,82 @@ func TestHungEngineAndDepartedClients(t *testing.T) {
 			t.Fatalf("no request on the two-engine rule was re-routed (attempts 2): %v", d.accessLog(t))
 		}
 	})
+
+	// The P/D flow: the decode engine B stopped while decodes wait on it.
+	t.Run("sigstop_pd_decode", func(t *testing.T) {
+		waitFor(t, "every endpoint probed up again", 20*time.Second, func() bool { return !d.probedDown(t, "") })
+		cl := tp.client()
+		cl.Timeout = 30 * time.Second
+		// Warm both rules (the first P/D request loads the tokenizer), so the
+		// requests below reach the decode leg before the probe notices.
+		for _, base := range []string{pdBothBase, pdSingleBase} {
+			if r := <-chatAsync(cl, base, "pd warm", 2); r.status != 200 {
+				t.Fatalf("warm-up P/D request: %+v", r)
+			}
+		}
+		b.signal(t, syscall.SIGSTOP)
+		defer b.signal(t, syscall.SIGCONT)
+		stopped := time.Now()
+		var onBoth []<-chan hangAnswer
+		for i := range 4 {
+			onBoth = append(onBoth, chatAsync(cl, pdBothBase, fmt.Sprintf("pd stopped %d", i), 4))
+		}
+		onSingle := chatAsync(cl, pdSingleBase, "pd stopped single", 4)
+		waitFor(t, "decodes in flight on the stopped engine", 5*time.Second, func() bool {
+			return d.metric(t, "kvgate_endpoint_inflight", map[string]string{"ep_idx": "1"}) >= 2
+		})
+		const bound = 1*time.Second*1 + time.Second + 6*time.Second
+		for i, ch := range onBoth {
+			r := recvHang(t, ch, bound-time.Since(stopped))
+			if r.err != nil || r.status != 200 || r.engine != "engine-"+relayIP {
+				t.Fatalf("P/D request %d with two decode engines: %+v, want 200 from engine-%s", i, r, relayIP)
+			}
+		}
+		r := recvHang(t, onSingle, bound-time.Since(stopped))
+		if r.err != nil || r.status != 503 || r.code != "endpoint_down" {
+			t.Fatalf("P/D request with one decode engine: %+v, want 503 endpoint_down", r)
+		}
+		t.Logf("the one-decode P/D request got 503 endpoint_down %s after SIGSTOP", r.at.Sub(stopped).Round(time.Millisecond))
+		for _, svc := range []int{pdBoth, pdSingle} {
+			if n := d.metric(t, "kvgate_endpoint_inflight", map[string]string{"service": fmt.Sprint(svc), "ep_idx": "1"}); n != 0 {
+				t.Fatalf("service %d: kvgate_endpoint_inflight of the stopped decode engine %v, want 0", svc, n)
+			}
+		}
+		if n := d.metric(t, "kvgate_pd_retries_total", map[string]string{"service": fmt.Sprint(pdBoth), "leg": "decode"}); n < 1 {
+			t.Fatalf("kvgate_pd_retries_total{leg=decode} %v, want the re-routes counted", n)
+		}
+	})
+}
+
+// createRuleRoles creates a rule on gwAddr:port whose endpoints have the
+// given ep_role values (1 prefill, 2 decode).
+func createRuleRoles(t *testing.T, d *daemon, port int, endpoints []string, roles []int, args map[string]any) int {
+	t.Helper()
+	a := map[string]any{"externalIP": gwAddr, "port": port, "protocol": "tcp", "sel": 0, "mode": 4}
+	for k, v := range args {
+		a[k] = v
+	}
+	var eps []map[string]any
+	for i, ep := range endpoints {
+		h, p, _ := net.SplitHostPort(ep)
+		n, _ := strconv.Atoi(p)
+		eps = append(eps, map[string]any{"endpointIP": h, "targetPort": n, "weight": 1, "ep_role": roles[i]})
+	}
+	body, _ := json.Marshal(map[string]any{"serviceArguments": a, "endpoints": eps})
+	resp, err := d.tp.client().Post("http://"+d.api+"/netlox/v1/config/loadbalancer", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Result    string `json:"result"`
+		ServiceID int    `json:"service_id"`
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || json.Unmarshal(raw, &out) != nil || out.Result != "Success" {
+		t.Fatalf("create rule: %d %s", resp.StatusCode, raw)
+	}
+	return out.ServiceID
 }
 
 func recvHang(t *testing.T, ch <-chan hangAnswer, bound time.Duration) hangAnswer {
