@@ -33,7 +33,7 @@ type hungBackend struct {
 
 func (h *hungBackend) release() { h.once.Do(func() { close(h.hold) }) }
 
-func startHungBackend(t *testing.T, read bool) *hungBackend {
+func startHungBackend(t testing.TB, read bool) *hungBackend {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -103,7 +103,7 @@ func (h *hungBackend) lastClosed() time.Time {
 	return h.closed[len(h.closed)-1]
 }
 
-func waitCh(t *testing.T, ch chan struct{}, what string, bound time.Duration) {
+func waitCh(t testing.TB, ch chan struct{}, what string, bound time.Duration) {
 	t.Helper()
 	select {
 	case <-ch:
