@@ -587,17 +587,9 @@ func (r *run) prefillLeg(ctx context.Context, p int, deadline time.Time) legOutc
 		return legOutcome{kind: legDied, err: err}
 	}
 	start := time.Now()
-	dctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	bc, err := x.Dial(dctx, r.topo.eps[p].addr())
-	if err != nil {
-		switch {
-		case ctx.Err() != nil:
-			return legOutcome{kind: legCancelled, err: err}
-		case dctx.Err() != nil:
-			return legOutcome{kind: legTimeout, err: err}
-		}
-		return legOutcome{kind: legConnectFailed, err: err}
+	bc, out := r.dialPrefill(ctx, p, deadline)
+	if bc == nil {
+		return out
 	}
 	defer bc.Close()
 	stop := fullproxy.CloseOnCancel(ctx, bc)
@@ -631,6 +623,29 @@ func (r *run) prefillLeg(ctx context.Context, p int, deadline time.Time) legOutc
 		return legOutcome{kind: legClientError, resp: resp, body: b}
 	}
 	return legOutcome{kind: legOK, resp: resp, body: b}
+}
+
+// dialPrefill connects to prefill endpoint p before deadline, watching the
+// client meanwhile; a nil conn comes with the leg's outcome.
+func (r *run) dialPrefill(ctx context.Context, p int, deadline time.Time) (net.Conn, legOutcome) {
+	wctx, stopWatch := r.x.WatchClient(ctx)
+	dctx, cancel := context.WithDeadline(wctx, deadline)
+	defer cancel()
+	bc, err := r.x.Dial(dctx, r.topo.eps[p].addr())
+	// Read the contexts before stopWatch, which cancels wctx (and dctx).
+	cancelled, left, late := ctx.Err() != nil, wctx.Err() != nil, dctx.Err() != nil
+	stopWatch()
+	switch {
+	case err == nil:
+		return bc, legOutcome{}
+	case cancelled:
+		return nil, legOutcome{kind: legCancelled, err: err}
+	case left:
+		return nil, legOutcome{kind: legClientGone, err: err}
+	case late:
+		return nil, legOutcome{kind: legTimeout, err: err}
+	}
+	return nil, legOutcome{kind: legConnectFailed, err: err}
 }
 
 func legErr(ctx context.Context, hw *fullproxy.HeadWatch, err error) legOutcome {
