@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/attempt"
@@ -441,29 +442,59 @@ func (x *Exchange) Failf(status int, code, format string, args ...any) bool {
 // IsTimeout reports whether err is a deadline passing.
 func IsTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
+// clientWatchDelay is how long a wait runs before WatchClient starts
+// peeking at the client: most answers come sooner, and a peek costs a
+// goroutine and three deadline changes per request. It bounds how late a
+// departure is noticed (with the wake-up), well inside the 100 ms goal of
+// docs/dataplane.md ("Hung engines and departed clients").
+const clientWatchDelay = 5 * time.Millisecond
+
 // WatchClient returns a context that also ends when the client closes its
 // connection while the proxy waits on something else (a prefill, an
-// admission park), so a departed client's request stops holding an
-// admission slot. Call stop before the client connection is used again; a
-// pipelined next request that arrives meanwhile stays buffered for it. With
-// a request body still streaming, the client is not watched.
+// admission park, a response head), so a departed client's request stops
+// holding an admission slot or an engine. Call stop before the client
+// connection is used again; a pipelined next request that arrives
+// meanwhile stays buffered for it. With a request body still streaming,
+// the client is not watched. The peek starts after clientWatchDelay.
 func (x *Exchange) WatchClient(parent context.Context) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	if !x.Req.bodyDone {
 		return ctx, cancel
 	}
-	_ = x.c.nc.SetReadDeadline(time.Time{}) // before the goroutine: stop's deadline must win
-	done := make(chan struct{})
-	go func() {
+	var (
+		mu      sync.Mutex
+		started bool
+		stopped bool
+		done    = make(chan struct{})
+	)
+	timer := time.AfterFunc(clientWatchDelay, func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		started = true
+		// Under mu: stop's expired deadline, set under mu too, must win.
+		_ = x.c.nc.SetReadDeadline(time.Time{})
+		mu.Unlock()
 		defer close(done)
 		if _, err := x.c.br.Peek(1); err != nil && !IsTimeout(err) {
 			cancel() // EOF or reset: the client is gone
 		}
-	}()
+	})
 	return ctx, func() {
-		_ = x.c.nc.SetReadDeadline(time.Unix(1, 0))
-		<-done
-		_ = x.c.nc.SetReadDeadline(time.Time{})
+		timer.Stop()
+		mu.Lock()
+		stopped = true
+		peeking := started
+		if peeking {
+			_ = x.c.nc.SetReadDeadline(time.Unix(1, 0))
+		}
+		mu.Unlock()
+		if peeking {
+			<-done
+			_ = x.c.nc.SetReadDeadline(time.Time{})
+		}
 		cancel()
 	}
 }

@@ -14,14 +14,29 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/pkg/epset"
 )
 
-// headWaits is the set of registered waits per endpoint. The zero value is
+// headWaits is the set of registered waits, one shard per endpoint so
+// requests to different endpoints never share a lock. The zero value is
 // ready.
 type headWaits struct {
-	mu   sync.Mutex
-	byEp map[int]map[*EndpointWatch]struct{}
+	shards [epset.Max]waitShard
+}
+
+type waitShard struct {
+	mu  sync.Mutex
+	set map[*EndpointWatch]struct{}
+}
+
+func (ws *headWaits) shard(ep int) *waitShard {
+	if uint(ep) >= epset.Max {
+		return nil
+	}
+	return &ws.shards[ep]
 }
 
 // EndpointWatch is one backend connection waiting for its first response
@@ -29,12 +44,12 @@ type headWaits struct {
 // with Exchange.WatchEndpoint; ReadResponse ends the registration at the
 // first byte, and Stop ends it in any case.
 type EndpointWatch struct {
-	ws *headWaits
-	ep int
+	sh *waitShard // nil: an ep_idx out of range, never watched
 	bc net.Conn
-	// Under ws.mu. answered: the first response byte came (it wins over a
-	// down in the same instant).
-	down, ended, answered bool
+	// down: the endpoint went down first; answered: the first response
+	// byte came (it wins over a down in the same instant).
+	down, answered atomic.Bool
+	ended          bool // under sh.mu
 }
 
 // WatchEndpoint registers bc, connected to ep, until its first response
@@ -43,33 +58,22 @@ type EndpointWatch struct {
 // true. Call Stop when the exchange is done (it is idempotent). Only one
 // watch per Exchange is active; a new one replaces the old.
 func (x *Exchange) WatchEndpoint(ep int, bc net.Conn) *EndpointWatch {
-	ws := &x.s.waits
-	w := &EndpointWatch{ws: ws, ep: ep, bc: bc}
-	ws.mu.Lock()
-	if ws.byEp == nil {
-		ws.byEp = map[int]map[*EndpointWatch]struct{}{}
+	w := &EndpointWatch{sh: x.s.waits.shard(ep), bc: bc}
+	if w.sh != nil {
+		w.sh.mu.Lock()
+		if w.sh.set == nil {
+			w.sh.set = map[*EndpointWatch]struct{}{}
+		}
+		w.sh.set[w] = struct{}{}
+		w.sh.mu.Unlock()
 	}
-	set := ws.byEp[ep]
-	if set == nil {
-		set = map[*EndpointWatch]struct{}{}
-		ws.byEp[ep] = set
-	}
-	set[w] = struct{}{}
-	ws.mu.Unlock()
 	x.watch = w
 	return w
 }
 
 // Down reports whether the endpoint went down before the first response
 // byte.
-func (w *EndpointWatch) Down() bool {
-	if w == nil {
-		return false
-	}
-	w.ws.mu.Lock()
-	defer w.ws.mu.Unlock()
-	return w.down
-}
+func (w *EndpointWatch) Down() bool { return w != nil && w.down.Load() }
 
 // Stop ends the registration and reports whether the endpoint went down
 // before it.
@@ -77,22 +81,19 @@ func (w *EndpointWatch) Stop() bool {
 	if w == nil {
 		return false
 	}
-	w.ws.mu.Lock()
-	defer w.ws.mu.Unlock()
-	w.endLocked()
-	return w.down
+	w.end()
+	return w.down.Load()
 }
 
-func (w *EndpointWatch) endLocked() {
-	if w.ended {
+func (w *EndpointWatch) end() {
+	if w.sh == nil {
 		return
 	}
-	w.ended = true
-	if set := w.ws.byEp[w.ep]; set != nil {
-		delete(set, w)
-		if len(set) == 0 {
-			delete(w.ws.byEp, w.ep)
-		}
+	w.sh.mu.Lock()
+	defer w.sh.mu.Unlock()
+	if !w.ended {
+		w.ended = true
+		delete(w.sh.set, w)
 	}
 }
 
@@ -101,10 +102,8 @@ func (w *EndpointWatch) endLocked() {
 // instant, the byte wins; the caller re-arms bc's read deadline after this.
 func (x *Exchange) answered(bc net.Conn) {
 	if w := x.watch; w != nil && w.bc == bc {
-		w.ws.mu.Lock()
-		w.answered = true
-		w.endLocked()
-		w.ws.mu.Unlock()
+		w.answered.Store(true)
+		w.end()
 	}
 }
 
@@ -114,19 +113,27 @@ func (x *Exchange) answered(bc net.Conn) {
 // or answers 503 endpoint_down. It returns how many waits it ended and must
 // not block: the health tracker calls it synchronously.
 func (s *Server) EndpointDown(ep int) int {
-	ws := &s.waits
-	ws.mu.Lock()
-	set := ws.byEp[ep]
-	delete(ws.byEp, ep)
-	for w := range set {
-		w.down, w.ended = true, true
+	sh := s.waits.shard(ep)
+	if sh == nil {
+		return 0
+	}
+	sh.mu.Lock()
+	n := 0
+	for w := range sh.set {
+		w.ended = true
+		delete(sh.set, w)
+		if w.answered.Load() {
+			continue
+		}
+		w.down.Store(true)
 		_ = w.bc.SetDeadline(expiredDeadline)
+		n++
 	}
-	ws.mu.Unlock()
-	if len(set) > 0 {
-		s.log.Warn("endpoint down: ending the requests that had no response byte from it", "ep", ep, "requests", len(set))
+	sh.mu.Unlock()
+	if n > 0 {
+		s.log.Warn("endpoint down: ending the requests that had no response byte from it", "ep", ep, "requests", n)
 	}
-	return len(set)
+	return n
 }
 
 // Replayable reports whether the request can be sent again to another
@@ -239,10 +246,5 @@ func (x *Exchange) expired(bc net.Conn) bool {
 		return true
 	}
 	w := x.watch
-	if w == nil || w.bc != bc {
-		return false
-	}
-	w.ws.mu.Lock()
-	defer w.ws.mu.Unlock()
-	return w.down && !w.answered
+	return w != nil && w.bc == bc && w.down.Load() && !w.answered.Load()
 }

@@ -13,29 +13,35 @@ import (
 // closes its connection, while kvgate waits for the response head, the
 // backend sees its connection close: the 100 ms goal of docs/dataplane.md
 // ("Hung engines and departed clients"). Reported as the median and the
-// slowest of b.N departures.
+// slowest of b.N departures, for a client that leaves at once (the watch
+// starts after clientWatchDelay) and one that leaves after 20 ms.
 //
 //	go test -run '^$' -bench DepartedClientBeforeHead -benchtime 200x ./pkg/fullproxy/
 func BenchmarkDepartedClientBeforeHead(b *testing.B) {
-	hung := startHungBackend(b, true)
-	hung.release()
-	s := benchProxy(b, Config{Handler: NewForward(&staticRouter{addrs: []string{hung.addr}}, nil),
-		Limits: Limits{ResponseHeaderTimeout: time.Minute}})
-	lat := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for range b.N {
-		c, err := net.Dial("tcp", s.Addr().String())
-		if err != nil {
-			b.Fatal(err)
-		}
-		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-		waitCh(b, hung.gotCh, "the request reached the backend", 10*time.Second)
-		left := time.Now()
-		c.Close()
-		waitCh(b, hung.eofCh, "the backend connection closed", 10*time.Second)
-		lat = append(lat, hung.lastClosed().Sub(left))
+	for _, stay := range []time.Duration{0, 20 * time.Millisecond} {
+		b.Run(fmt.Sprintf("leaves_after=%s", stay), func(b *testing.B) {
+			hung := startHungBackend(b, true)
+			hung.release()
+			s := benchProxy(b, Config{Handler: NewForward(&staticRouter{addrs: []string{hung.addr}}, nil),
+				Limits: Limits{ResponseHeaderTimeout: time.Minute}})
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				c, err := net.Dial("tcp", s.Addr().String())
+				if err != nil {
+					b.Fatal(err)
+				}
+				fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+				waitCh(b, hung.gotCh, "the request reached the backend", 10*time.Second)
+				time.Sleep(stay)
+				left := time.Now()
+				c.Close()
+				waitCh(b, hung.eofCh, "the backend connection closed", 10*time.Second)
+				lat = append(lat, hung.lastClosed().Sub(left))
+			}
+			reportLatencies(b, lat, "departure")
+		})
 	}
-	reportLatencies(b, lat, "departure")
 }
 
 // BenchmarkEndpointDownAnswer measures how long after EndpointDown a
