@@ -269,15 +269,16 @@ func (f *forward) noHead(x *Exchange, d Decision, hw *HeadWatch, sent time.Time,
 	log := x.s.log
 	var bad *BadResponseError
 	switch {
+	case hw.ClientLeft():
+		// First: a head read cut by the departure is not the backend's fault.
+		log.Debug("client left before the response head; backend connection closed", "ep", d.Endpoint)
+		x.Record.Outcome = OutcomeClientGone
+		return false, false
 	case errors.As(err, &bad):
 		x.Record.TTFB = bad.FirstByte.Sub(sent)
 		x.TTFB(d.Endpoint, x.Record.TTFB)
 		log.Info("backend sent a malformed response head", "ep", d.Endpoint, "addr", d.Addr, "err", bad.Err)
 		return x.Failf(502, "backend_bad_response", "endpoint %d sent a malformed response head: %v", d.Endpoint, bad.Err), false
-	case hw.ClientLeft():
-		log.Debug("client left before the response head; backend connection closed", "ep", d.Endpoint)
-		x.Record.Outcome = OutcomeClientGone
-		return false, false
 	case hw.EndpointDown():
 		return false, true
 	case sendErr != nil:
