@@ -2,7 +2,7 @@ package fullproxy
 
 // The handler seam. The connection server (server.go) reads a request and
 // hands it to the rule's Handler as an Exchange; every handler (the plain
-// forward in forward.go, package pd's two-leg flow) drives its backends
+// forward in forward.go, or any flow built outside) drives its backends
 // through the same calls, so a request is framed, bounded, accounted and
 // observed the same way whichever flow serves it (docs/dataplane.md).
 
@@ -383,8 +383,7 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 		Streamed:      r.head.Chunked || r.head.EventStream,
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
-		Chunked:       r.head.Chunked,
-		EventStream:   r.head.EventStream,
+		End:           http1.NewBodyFraming(r.head.Chunked, r.head.ContentLength, r.head.EventStream),
 	})
 }
 
@@ -450,7 +449,7 @@ func IsTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 const clientWatchDelay = 5 * time.Millisecond
 
 // WatchClient returns a context that also ends when the client closes its
-// connection while the proxy waits on something else (a prefill, an
+// connection while the proxy waits on something else (another backend, an
 // admission park, a response head), so a departed client's request stops
 // holding an admission slot or an engine. Call stop before the client
 // connection is used again; a pipelined next request that arrives
