@@ -35,7 +35,9 @@
 // Errors kvgate answers itself share one body shape,
 // {"error":"<code>","detail":"…"}: bad_request 400, request_header_too_large
 // 431, request_body_too_large 413, request_timeout 408, no_healthy_backend
-// 503, backend_unreachable 502, backend_bad_response 502, backend_timeout 504.
+// 503, backend_unreachable 502, backend_bad_response 502, backend_timeout 504,
+// endpoint_down 503 (the probe marked the endpoint down before it answered;
+// headwait.go).
 //
 // Knobs: see Limits. Observability: see Observer (the daemon wires it to
 // pkg/metrics) and the access log (Config.AccessLog).
@@ -80,6 +82,10 @@ type Server struct {
 	wg       sync.WaitGroup
 	served   chan struct{}
 	nConns   atomic.Int64
+
+	// waits are the backend waits without a response byte, per endpoint
+	// (headwait.go).
+	waits headWaits
 }
 
 // Listen binds the rule's address (with IP_FREEBIND) and returns a Server;

@@ -382,6 +382,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
 	}
 	rt.server = srv
+	rh.endpointDown = func(ep int) { srv.EndpointDown(ep) }
 	if err := rh.start(rule, sel); err != nil {
 		_ = srv.Close()
 		return err
