@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"net"
 	"os"
@@ -88,7 +89,7 @@ func TestInspectionBounds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r, st := newRouter(t, tc.trust, tc.maxTokens, tc.gate)
 			before := testutil.ToFloat64(m.KVSkips.WithLabelValues("7", tc.cause))
-			req := &fullproxy.Request{BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: tc.body}
+			req := &fullproxy.Request{Target: apiPath(tc.body), BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: tc.body}
 			sc := r.prepare(st, req)
 			if tc.cause == "" {
 				if sc.selReq.Upstream != selector.ReasonNone || len(sc.selReq.Hashes) == 0 {
@@ -179,10 +180,24 @@ func FuzzPrepare(f *testing.F) {
 		states[trust] = st
 	}
 	f.Fuzz(func(t *testing.T, body []byte, trust bool) {
-		req := &fullproxy.Request{BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: body}
+		// The path decides how the body is read (reqfacts.KindFromPath):
+		// every prompt-bearing API gets fuzzed bodies.
+		path := fuzzPaths[len(body)%len(fuzzPaths)]
+		req := &fullproxy.Request{Target: path, BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: body}
 		sc := routers[trust].prepare(states[trust], req)
 		if len(sc.selReq.Hashes) > 0 && sc.tokens > 256 {
 			t.Fatalf("hashed %d tokens past the 256-token bound", sc.tokens)
 		}
 	})
 }
+
+// apiPath is the API path a test body is sent to: chat for a body with
+// messages, else completions.
+func apiPath(body []byte) string {
+	if bytes.Contains(body, []byte(`"messages"`)) {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+var fuzzPaths = [...]string{"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"}
