@@ -55,6 +55,9 @@ func ConvertMessages(raw []byte) (*Conversation, error) {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 	}
+	if len(out) == 0 {
+		return nil, invalidf("the conversation converts to no message")
+	}
 	conv := &Conversation{Messages: toMessages(out), AddGenerationPrompt: true}
 	if conv.Tools, err = anthropicTools(top); err != nil {
 		return nil, err
