@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testnet"
+)
+
+// sdkCall is one SDK call's summary printed by node/apis.mjs.
+type sdkCall struct {
+	Decision string          `json:"decision"`
+	Engine   string          `json:"engine"`
+	Cached   *string         `json:"cached"` // x-enginesim-cached-tokens (non-streamed answers only)
+	Text     string          `json:"text"`
+	Status   string          `json:"status"`
+	Stop     string          `json:"stop"`
+	Types    []string        `json:"types"`
+	Usage    json.RawMessage `json:"usage"`
+}
+
+// TestConversationAPIsNodeSDKs drives the real kvgate daemon with the
+// official OpenAI Node SDK (client.responses.create, streamed and not) and
+// the official Anthropic SDK (client.messages.stream and .create) to two
+// real enginesim processes. The second request of each API shares the
+// first one's instructions or system prompt: it must be a tier-1.5 hit on
+// the engine that served the first, and the engine's cached tokens must
+// equal kvgate's matched blocks (kvgate computed vLLM's token ids for both
+// APIs). It skips without node or the npm modules, unless
+// KVGATE_REQUIRE_NODE is set (CI installs them with npm ci).
+func TestConversationAPIsNodeSDKs(t *testing.T) {
+	node, err := exec.LookPath("node")
+	var modErr error
+	for _, m := range []string{"openai", "@anthropic-ai/sdk"} {
+		if _, err := os.Stat(filepath.Join("node/node_modules", m, "package.json")); err != nil {
+			modErr = err
+		}
+	}
+	if err != nil || modErr != nil {
+		if os.Getenv("KVGATE_REQUIRE_NODE") != "" {
+			t.Fatalf("KVGATE_REQUIRE_NODE is set but node (%v) or a module in node/node_modules (%v) is missing; run npm ci in tests/e2e/node", err, modErr)
+		}
+		t.Skip("node or tests/e2e/node/node_modules missing (npm ci in tests/e2e/node); set KVGATE_REQUIRE_NODE to fail instead")
+	}
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	block := testnet.Block(t)
+	hosts := [2]string{block + "11", block + "12"}
+	eport := testnet.Port(t, hosts[0])
+	eng := startProc(t, []string{"PYTHONHASHSEED=0"}, filepath.Join(dir, "enginesim"), "--host", hosts[0], "--port", fmt.Sprint(eport),
+		"--replicas", "2", "--model", model, "--tokenizer", repoTokenizerDir(t), "--time-scale", "0.05", "--log-level", "warn")
+	waitFor(t, "the engines", 30*time.Second, func() bool {
+		for _, h := range hosts {
+			resp, err := http.Get(fmt.Sprintf("http://%s:%d/health", h, eport))
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+		}
+		return true
+	})
+	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
+	gw := startProc(t, []string{"LLB_KV_NONE_HASH_SEED=0"}, filepath.Join(dir, "kvgate"), "--api", api, "--state-dir", t.TempDir(),
+		"--tokenizer-dir", stagingDir(t), "--decision-header")
+	tg := &testGateway{api: "http://" + api}
+	waitFor(t, "the management API", 20*time.Second, func() bool {
+		resp, err := http.Get(tg.api + "/netlox/v1/config/loadbalancer/all")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	})
+	vip, vport := block+"1", testnet.Port(t, block+"1")
+	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","sel":0,"mode":4,
+		"kvExactMode":3,"kvZmqPort":5557,"kvHashAlgo":"sha256_cbor","kvBlockSize":16},
+		"endpoints":[{"endpointIP":%q,"targetPort":%d,"weight":1},{"endpointIP":%q,"targetPort":%d,"weight":1}]}`,
+		vip, vport, hosts[0], eport, hosts[1], eport)
+	id := tg.createRule(t, []byte(rule))
+	tg.waitSubscribed(t, id, 2)
+	diag := func() string { return "\n--- kvgate:\n" + gw.logs.String() + "\n--- enginesim:\n" + eng.logs.String() }
+
+	cmd := exec.Command(node, "apis.mjs", fmt.Sprintf("http://%s:%d", vip, vport), model)
+	cmd.Dir = "node"
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node: %v\n%s%s", err, stderr.String(), diag())
+	}
+	var res map[string]sdkCall
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("node output %q: %v", out, err)
+	}
+
+	// Each API: the first call seeds an engine, the second (same prefix)
+	// must hit it, and the engine's cached tokens are kvgate's matched blocks.
+	cachedOf := map[string]func(c sdkCall) int{
+		"responsesStream": func(c sdkCall) int {
+			var u struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"input_tokens_details"`
+			}
+			_ = json.Unmarshal(c.Usage, &u)
+			return u.Details.Cached
+		},
+		"messages": func(c sdkCall) int {
+			if c.Cached == nil {
+				return -1
+			}
+			n, _ := strconv.Atoi(*c.Cached)
+			return n
+		},
+	}
+	pairs := []struct{ first, second string }{{"responses", "responsesStream"}, {"messagesStream", "messages"}}
+	for _, p := range pairs {
+		first, second := res[p.first], res[p.second]
+		for name, c := range map[string]sdkCall{p.first: first, p.second: second} {
+			if c.Text == "" || c.Decision == "" || !strings.HasPrefix(c.Engine, block) {
+				t.Fatalf("%s through the SDK: %+v%s", name, c, diag())
+			}
+		}
+		if decisionField(second.Decision, "tier") != "1.5" || second.Engine != first.Engine {
+			t.Fatalf("%s: decision %q on %s, want a tier-1.5 hit on %s (the engine %s warmed)%s", p.second, second.Decision, second.Engine, first.Engine, p.first, diag())
+		}
+		score, _ := strconv.Atoi(decisionField(second.Decision, "score"))
+		if cached := cachedOf[p.second](second); score < 2 || cached != score*16 {
+			t.Fatalf("%s: kvgate matched %d blocks, the engine cached %d tokens%s", p.second, score, cached, diag())
+		}
+	}
+
+	// The streams have each API's event sequence, as the SDKs parsed them.
+	rs := res["responsesStream"].Types
+	if len(rs) < 3 || rs[0] != "response.created" || rs[len(rs)-1] != "response.completed" || !slices.Contains(rs, "response.output_text.delta") {
+		t.Fatalf("Responses API stream events %v", rs)
+	}
+	ms := res["messagesStream"].Types
+	if len(ms) < 3 || ms[0] != "message_start" || ms[len(ms)-1] != "message_stop" || !slices.Contains(ms, "content_block_delta") {
+		t.Fatalf("Messages API stream events %v", ms)
+	}
+	if res["messages"].Stop != "max_tokens" || res["responses"].Status != "incomplete" {
+		t.Fatalf("8 output tokens end both answers: stop_reason %q, status %q", res["messages"].Stop, res["responses"].Status)
+	}
+	waitFor(t, "in-flight counts back to 0", 5*time.Second, func() bool {
+		return tg.metric(t, "kvgate_endpoint_inflight", map[string]string{"service": strconv.Itoa(id)}) == 0
+	})
+}
