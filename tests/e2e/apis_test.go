@@ -94,17 +94,36 @@ func TestConversationAPIsNodeSDKs(t *testing.T) {
 	tg.waitSubscribed(t, id, 2)
 	diag := func() string { return "\n--- kvgate:\n" + gw.logs.String() + "\n--- enginesim:\n" + eng.logs.String() }
 
-	cmd := exec.Command(node, "apis.mjs", fmt.Sprintf("http://%s:%d", vip, vport), model)
-	cmd.Dir = "node"
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node: %v\n%s%s", err, stderr.String(), diag())
+	base := fmt.Sprintf("http://%s:%d", vip, vport)
+	res := map[string]sdkCall{}
+	run := func(call string) sdkCall {
+		cmd := exec.Command(node, "apis.mjs", base, model, call)
+		cmd.Dir = "node"
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("node %s: %v\n%s%s", call, err, stderr.String(), diag())
+		}
+		var c sdkCall
+		if err := json.Unmarshal(out, &c); err != nil {
+			t.Fatalf("node %s output %q: %v", call, out, err)
+		}
+		res[call] = c
+		return c
 	}
-	var res map[string]sdkCall
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("node output %q: %v", out, err)
+	// The second call of each API may be sent only once kvgate holds the
+	// blocks the first one stored (the KV events arrive asynchronously).
+	blocks := func(ep string) float64 {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": strconv.Itoa(id), "ep_idx": ep})
+	}
+	for _, call := range []string{"responses", "responsesStream", "messagesStream", "messages"} {
+		before := map[string]float64{"0": blocks("0"), "1": blocks("1")}
+		c := run(call)
+		if call == "responses" || call == "messagesStream" {
+			ep := decisionField(c.Decision, "ep")
+			waitFor(t, call+"'s blocks in kvgate", 10*time.Second, func() bool { return blocks(ep) > before[ep] })
+		}
 	}
 
 	// Each API: the first call seeds an engine, the second (same prefix)
