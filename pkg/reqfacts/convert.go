@@ -164,5 +164,5 @@ func flatName(namespace, name string) string {
 	return namespace + "__" + name
 }
 
-// joinNonEmpty mirrors Python's "".join over a list (no separator).
-func joinNonEmpty(parts []string) string { return strings.Join(parts, "") }
+// concat is Python's "".join: the parts with no separator.
+func concat(parts []string) string { return strings.Join(parts, "") }

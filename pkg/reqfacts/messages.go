@@ -196,7 +196,7 @@ func anthropicSystem(top *chattemplate.Dict, msgs []anthropicMessage) (*chattemp
 	if len(parts) == 0 {
 		return nil, nil
 	}
-	return dict("role", "system", "content", joinNonEmpty(parts)), nil
+	return dict("role", "system", "content", concat(parts)), nil
 }
 
 // appendAnthropicMessage is _convert_messages for one message: tool results
@@ -245,7 +245,7 @@ func appendAnthropicMessage(out []*chattemplate.Dict, m anthropicMessage) ([]*ch
 		// redacted_thinking and tool_reference blocks add nothing.
 	}
 	if hasReasoning {
-		msg.Set("reasoning", joinNonEmpty(reasoning))
+		msg.Set("reasoning", concat(reasoning))
 	}
 	if len(calls) > 0 {
 		msg.Set("tool_calls", calls)
@@ -308,7 +308,10 @@ func anthropicToolResult(out []*chattemplate.Dict, parts []any, b *chattemplate.
 	case []any:
 		var texts []string
 		for _, v := range c {
-			item := v.(*chattemplate.Dict) // anthropicBlocks checked
+			item, ok := v.(*chattemplate.Dict)
+			if !ok {
+				continue // vLLM skips a non-object item (anthropicBlocks rejects them first)
+			}
 			switch field(item, "type") {
 			case "text":
 				t, ok := field(item, "text").(string)
