@@ -252,9 +252,11 @@ func (rs *responder) responsesObject(status, text string, params map[string]any)
 	return o
 }
 
+// outputMessage is the answer's message item; vLLM gives it no content part
+// when the text is empty.
 func (rs *responder) outputMessage(status, text string) outputMessage {
 	content := []outputText{}
-	if status == "completed" {
+	if status == "completed" && text != "" {
 		content = []outputText{{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: []any{}}}
 	}
 	return outputMessage{ID: "msg_" + rs.id, Type: "message", Status: status, Role: "assistant", Content: content}

@@ -223,9 +223,8 @@ func (f *Flow) Serve(ctx context.Context, x *fullproxy.Exchange) bool {
 
 // orchestrated reports a path the two-leg flow takes. The Responses and
 // Messages APIs take the plain path (docs/pd.md): the prefill rewrite speaks
-// the completions and chat fields (max_tokens, stream_options), vLLM's
-// Responses request has no kv_transfer_params, and the NixlConnector proxies
-// the flow follows orchestrate only these two APIs.
+// the completions and chat fields (max_tokens, stream_options), and the
+// NixlConnector proxies the flow follows orchestrate only those two APIs.
 func orchestrated(path string) bool {
 	k := reqfacts.KindFromPath(path)
 	return k != reqfacts.KindResponses && k != reqfacts.KindMessages
