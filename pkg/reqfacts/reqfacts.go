@@ -222,15 +222,17 @@ func Extract(raw []byte, headerModel string, opts Options) Facts {
 func ExtractPath(path string, raw []byte, headerModel string, opts Options) Facts {
 	kind := KindFromPath(path)
 	if kind == KindUnknown {
-		f := extract(raw, headerModel, opts, KindUnknown)
-		f.Kind, f.Prompts, f.Messages = KindUnknown, nil, nil
-		f.Tools, f.Documents, f.ChatTemplateKwargs, f.ChatTemplate = nil, nil, nil, ""
+		f := extract(raw, headerModel, opts, kindModelOnly)
 		f.NotPromptPath = true
 		f.Problem = fmt.Sprintf("path %q is not a prompt-bearing API", path)
 		return f
 	}
 	return extract(raw, headerModel, opts, kind)
 }
+
+// kindModelOnly asks extract for the model, stream and user only: the body
+// of a path that carries no prompt is not parsed further.
+const kindModelOnly Kind = -1
 
 // extract reads the facts; want is the kind the path names, or KindUnknown
 // to take it from the body's shape.
@@ -263,9 +265,12 @@ func extract(raw []byte, headerModel string, opts Options, want Kind) Facts {
 
 	f.Stream, _ = rawBool(b.Stream)
 	f.User, _ = rawString(b.User)
-	if want == KindResponses || want == KindMessages {
+	switch want {
+	case kindModelOnly:
+		return f
+	case KindResponses, KindMessages:
 		f.readConversation(trimmed, want)
-	} else {
+	default:
 		f.readOpenAI(&b, want)
 	}
 	if f.Problem != "" {
