@@ -179,3 +179,49 @@ func TestConversationAPIsNodeSDKs(t *testing.T) {
 		return tg.metric(t, "kvgate_endpoint_inflight", map[string]string{"service": strconv.Itoa(id)}) == 0
 	})
 }
+
+// TestPDConversationAPIsSingleLeg: on a P/D mode-1 rule, /v1/messages and
+// /v1/responses are KV-routed to a prefill endpoint and served there whole
+// (docs/pd.md): the decode engine never sees them, and a second request
+// sharing the system prompt is a tier-1.5 hit on the same prefill engine.
+func TestPDConversationAPIsSingleLeg(t *testing.T) {
+	engines, tg, id, u := startPD(t, pdTopology(), nil, nil)
+	tg.waitSubscribed(t, id, 2)
+	base := strings.TrimSuffix(u, "/v1/completions")
+	svc := strconv.Itoa(id)
+	tests := []struct {
+		path        string
+		first, warm map[string]any
+	}{
+		{"/v1/messages",
+			map[string]any{"model": model, "max_tokens": 4, "system": preamble, "messages": []any{map[string]any{"role": "user", "content": "Where are the logs?"}}},
+			map[string]any{"model": model, "max_tokens": 4, "system": []any{map[string]any{"type": "text", "text": preamble}}, "messages": []any{map[string]any{"role": "user", "content": "How do I restart a worker?"}}}},
+		{"/v1/responses",
+			map[string]any{"model": model, "max_output_tokens": 4, "instructions": preamble + " (responses)", "input": "Where are the logs?"},
+			map[string]any{"model": model, "max_output_tokens": 4, "instructions": preamble + " (responses)", "input": []any{map[string]any{"role": "user", "content": "How do I restart a worker?"}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			first := post(t, base+tc.path, tc.first)
+			if first.status != 200 || (first.engine != "engine-0" && first.engine != "engine-2") {
+				t.Fatalf("first: %d from %q: %s", first.status, first.engine, first.body)
+			}
+			ep := decisionField(first.decision, "ep")
+			waitFor(t, "the prefill engine's blocks", 5*time.Second, func() bool {
+				return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": ep}) >= 2
+			})
+			var cachedHeader string
+			warm := postWith(t, base+tc.path, tc.warm, func(h http.Header) { cachedHeader = h.Get("x-enginesim-cached-tokens") })
+			if warm.status != 200 || warm.engine != first.engine || decisionField(warm.decision, "tier") != "1.5" {
+				t.Fatalf("warm: %d from %q, decision %q; want a tier-1.5 hit on %s", warm.status, warm.engine, warm.decision, first.engine)
+			}
+			if cached, _ := strconv.Atoi(cachedHeader); cached < 32 {
+				t.Fatalf("warm: the prefill engine cached %d tokens", cached)
+			}
+		})
+	}
+	if n := engineMetric(t, engines[1], "vllm:request_success_total"); n != 0 {
+		t.Fatalf("the decode engine served %v requests", n)
+	}
+	assertLoadsZero(t, tg, id)
+}
