@@ -126,6 +126,11 @@ func (x *Exchange) WriteRequest(bc net.Conn, body []byte, set []HeaderField, dro
 
 func (x *Exchange) outgoing(bc net.Conn, drop map[string]bool, set []HeaderField) http1.Outgoing {
 	req := x.Req
+	if x.c != nil && x.c.tls != nil {
+		// The engine learns the client spoke TLS; a client's own value is
+		// replaced, never trusted (docs/security.md).
+		drop, set = forwardedProto(drop, set)
+	}
 	o := http1.Outgoing{Method: req.Method, Target: req.Target, Header: req.Header, HostFallback: bc.RemoteAddr().String(),
 		Drop: drop, Set: set}
 	if req.RemoteAddr != nil {

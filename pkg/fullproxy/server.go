@@ -44,6 +44,7 @@ package fullproxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -152,7 +153,7 @@ func (s *Server) Serve() error {
 			nc.Close()
 			continue
 		}
-		c := &clientConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10)}
+		c := s.newClientConn(nc)
 		if !s.track(c) {
 			nc.Close()
 			continue
@@ -231,11 +232,31 @@ type clientConn struct {
 	nc   net.Conn
 	br   *bufio.Reader
 	idle atomic.Bool
+	// tls is the connection's TLS side on a TLS rule (nc is then tls), nil
+	// on a plain one.
+	tls *tls.Conn
+}
+
+// newClientConn wraps an accepted connection; on a TLS rule the client's
+// bytes are read and written through TLS from here on.
+func (s *Server) newClientConn(nc net.Conn) *clientConn {
+	c := &clientConn{nc: nc}
+	if s.cfg.TLS != nil {
+		c.tls = s.cfg.TLS.Wrap(nc)
+		c.nc = c.tls
+	}
+	c.br = bufio.NewReaderSize(c.nc, 16<<10)
+	return c
 }
 
 func (s *Server) serveConn(c *clientConn) {
 	defer s.untrack(c)
 	defer c.nc.Close()
+	if c.tls != nil {
+		if err := s.cfg.TLS.Handshake(s.ctx, c.tls); err != nil {
+			return
+		}
+	}
 	for first := true; ; first = false {
 		c.idle.Store(true)
 		if s.isDraining() {
