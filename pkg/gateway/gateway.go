@@ -124,6 +124,10 @@ type ruleRuntime struct {
 	served chan struct{}
 	// stopTLS stops following a TLS rule's certificate files.
 	stopTLS func()
+	// models is the rule's model discovery (models.go); nil when off or
+	// not a KV rule. Guarded by Gateway.mu; the router reads it through
+	// its ruleState.
+	models *ruleModels
 }
 
 // New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
@@ -256,6 +260,7 @@ func (g *Gateway) Shutdown() {
 			}
 			rt.health.close()
 			rt.stopTLS()
+			rt.models.close()
 		})
 	}
 	wg.Wait()
@@ -302,7 +307,10 @@ func (g *Gateway) Snapshot(serviceID, epIdx int) (string, []uint64, bool) {
 	}
 	for _, e := range rt.rule.KVEndpoints() {
 		if e.Idx == epIdx {
-			return rt.rule.EffectiveHashAlgo(), rt.index.Snapshot(epIdx), true
+			// The index holds model-keyed hashes; the API shows the engine's.
+			hashes := rt.index.Snapshot(epIdx)
+			rt.router.state.Load().models.current().endpointSalt(epIdx).Unkey(hashes)
+			return rt.rule.EffectiveHashAlgo(), hashes, true
 		}
 	}
 	return "", nil, false
@@ -365,11 +373,19 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
+	rt.models = g.newRuleModels(rule, g.reconcile)
+	defer func() {
+		if err != nil {
+			rt.models.close()
+		}
+	}()
+	st.models = rt.models
 	rt.router.state.Store(st)
 	handler, err := rh.handler(rule, rt.router)
 	if err != nil {
 		return err
 	}
+	handler = rt.router.modelGate(handler)
 
 	addr := net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port))
 	srv, err := fullproxy.Listen(fullproxy.Config{
@@ -383,6 +399,8 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	}
 	rt.server = srv
 	rh.endpointDown = func(ep int) { srv.EndpointDown(ep) }
+	rh.probeUp = kickModels(rh.probeUp, rt.router)
+	g.watchModelBlocks(rt)
 	if err := rh.start(rule, sel); err != nil {
 		_ = srv.Close()
 		return err
@@ -441,6 +459,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	} else {
 		st.parity = g.newParity(updated, st)
 	}
+	st.models = g.updateRuleModels(rt, updated)
 	rt.router.state.Store(st)
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
@@ -487,8 +506,10 @@ func (g *Gateway) remove(rule *config.Rule) {
 		_ = rt.server.Shutdown(ctx)
 		rt.health.close()
 		rt.stopTLS()
+		rt.models.close()
 	})
 	g.Metrics.DeleteRule(rule.ServiceID)
+	g.Metrics.DeleteModelSeries(rule.ServiceID, -1)
 	g.log.Info("rule removed", "service", rule.ServiceID)
 }
 
@@ -534,10 +555,15 @@ func (g *Gateway) reconcile() {
 			g.log.Error("KV subscribers: rule not followed", "service", r.ServiceID, "err", err)
 			continue
 		}
+		view := rt.models.current()
 		for _, e := range r.KVEndpoints() {
+			if !rt.models.Tried(e.Idx) {
+				continue // subscribed once its model is known, so its blocks are keyed by it from the first event
+			}
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
-				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
+				ReplayPort: r.Args.KVReplayPort, Inventory: inventory.ModelSink{Index: rt.index, Salt: view.endpointSalt(e.Idx)},
+				Granularity: rt.router.state.Load().gran,
 				Parity: rt.router.state.Load().parity,
 			}
 			switch engine {

@@ -48,7 +48,7 @@ func pdTopology(rule *config.Rule) pd.Topology {
 // pdPlan prepares a request for the P/D flow exactly as Plan does; the
 // flow owns the result for the request's life.
 func (r *router) pdPlan(req *fullproxy.Request) pd.Plan {
-	sc := r.prepare(r.state.Load(), req)
+	sc := r.planFor(req)
 	return pd.Plan{Attempt: &sc.attempt, Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes), Stages: sc.stages}
 }
 

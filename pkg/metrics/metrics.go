@@ -145,6 +145,9 @@ type Metrics struct {
 	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
 
 	models    modelLabels
+	// perModel holds the series labelled by discovered model (models.go).
+	modelOnce sync.Once
+	perModel  *modelSeries
 	rulesMu   sync.Mutex
 	ruleIDs   map[int]bool // rules initialised, so InitRule and DeleteRule are idempotent
 	scopeOnce sync.Once
@@ -259,6 +262,7 @@ func New(opts Options) *Metrics {
 	m.APIAuthFailures = f.counter("kvgate_api_auth_failures_total", "Management API requests refused: missing, invalid or forbidden (a read token on a mutating call).", "reason")
 	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
+	m.modelSeries()
 
 	if !opts.NoProcessCollectors {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
