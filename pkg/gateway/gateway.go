@@ -564,7 +564,7 @@ func (g *Gateway) reconcile() {
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: inventory.ModelSink{Index: rt.index, Salt: view.endpointSalt(e.Idx)},
 				Granularity: rt.router.state.Load().gran,
-				Parity: rt.router.state.Load().parity,
+				Parity:      rt.router.state.Load().parity,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

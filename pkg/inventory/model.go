@@ -63,11 +63,10 @@ func (m ModelSink) keyed(hashes []uint64, f func([]uint64) error) error {
 		return f(hashes)
 	}
 	bp := keyScratch.Get().(*[]uint64)
-	b := append((*bp)[:0], hashes...)
-	m.Salt.KeyAll(b)
-	err := f(b)
-	if cap(b) <= 1<<16 { // a huge batch's buffer is not kept
-		*bp = b[:0]
+	*bp = append((*bp)[:0], hashes...)
+	m.Salt.KeyAll(*bp)
+	err := f(*bp)
+	if cap(*bp) <= 1<<16 { // a huge batch's buffer is not kept
 		keyScratch.Put(bp)
 	}
 	return err

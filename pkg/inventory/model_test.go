@@ -63,7 +63,8 @@ func TestModelSinkKeysModelsApart(t *testing.T) {
 	if ix.Blocks(0) != 4 || ix.Blocks(1) != 2 || sinks[1].Blocks(1) != 2 {
 		t.Fatalf("after removing 2 of model b's blocks: %d, %d blocks", ix.Blocks(0), ix.Blocks(1))
 	}
-	if SaltFor("") != 0 || SaltFor("x") == 0 || SaltFor("x") != SaltFor("x") || SaltFor("x") == SaltFor("y") {
+	x1, x2 := SaltFor("x"), SaltFor("x")
+	if SaltFor("") != 0 || x1 == 0 || x1 != x2 || x1 == SaltFor("y") {
 		t.Fatal("SaltFor: the empty name must be 0, others stable, distinct and non-zero")
 	}
 	if sinks[0] != (ModelSink{Index: ix, Salt: a}) || sinks[0] == sinks[1] {

@@ -144,10 +144,11 @@ type Metrics struct {
 	APIAuthFailures *prometheus.CounterVec // kvgate_api_auth_failures_total{reason}
 	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
 
-	models    modelLabels
 	// perModel holds the series labelled by discovered model (models.go).
 	modelOnce sync.Once
 	perModel  *modelSeries
+
+	models    modelLabels
 	rulesMu   sync.Mutex
 	ruleIDs   map[int]bool // rules initialised, so InitRule and DeleteRule are idempotent
 	scopeOnce sync.Once

@@ -46,7 +46,9 @@ func (m *Metrics) ModelMiss(service int, model, reason string) {
 }
 
 // ModelNotFound counts a 404 model_not_found.
-func (m *Metrics) ModelNotFound(service int) { m.modelSeries().NotFound.WithLabelValues(itoa(service)).Inc() }
+func (m *Metrics) ModelNotFound(service int) {
+	m.modelSeries().NotFound.WithLabelValues(itoa(service)).Inc()
+}
 
 // ModelDiscoveryError counts one failed /v1/models read.
 func (m *Metrics) ModelDiscoveryError(service int) {

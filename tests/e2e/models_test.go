@@ -84,7 +84,9 @@ func TestManyModelsOneRule(t *testing.T) {
 		"kvExactMode":3,"kvZmqPort":5557,"kvHashAlgo":"sha256_cbor","kvBlockSize":16},"endpoints":[%s]}`, vip, vport, strings.Join(eps, ","))))
 	svc := strconv.Itoa(id)
 	tg.waitSubscribed(t, id, len(hosts))
-	diag := func() string { return "\n--- kvgate:\n" + gw.logs.String() + "\n--- enginesim:\n" + engA.logs.String() + engB.logs.String() }
+	diag := func() string {
+		return "\n--- kvgate:\n" + gw.logs.String() + "\n--- enginesim:\n" + engA.logs.String() + engB.logs.String()
+	}
 	waitFor(t, "every endpoint's /v1/models", 10*time.Second, func() bool {
 		return tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "0"}) == 2 &&
 			tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "3"}) == 1
