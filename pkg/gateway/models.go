@@ -90,6 +90,28 @@ func (v *modelView) resolve(model string, all epset.Set) modelRoute {
 	return modelRoute{eligible: elig, restrict: elig != all, notFound: elig.Empty(), salt: e.salt, parent: e.parent, label: e.label}
 }
 
+// modelLabel is model's per-model metric label: its discovered name (or
+// other), unlisted when no endpoint lists it, "" when the rule has no
+// discovery. A client's string never becomes a label.
+func (r *router) modelLabel(model string) string {
+	rm := r.state.Load().models
+	if rm == nil {
+		return ""
+	}
+	if e, ok := rm.current().lookup(model); ok {
+		return e.label
+	}
+	return labelUnlisted
+}
+
+func (v *modelView) lookup(model string) (*modelEntry, bool) {
+	if v == nil {
+		return nil, false
+	}
+	e, ok := v.byModel[model]
+	return e, ok
+}
+
 // endpointSalt is the key ep's blocks are stored under.
 func (v *modelView) endpointSalt(ep int) inventory.ModelSalt {
 	if v == nil || ep < 0 || ep >= epset.Max {

@@ -28,7 +28,7 @@ func (h *ruleHealth) handler(rule *config.Rule, r *router) (fullproxy.Handler, e
 		ServiceID: rule.ServiceID, Begin: r.pdPlan, Plain: plain, Health: h, Admission: h.admission,
 		PrefillTimeout: h.settings.PrefillTimeout, DecodeSilence: h.settings.DecodeSilence,
 		DecodeOnlyFallback: h.settings.DecodeOnlyFallback,
-		Observer:           &pdObserver{m: h.m, service: rule.ServiceID}, Logger: h.log,
+		Observer:           &pdObserver{m: h.m, service: rule.ServiceID, modelLabel: r.modelLabel}, Logger: h.log,
 	}, pdTopology(rule))
 	if err != nil {
 		return nil, fmt.Errorf("service %d: %w", rule.ServiceID, err)
@@ -56,6 +56,9 @@ func (r *router) pdPlan(req *fullproxy.Request) pd.Plan {
 type pdObserver struct {
 	m       *metrics.Metrics
 	service int
+	// modelLabel maps a request's model to its per-model metric label ("":
+	// no discovery on the rule; models.go).
+	modelLabel func(model string) string
 }
 
 func (o *pdObserver) Decided(d selector.Decision) {
@@ -73,6 +76,11 @@ func (o *pdObserver) Committed(out selector.Outcome, model string, stages []full
 	}
 	observeStages(o.m, o.service, stages)
 	recordOutcome(o.m, o.service, out)
+	if out.Hit && o.modelLabel != nil {
+		if l := o.modelLabel(model); l != "" {
+			o.m.ModelHit(o.service, l)
+		}
+	}
 }
 
 func (o *pdObserver) Leg(leg, model string, d time.Duration) {

@@ -227,7 +227,7 @@ func (r *router) preparePlan(st *ruleState, req *fullproxy.Request) *plan {
 	}
 	f := &sc.facts
 	sr.Model = f.Model
-	if f.Model != "" {
+	if f.Model != "" && st.models != nil {
 		sc.model = st.models.current().resolve(f.Model, st.all)
 		if sc.model.parent != "" && f.LoRA == "" {
 			f.LoRA = f.Model // a discovered adapter: its name enters the block keys, as vLLM hashes it
