@@ -71,3 +71,36 @@ func TestModelSinkKeysModelsApart(t *testing.T) {
 		t.Fatal("ModelSink must compare by index and salt (a changed salt is a changed ingest target)")
 	}
 }
+
+// BenchmarkModelSinkAdd is BenchmarkAdd through a model-keyed sink: the
+// cost of keying each event batch (a pooled copy and an XOR per hash) on
+// top of the index's own add and remove. salt=0 is the unkeyed pass-through.
+func BenchmarkModelSinkAdd(b *testing.B) {
+	for _, salt := range []ModelSalt{0, SaltFor("Qwen/Qwen3-0.6B")} {
+		name := "salt=0"
+		if salt != 0 {
+			name = "salt=model"
+		}
+		b.Run(name, func(b *testing.B) {
+			ix, _ := fleet(b, 8, 125_000)
+			sink := ModelSink{Index: ix, Salt: salt}
+			batch := make([]uint64, 512)
+			n := 0
+			for b.Loop() {
+				seed := uint64(n) * 0x2545f4914f6cdd1d
+				for j := range batch {
+					batch[j] = seed + uint64(j)*0x9e3779b97f4a7c15
+				}
+				e := n % 8
+				n++
+				if err := sink.Add(e, 0, "", batch); err != nil {
+					b.Fatal(err)
+				}
+				if err := sink.Remove(e, 0, "", batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(2*len(batch)*b.N)/b.Elapsed().Seconds()/1e6, "Mhash/s")
+		})
+	}
+}
