@@ -1,11 +1,22 @@
 package gateway
 
 import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/epset"
+	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/inventory"
+	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/models"
+	"github.com/kvgate/kvgate/pkg/selector"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
 // TestModelViewResolve: a request routes only among the endpoints that
@@ -75,5 +86,85 @@ func TestModelViewBounds(t *testing.T) {
 	}
 	if got := metricLabel("a b\"c}" + string(make([]byte, 200))); len(got) != 128 || got[:6] != "a_b_c_" {
 		t.Fatalf("metricLabel kept %q", got[:8])
+	}
+}
+
+// TestRouterPerModel: through the router, a request for each model is
+// tokenized with its own staged tokenizer (an adapter's with its discovered
+// parent), its hashes are keyed by its model, so two models with one
+// tokenizer and one seed never share a key, and the endpoints that do not
+// serve it are excluded; a model nobody serves is marked not found.
+func TestRouterPerModel(t *testing.T) {
+	rule := mustRule(t, `{"serviceArguments":{"externalIP":"127.0.0.1","port":9,"mode":4,"kvExactMode":3},
+		"endpoints":[{"endpointIP":"127.0.0.1","targetPort":10},{"endpointIP":"127.0.0.1","targetPort":11},{"endpointIP":"127.0.0.1","targetPort":12}]}`)
+	rule.AssignIndices(nil)
+	st, err := newRuleState(rule, config.DefaultSettings(), quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm := &ruleModels{}
+	rm.view.Store(buildView(map[int]models.Served{
+		0: {Bases: []string{baseModel}, Adapters: map[string]string{"sql-lora": baseModel}},
+		1: {Bases: []string{"model-b"}},
+		2: {Bases: []string{"model-b"}},
+	}))
+	st.models = rm
+	sel, err := selector.New(selectorRule(rule), selector.DefaultOptions(), selector.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := stagedQwen3(t)
+	if err := os.Symlink(filepath.Join(dir, tokenizer.Slug(baseModel)), filepath.Join(dir, tokenizer.Slug("model-b"))); err != nil {
+		t.Fatal(err)
+	}
+	pool := tokenizer.NewPool(dir)
+	r := &router{service: 1, sel: sel, opts: selector.DefaultOptions(), pool: pool, log: quietLogger()}
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 8)
+	m, err := pool.Get(baseModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := m.EncodePrompt(prompt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed := func(model, lora string) []uint64 {
+		h := st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: lora})
+		inventory.SaltFor(model).KeyAll(h)
+		return h
+	}
+	cases := []struct {
+		model    string
+		lora     string
+		hashes   []uint64
+		excluded epset.Set
+		notFound bool
+	}{
+		{baseModel, "", keyed(baseModel, ""), epset.Of(1, 2), false},
+		{"model-b", "", keyed("model-b", ""), epset.Of(0), false},
+		{"sql-lora", "sql-lora", keyed(baseModel, "sql-lora"), epset.Of(1, 2), false},
+		{"nobody", "", nil, epset.Of(0, 1, 2), true},
+	}
+	for _, c := range cases {
+		t.Run(c.model, func(t *testing.T) {
+			req := &fullproxy.Request{Target: "/v1/completions", BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1},
+				Body: fmt.Appendf(nil, `{"model":%q,"prompt":%q}`, c.model, prompt)}
+			sc := r.prepare(st, req)
+			if sc.model.notFound != c.notFound || sc.facts.LoRA != c.lora {
+				t.Fatalf("notFound %v lora %q; want %v %q", sc.model.notFound, sc.facts.LoRA, c.notFound, c.lora)
+			}
+			if !slices.Equal(sc.selReq.Hashes, c.hashes) {
+				t.Fatalf("hashes %v, want %v", sc.selReq.Hashes, c.hashes)
+			}
+			if got := sc.attempt.Excluded(); got != c.excluded {
+				t.Fatalf("excluded %v, want %v", got, c.excluded)
+			}
+		})
+	}
+	a, b := keyed(baseModel, ""), keyed("model-b", "")
+	for i := range a {
+		if a[i] == b[i] {
+			t.Fatalf("block %d: two models with one tokenizer and seed share a key", i)
+		}
 	}
 }
