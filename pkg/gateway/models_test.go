@@ -3,17 +3,24 @@ package gateway
 import (
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvhash"
+	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/models"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
@@ -167,4 +174,88 @@ func TestRouterPerModel(t *testing.T) {
 			t.Fatalf("block %d: two models with one tokenizer and seed share a key", i)
 		}
 	}
+}
+
+// TestDiscoveryRereads: discovery reads an endpoint at start, again when
+// its probe comes up (kick; the interval here is an hour, so only the kick
+// can explain the re-read), tells the gateway when the endpoint's key
+// changes, keeps the last listing when a read fails and counts the failure.
+func TestDiscoveryRereads(t *testing.T) {
+	var mu sync.Mutex
+	body, status := `{"data":[{"id":"model-a"}]}`, 200
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}))
+	defer srv.Close()
+	host, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	rule := mustRule(t, fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.0.1","port":9,"mode":4,"kvExactMode":3},
+		"endpoints":[{"endpointIP":%q,"targetPort":%s}]}`, host, port))
+	rule.AssignIndices(nil)
+	s := config.DefaultSettings()
+	s.ModelDiscoveryInterval = time.Hour
+	m := metrics.New(metrics.Options{NoProcessCollectors: true})
+	g := &Gateway{opts: Options{Settings: s}, Metrics: m, log: quietLogger(), guard: recovery.New(quietLogger(), m)}
+	var changes atomic.Int32
+	rm := g.newRuleModels(rule, func() { changes.Add(1) })
+	defer rm.close()
+	base := func() string {
+		v := rm.current()
+		if v == nil || !v.known.Has(0) {
+			return ""
+		}
+		return v.base[0]
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	wait("the first read", func() bool { return base() == "model-a" && rm.Tried(0) && changes.Load() == 1 })
+
+	mu.Lock()
+	body = `{"data":[{"id":"model-b"},{"id":"b-lora","parent":"model-b"}]}`
+	mu.Unlock()
+	rm.kick(0)
+	wait("the re-read on probe-up", func() bool { return base() == "model-b" && changes.Load() == 2 })
+	if e, ok := rm.current().lookup("b-lora"); !ok || e.parent != "model-b" {
+		t.Fatalf("adapter not discovered: %+v", e)
+	}
+
+	mu.Lock()
+	status, body = 500, `oops`
+	mu.Unlock()
+	rm.kick(0)
+	wait("the failed read to be counted", func() bool {
+		return gatheredSum(t, m, "kvgate_model_discovery_errors_total") == 1
+	})
+	if base() != "model-b" || changes.Load() != 2 {
+		t.Fatalf("a failed read changed the view: base %q, %d changes", base(), changes.Load())
+	}
+}
+
+// gatheredSum sums a family's samples from the registry.
+func gatheredSum(t *testing.T, m *metrics.Metrics, name string) float64 {
+	t.Helper()
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			sum += mt.GetCounter().GetValue() + mt.GetGauge().GetValue()
+		}
+	}
+	return sum
 }
