@@ -77,6 +77,11 @@ type Options struct {
 	// breaks one at an event boundary, the leg sends a final error event
 	// (SSEErrorEvent) before the connection closes.
 	EventStream bool
+	// Tap, when set, sees every body byte written to the client, in wire
+	// form, after the write (the per-request usage audit, docs/parity.md).
+	// A tapped body is copied in userspace: bytes the kernel moves are never
+	// seen. Tap must not keep p.
+	Tap func(p []byte)
 }
 
 // Result reports what a body leg did.

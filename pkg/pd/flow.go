@@ -131,7 +131,12 @@ type Config struct {
 	// copy the prefill's cached_tokens into its usage (default 8 MiB);
 	// larger ones stream through unchanged.
 	MaxBufferedDecode int64
-	Observer          Observer
+	// PrefillUsage, when set, gets each two-leg request's decision and its
+	// prefill answer, for the per-request usage audit (docs/parity.md): the
+	// prefill's usage is the one that describes the prompt and the cache
+	// hit kvgate predicted. The decode's relayed body is then not audited.
+	PrefillUsage func(d fullproxy.Decision, prefillBody []byte)
+	Observer     Observer
 	Logger            *slog.Logger
 }
 
@@ -453,6 +458,10 @@ func (r *run) prefilled(ctx context.Context, p int, body []byte) bool {
 	r.obs().Committed(o, r.plan.Model, r.plan.Stages)
 	pr := parsePrefill(body)
 	r.params, r.cached = pr.params, pr.cached
+	if audit := r.f.cfg.PrefillUsage; audit != nil {
+		r.x.Record.UsageAudited = true
+		audit(r.x.Record.Decision, body)
+	}
 	r.obs().KVParams(r.plan.Model, pr.params != nil)
 	if pr.params == nil {
 		r.f.log.Warn("prefill response without kv_transfer_params; decode computes the prompt", "prefill_ep", p)
