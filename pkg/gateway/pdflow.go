@@ -29,7 +29,7 @@ func (h *ruleHealth) handler(rule *config.Rule, r *router, audit *usageAuditor) 
 		PrefillTimeout: h.settings.PrefillTimeout, DecodeSilence: h.settings.DecodeSilence,
 		DecodeOnlyFallback: h.settings.DecodeOnlyFallback,
 		Observer:           &pdObserver{m: h.m, service: rule.ServiceID}, Logger: h.log,
-		PrefillUsage:       audit.prefillUsage,
+		PrefillUsage: audit.prefillUsage,
 	}, pdTopology(rule))
 	if err != nil {
 		return nil, fmt.Errorf("service %d: %w", rule.ServiceID, err)

@@ -131,13 +131,14 @@ type Config struct {
 	// copy the prefill's cached_tokens into its usage (default 8 MiB);
 	// larger ones stream through unchanged.
 	MaxBufferedDecode int64
+	Observer          Observer
+	Logger            *slog.Logger
+
 	// PrefillUsage, when set, gets each two-leg request's decision and its
 	// prefill answer, for the per-request usage audit (docs/parity.md): the
 	// prefill's usage is the one that describes the prompt and the cache
 	// hit kvgate predicted. The decode's relayed body is then not audited.
 	PrefillUsage func(d fullproxy.Decision, prefillBody []byte)
-	Observer     Observer
-	Logger            *slog.Logger
 }
 
 // Flow is the mode-1 request flow of one rule; it is the rule's
