@@ -81,14 +81,17 @@ func TestUsageAudit(t *testing.T) {
 	}
 	enginesimBin, _ := preflightBins(t)
 	cases := []struct {
-		name      string
-		args      []string
-		wrongTok  bool
-		mismatch  bool // prompt-token mismatches expected
-		noDetails bool
+		name        string
+		args        []string
+		wrongTok    bool    // stage Llama 3's tokenizer under the Qwen3 model
+		wrongTmpl   bool    // stage Qwen3's tokenizer with a different chat template
+		mismatches  float64 // prompt-token mismatches expected, of the 5 requests
+		noDetails   bool
+		exactCached bool // every cached-token prediction exact
 	}{
-		{name: "matched"},
-		{name: "wrong-tokenizer", wrongTok: true, mismatch: true},
+		{name: "matched", exactCached: true},
+		{name: "wrong-tokenizer", wrongTok: true, mismatches: 5},
+		{name: "chat-template", wrongTmpl: true, mismatches: 1}, // only the chat request renders a template
 		{name: "no-details", args: []string{"--enable-prompt-tokens-details=false"}, noDetails: true},
 	}
 	for _, tc := range cases {
@@ -98,7 +101,8 @@ func TestUsageAudit(t *testing.T) {
 			host := block + "11"
 			httpPort, zmq := startEngineProcess(t, enginesimBin, host, []string{"PYTHONHASHSEED=0"}, tc.args...)
 			staging := stagingDir(t)
-			if tc.wrongTok {
+			switch {
+			case tc.wrongTok:
 				staging = t.TempDir()
 				llama, err := filepath.Abs("../../pkg/tokenizer/testdata/llama3")
 				if err != nil {
@@ -107,6 +111,8 @@ func TestUsageAudit(t *testing.T) {
 				if err := os.Symlink(llama, filepath.Join(staging, "Qwen__Qwen3-0.6B")); err != nil {
 					t.Fatal(err)
 				}
+			case tc.wrongTmpl:
+				staging = stageOtherTemplate(t)
 			}
 			tg, logs := startLoggedGateway(t, block, staging)
 			vip := block + "1"
@@ -133,45 +139,76 @@ func TestUsageAudit(t *testing.T) {
 			second := post(t, url, map[string]any{"model": model, "prompt": prompt, "max_tokens": 2})
 			streamUsage(t, url, prompt)
 			streamUsage(t, url, auditPrompt(tc.name+" stream")) // userspace gateway: every stream is read
+			chatURL := fmt.Sprintf("http://%s:%d/v1/chat/completions", vip, port)
+			if r := post(t, chatURL, map[string]any{"model": model, "max_tokens": 2,
+				"messages": []map[string]any{{"role": "user", "content": auditPrompt(tc.name + " chat")}}}); r.status != 200 {
+				t.Fatalf("chat: %d %s", r.status, r.body)
+			}
 
 			var found float64
-			waitFor(t, "four audited responses", 5*time.Second, func() bool {
+			waitFor(t, "five audited responses", 5*time.Second, func() bool {
 				found = auditCount(t, tg, "audited") + auditCount(t, tg, "no_details")
-				return found == 4
+				return found == 5
 			})
 			mismatches := tg.metric(t, "kvgate_kv_prompt_tokens_mismatch_total", map[string]string{"model": modelLabel})
 			count, exact := cachedErrorExact(t, tg)
 			t.Logf("second request: cached %d of %d (decision %s); audited %v, mismatches %v, cached errors %v (%v exact)",
 				second.cached(), second.usage.PromptTokens, second.decision, found, mismatches, count, exact)
 			switch {
-			case tc.mismatch:
-				if mismatches != 4 {
-					t.Fatalf("%v prompt-token mismatches, want 4", mismatches)
-				}
+			case mismatches != tc.mismatches:
+				t.Fatalf("%v prompt-token mismatches, want %v", mismatches, tc.mismatches)
+			case tc.mismatches > 0:
 				for _, want := range []string{"kv usage audit", "model=" + model, "kvgate_prompt_tokens=", "engine_prompt_tokens=", "first_diff_at_most="} {
 					if !strings.Contains(logs.String(), want) {
 						t.Fatalf("kvgate's log has no %q:\n%s", want, logs.String())
 					}
 				}
 				t.Logf("log: %s", grepLine(logs.String(), "kv usage audit"))
-			case mismatches != 0:
-				t.Fatalf("%v prompt-token mismatches in a matched setup", mismatches)
 			}
 			if tc.noDetails {
-				if n := auditCount(t, tg, "no_details"); n != 4 || count != 0 {
-					t.Fatalf("no_details %v (want 4), cached errors %v (want 0)", n, count)
+				if n := auditCount(t, tg, "no_details"); n != 5 || count != 0 {
+					t.Fatalf("no_details %v (want 5), cached errors %v (want 0)", n, count)
 				}
 				checkUsageRowWarns(t, tg, id)
 				return
 			}
-			if count != 4 {
-				t.Fatalf("%v cached-token errors recorded, want 4", count)
+			if count != 5 {
+				t.Fatalf("%v cached-token errors recorded, want 5", count)
 			}
-			if !tc.wrongTok && (exact != 4 || second.cached() == 0) {
-				t.Fatalf("%v of 4 cached-token predictions exact (second request cached %d)", exact, second.cached())
+			if tc.exactCached && (exact != 5 || second.cached() == 0) {
+				t.Fatalf("%v of 5 cached-token predictions exact (second request cached %d)", exact, second.cached())
 			}
 		})
 	}
+}
+
+// stageOtherTemplate stages Qwen3's tokenizer with a chat template that
+// adds a line the engine's does not: completions still count alike, chat
+// prompts do not.
+func stageOtherTemplate(t *testing.T) string {
+	t.Helper()
+	src := repoTokenizerDir(t)
+	dir := filepath.Join(t.TempDir(), "Qwen__Qwen3-0.6B")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(src, "tokenizer.json"), filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(src, "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["chat_template"] = "{{- 'Reply briefly.\\n' }}" + cfg["chat_template"].(string)
+	out, _ := json.Marshal(cfg)
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(dir)
 }
 
 // checkUsageRowWarns runs the preflight through the API and wants its usage
