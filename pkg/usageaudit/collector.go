@@ -9,8 +9,10 @@ const (
 	// KindJSON: one JSON document (a non-streamed completion); usage is a
 	// top-level field.
 	KindJSON Kind = iota
-	// KindEventStream: text/event-stream; with stream_options.include_usage
-	// the last data event before "[DONE]" carries usage.
+	// KindEventStream: text/event-stream; the last data event that names
+	// "usage" carries the final one (chat and completions with
+	// stream_options.include_usage: the event before "[DONE]"; Responses:
+	// response.completed; Messages: message_delta, before message_stop).
 	KindEventStream
 )
 
@@ -127,7 +129,9 @@ func (c *Collector) addLine(p []byte) {
 	c.line = append(c.line, p...)
 }
 
-// endLine keeps a finished "data:" line unless it is the "[DONE]" marker.
+// endLine keeps a finished "data:" line that names "usage" (a token event
+// does not, unless its text is exactly the word, which then fails to parse
+// as usage and is no worse than no event).
 func (c *Collector) endLine() {
 	line, over := c.line, c.lineOver
 	c.lineOver = false
@@ -140,7 +144,7 @@ func (c *Collector) endLine() {
 		c.lastOver, c.last = true, c.last[:0]
 	case bytes.HasPrefix(line, []byte("data:")):
 		payload := bytes.TrimPrefix(line[len("data:"):], []byte{' '})
-		if string(bytes.TrimSpace(payload)) != "[DONE]" {
+		if bytes.Contains(payload, []byte(`"usage"`)) {
 			n := copy(line, payload) // payload is a suffix of line: shift it down
 			c.last, c.line = line[:n], c.last
 			c.lastOver = false

@@ -32,35 +32,75 @@ type Usage struct {
 // long, so a larger value is garbage rather than a count.
 const maxTokenCount = 1 << 30
 
-type wireUsage struct {
-	Usage *struct {
-		PromptTokens *int64 `json:"prompt_tokens"`
-		Details      *struct {
-			CachedTokens *int64 `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
+// wireCounts is a usage object in any of the shapes vLLM serves: chat and
+// completions (prompt_tokens, prompt_tokens_details.cached_tokens), the
+// Responses API (input_tokens, input_tokens_details.cached_tokens) and the
+// Anthropic Messages API (input_tokens, which vLLM sets to the prompt's
+// tokens; it reports no cached count there).
+type wireCounts struct {
+	PromptTokens  *int64       `json:"prompt_tokens"`
+	InputTokens   *int64       `json:"input_tokens"`
+	PromptDetails *wireDetails `json:"prompt_tokens_details"`
+	InputDetails  *wireDetails `json:"input_tokens_details"`
 }
 
-// ParseJSON reads the top-level "usage" object of one JSON document (a
-// non-streamed response body, or the payload of one SSE data event). ok is
-// false when the document does not parse, has no usage object, or its
-// prompt_tokens is missing, not an integer or out of range.
+type wireDetails struct {
+	CachedTokens *int64 `json:"cached_tokens"`
+}
+
+// wireDoc finds the usage object: top level (chat, completions, a Messages
+// response or message_delta event), inside "response" (the Responses API's
+// response.completed event) or inside "message" (message_start).
+type wireDoc struct {
+	Usage    *wireCounts `json:"usage"`
+	Response *struct {
+		Usage *wireCounts `json:"usage"`
+	} `json:"response"`
+	Message *struct {
+		Usage *wireCounts `json:"usage"`
+	} `json:"message"`
+}
+
+func (d *wireDoc) counts() *wireCounts {
+	switch {
+	case d.Usage != nil:
+		return d.Usage
+	case d.Response != nil && d.Response.Usage != nil:
+		return d.Response.Usage
+	case d.Message != nil && d.Message.Usage != nil:
+		return d.Message.Usage
+	}
+	return nil
+}
+
+// ParseJSON reads the usage object of one JSON document (a non-streamed
+// response body, or the payload of one SSE data event). ok is false when the
+// document does not parse, has no usage object, or its prompt count
+// (prompt_tokens, else input_tokens) is missing, not an integer or out of
+// range.
 func ParseJSON(doc []byte) (u Usage, ok bool) {
 	doc = bytes.TrimSpace(doc)
 	if len(doc) == 0 || doc[0] != '{' || !bytes.Contains(doc, []byte(`"usage"`)) {
 		return Usage{}, false
 	}
-	var w wireUsage
-	if err := json.Unmarshal(doc, &w); err != nil || w.Usage == nil || w.Usage.PromptTokens == nil {
+	var w wireDoc
+	if err := json.Unmarshal(doc, &w); err != nil {
 		return Usage{}, false
 	}
-	pt := *w.Usage.PromptTokens
-	if pt < 0 || pt > maxTokenCount {
+	c := w.counts()
+	if c == nil {
 		return Usage{}, false
 	}
-	u.PromptTokens = int(pt)
-	if d := w.Usage.Details; d != nil && d.CachedTokens != nil {
-		ct := *d.CachedTokens
+	prompt, details := c.PromptTokens, c.PromptDetails
+	if prompt == nil {
+		prompt, details = c.InputTokens, c.InputDetails
+	}
+	if prompt == nil || *prompt < 0 || *prompt > maxTokenCount {
+		return Usage{}, false
+	}
+	u.PromptTokens = int(*prompt)
+	if details != nil && details.CachedTokens != nil {
+		ct := *details.CachedTokens
 		if ct < 0 || ct > maxTokenCount {
 			return Usage{}, false
 		}

@@ -30,6 +30,12 @@ func TestParseJSON(t *testing.T) {
 		{"truncated", `{"usage":{"prompt_tokens":7`, Usage{}, false},
 		{"empty", ``, Usage{}, false},
 		{"error body", `{"error":{"message":"boom","code":500}}`, Usage{}, false},
+		{"responses API", `{"id":"resp_1","object":"response","usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":2}}`, Usage{40, 32, true}, true},
+		{"responses API completed event", `{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":16}}}}`, Usage{40, 16, true}, true},
+		{"messages API", `{"type":"message","usage":{"input_tokens":40,"output_tokens":2}}`, Usage{PromptTokens: 40}, true},
+		{"messages API message_start", `{"type":"message_start","message":{"usage":{"input_tokens":40,"output_tokens":0}}}`, Usage{PromptTokens: 40}, true},
+		{"prompt_tokens wins over input_tokens", `{"usage":{"prompt_tokens":7,"input_tokens":9}}`, Usage{PromptTokens: 7}, true},
+		{"negative input_tokens", `{"usage":{"input_tokens":-3}}`, Usage{}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -90,6 +96,13 @@ func TestCollector(t *testing.T) {
 		{"chunk data without CRLF", KindJSON, true, "2\r\n{}xx", 0, Usage{}, BadFraming},
 		{"bytes after last chunk ignored", KindJSON, true, chunk(usageEvent, 50) + "garbage", 0, Usage{33, 16, true}, Found},
 		{"empty", KindEventStream, false, "", 0, Usage{}, NoUsage},
+		{"sse messages API", KindEventStream, false, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":30}}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"hi\"}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":33,\"output_tokens\":2}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", 0, Usage{PromptTokens: 33}, Found},
+		{"sse responses API", KindEventStream, false, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":33,\"input_tokens_details\":{\"cached_tokens\":16}}}}\n\n", 0, Usage{33, 16, true}, Found},
+		{"sse token text is the word usage", KindEventStream, false, "data: {\"choices\":[{\"text\":\"usage\"}]}\n\ndata: [DONE]\n\n", 0, Usage{}, NoUsage},
 	}
 	for _, tc := range tests {
 		for _, split := range []int{1, 3, 1 << 20} {
