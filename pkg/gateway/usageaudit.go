@@ -47,7 +47,7 @@ func auditBody(leg string, streamed bool, sample *usageaudit.Sampler) bool {
 // Tap implements fullproxy.BodyAuditor.
 func (a *usageAuditor) Tap(rec *fullproxy.Record, resp *fullproxy.BackendResponse, leg string) fullproxy.BodyTap {
 	d := rec.Decision
-	if !rec.Routed || d.Model == "" || resp.Status < 200 || resp.Status >= 300 {
+	if !rec.Routed || d.Model == "" || !generationPath(rec.Path) || resp.Status < 200 || resp.Status >= 300 {
 		return nil // not a generation request kvgate read, or no usage to expect
 	}
 	if d.PromptTokens == 0 {
@@ -68,6 +68,16 @@ func (a *usageAuditor) Tap(rec *fullproxy.Record, resp *fullproxy.BackendRespons
 		kind = usageaudit.KindEventStream
 	}
 	return &usageTap{a: a, d: d, c: usageaudit.NewCollector(kind, resp.Chunked, 0)}
+}
+
+// generationPath reports whether a request path answers with usage: the
+// generation endpoints vLLM serves (a /tokenize through the VIP does not).
+func generationPath(p string) bool {
+	switch strings.TrimSuffix(p, "/") {
+	case "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages":
+		return true
+	}
+	return false
 }
 
 // usageTap collects one relayed body.
@@ -92,8 +102,9 @@ func (t *usageTap) Done(res datapath.Result) {
 // prefill computed the prompt and reports its own cache hit, which is the
 // overlap kvgate predicted on the prefill endpoint (the decode's usage
 // describes the transferred blocks instead; docs/pd.md).
-func (a *usageAuditor) prefillUsage(d fullproxy.Decision, body []byte) {
-	if d.Model == "" {
+func (a *usageAuditor) prefillUsage(rec *fullproxy.Record, body []byte) {
+	d := rec.Decision
+	if d.Model == "" || !generationPath(rec.Path) {
 		return
 	}
 	if d.PromptTokens == 0 {

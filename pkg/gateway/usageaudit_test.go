@@ -67,3 +67,14 @@ func TestAuditBody(t *testing.T) {
 		}
 	}
 }
+
+func TestGenerationPath(t *testing.T) {
+	for p, want := range map[string]bool{
+		"/v1/completions": true, "/v1/chat/completions": true, "/v1/chat/completions/": true, "/v1/responses": true,
+		"/v1/messages": true, "/tokenize": false, "/v1/models": false, "/v1/embeddings": false, "": false,
+	} {
+		if got := generationPath(p); got != want {
+			t.Errorf("generationPath(%q) = %v, want %v", p, got, want)
+		}
+	}
+}

@@ -134,11 +134,12 @@ type Config struct {
 	Observer          Observer
 	Logger            *slog.Logger
 
-	// PrefillUsage, when set, gets each two-leg request's decision and its
-	// prefill answer, for the per-request usage audit (docs/parity.md): the
-	// prefill's usage is the one that describes the prompt and the cache
-	// hit kvgate predicted. The decode's relayed body is then not audited.
-	PrefillUsage func(d fullproxy.Decision, prefillBody []byte)
+	// PrefillUsage, when set, gets each two-leg request's record (its
+	// decision names the prefill endpoint) and its prefill answer, for the
+	// per-request usage audit (docs/parity.md): the prefill's usage is the
+	// one that describes the prompt and the cache hit kvgate predicted. The
+	// decode's relayed body is then not audited.
+	PrefillUsage func(rec *fullproxy.Record, prefillBody []byte)
 }
 
 // Flow is the mode-1 request flow of one rule; it is the rule's
@@ -461,7 +462,7 @@ func (r *run) prefilled(ctx context.Context, p int, body []byte) bool {
 	r.params, r.cached = pr.params, pr.cached
 	if audit := r.f.cfg.PrefillUsage; audit != nil {
 		r.x.Record.UsageAudited = true
-		audit(r.x.Record.Decision, body)
+		audit(r.x.Record, body)
 	}
 	r.obs().KVParams(r.plan.Model, pr.params != nil)
 	if pr.params == nil {
