@@ -33,12 +33,12 @@ func newUsageAuditor(service int, r *router, m *metrics.Metrics, log *slog.Logge
 	return &usageAuditor{service: service, r: r, m: m, log: log, sample: usageaudit.NewSampler(sampleN)}
 }
 
-// auditBody is the sampling decision: a body the kernel leg would splice
-// (a streamed one on the sockmap leg) is tapped, and so copied in
-// userspace, only when the sampler takes it; any other body passes through
-// userspace anyway, so it is always read.
-func auditBody(leg string, streamed bool, sample *usageaudit.Sampler) bool {
-	if leg == "userspace" || !streamed {
+// auditBody is the sampling decision: a token stream on the sockmap leg,
+// which the kernel would splice, is tapped, and so copied in userspace,
+// only when the sampler takes it; any other body is always read (it passes
+// through userspace anyway, or is one bounded JSON document).
+func auditBody(leg string, tokenStream bool, sample *usageaudit.Sampler) bool {
+	if leg == "userspace" || !tokenStream {
 		return true
 	}
 	return sample.Take()
@@ -54,12 +54,13 @@ func (a *usageAuditor) Tap(rec *fullproxy.Record, resp *fullproxy.BackendRespons
 		a.count(d.Model, metrics.AuditNoCount)
 		return nil
 	}
-	streamed := resp.EventStream || resp.Chunked
-	if !auditBody(leg, streamed, a.sample) {
+	// A token stream is what the kernel leg splices; a JSON answer, even a
+	// chunked one, is one document, cheap to read.
+	if !auditBody(leg, resp.EventStream, a.sample) {
 		return nil
 	}
 	if enc := resp.Get("Content-Encoding"); (enc != "" && !strings.EqualFold(enc, "identity")) ||
-		(!streamed && resp.ContentLength > usageaudit.DefaultMaxBytes) {
+		(!resp.EventStream && resp.ContentLength > usageaudit.DefaultMaxBytes) {
 		a.count(d.Model, metrics.AuditNoUsage)
 		return nil
 	}
