@@ -164,6 +164,10 @@ func TestUsageAudit(t *testing.T) {
 					}
 				}
 				t.Logf("log: %s", grepLine(logs.String(), "kv usage audit"))
+				// Rate-limited: one line per 10 s, however many requests mismatch.
+				if n := strings.Count(logs.String(), "kv usage audit"); tc.mismatches > 1 && n >= int(tc.mismatches) {
+					t.Fatalf("%d mismatch lines for %v mismatches: not rate-limited", n, tc.mismatches)
+				}
 			}
 			if tc.noDetails {
 				if n := auditCount(t, tg, "no_details"); n != 5 || count != 0 {
