@@ -119,6 +119,8 @@ type ruleRuntime struct {
 	loads  *fullproxy.Loads
 	health *ruleHealth
 	served chan struct{}
+	// audit is the rule's per-request usage audit (usageaudit.go).
+	audit *usageAuditor
 }
 
 // New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
@@ -345,6 +347,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	st.parity = g.newParity(rule, st)
 	rt.router.state.Store(st)
 	audit := newUsageAuditor(id, rt.router, g.Metrics, g.auditLog, g.opts.Settings.AuditSample)
+	rt.audit = audit
 	handler, err := rh.handler(rule, rt.router, audit)
 	if err != nil {
 		return err

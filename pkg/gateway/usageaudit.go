@@ -8,6 +8,7 @@ package gateway
 import (
 	"log/slog"
 	"strings"
+	"sync/atomic"
 
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
@@ -27,6 +28,9 @@ type usageAuditor struct {
 	// sample takes 1 in LLB_KV_AUDIT_SAMPLE of the streamed bodies the
 	// kernel leg would splice.
 	sample *usageaudit.Sampler
+	// mismatches counts the rule's prompt-token mismatches for the status
+	// page (the metric is per model, the page per rule).
+	mismatches atomic.Uint64
 }
 
 func newUsageAuditor(service int, r *router, m *metrics.Metrics, log *slog.Logger, sampleN int) *usageAuditor {
@@ -127,6 +131,7 @@ func (a *usageAuditor) audit(d fullproxy.Decision, u usageaudit.Usage, found boo
 	pred, predicted := predictedCached(d, st)
 	if u.PromptTokens != d.PromptTokens {
 		a.m.PromptTokensMismatchInc(model)
+		a.mismatches.Add(1)
 		a.logMismatch(model, d, u, pred, predicted)
 	}
 	switch {
@@ -212,4 +217,16 @@ func (a *usageAuditor) logMismatch(model string, d fullproxy.Decision, u usageau
 		"difference", u.PromptTokens-d.PromptTokens,
 		"first_diff_at_least", atLeast, "first_diff_at_most", atMost,
 		"fix", "stage the engine's own tokenizer.json (and chat template) for this model (docs/tokenizer.md)")
+}
+
+// promptMismatches is a rule's running prompt-token mismatch count
+// (status.Options.PromptMismatches); 0 for an unknown rule.
+func (g *Gateway) promptMismatches(service int) uint64 {
+	g.mu.Lock()
+	rt := g.rules[service]
+	g.mu.Unlock()
+	if rt == nil || rt.audit == nil {
+		return 0
+	}
+	return rt.audit.mismatches.Load()
 }

@@ -164,6 +164,7 @@ func TestUsageAudit(t *testing.T) {
 					}
 				}
 				t.Logf("log: %s", grepLine(logs.String(), "kv usage audit"))
+				checkStatusProblem(t, tg, id, "prompt_tokens_mismatch")
 				// Rate-limited: one line per 10 s, however many requests mismatch.
 				if n := strings.Count(logs.String(), "kv usage audit"); tc.mismatches > 1 && n >= int(tc.mismatches) {
 					t.Fatalf("%d mismatch lines for %v mismatches: not rate-limited", n, tc.mismatches)
@@ -213,6 +214,34 @@ func stageOtherTemplate(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return filepath.Dir(dir)
+}
+
+// checkStatusProblem wants the status view to list a problem of kind for
+// the rule.
+func checkStatusProblem(t *testing.T, tg *testGateway, id int, kind string) {
+	t.Helper()
+	resp, err := http.Get(tg.api + "/netlox/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Problems []struct {
+			ServiceID int    `json:"service_id"`
+			Kind      string `json:"kind"`
+			Detail    string `json:"detail"`
+		} `json:"problems"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range st.Problems {
+		if p.ServiceID == id && p.Kind == kind {
+			t.Logf("status problem: %s: %s", p.Kind, p.Detail)
+			return
+		}
+	}
+	t.Fatalf("no %s problem for rule %d in %+v", kind, id, st.Problems)
 }
 
 // checkUsageRowWarns runs the preflight through the API and wants its usage
