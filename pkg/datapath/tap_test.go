@@ -28,7 +28,7 @@ func TestUserspaceTap(t *testing.T) {
 			go func() { _, _ = io.WriteString(backendFar, tc.rest+"NEXT RESPONSE") }()
 			var tapped bytes.Buffer
 			res := NewUserspace(4).Run(context.Background(), client, backend, []byte(tc.prefix),
-				Options{Silence: 5 * time.Second, Chunked: true, ContentLength: -1, Tap: func(p []byte) { tapped.Write(p) }})
+				Options{Silence: 5 * time.Second, End: &endAfter{n: len(body)}, ContentLength: -1, Tap: func(p []byte) { tapped.Write(p) }})
 			if res.Ending != BackendEOF {
 				t.Fatalf("ending %s (%v)", res.Ending, res.Err)
 			}
