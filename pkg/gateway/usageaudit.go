@@ -7,12 +7,16 @@ package gateway
 
 import (
 	"log/slog"
+	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/metrics"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/usageaudit"
 )
 
@@ -31,6 +35,7 @@ type usageAuditor struct {
 	// mismatches counts the rule's prompt-token mismatches for the status
 	// page (the metric is per model, the page per rule).
 	mismatches atomic.Uint64
+	staged     stagedModels
 }
 
 func newUsageAuditor(service int, r *router, m *metrics.Metrics, log *slog.Logger, sampleN int) *usageAuditor {
@@ -180,9 +185,8 @@ func predictedCached(d fullproxy.Decision, st *ruleState) (int, bool) {
 }
 
 // modelLabel bounds the model label to configured names: a kvLoraAdapters
-// name of the rule, or a model whose tokenizer is staged (the pool has
-// it). Anything else, such as a client's model on a token-id prompt, is
-// "other".
+// name of the rule, or a model whose tokenizer is staged. Anything else,
+// such as a client's model on a token-id prompt, is "other".
 func (a *usageAuditor) modelLabel(model string) string {
 	st := a.r.state.Load()
 	for _, name := range st.facts.Adapters {
@@ -190,12 +194,54 @@ func (a *usageAuditor) modelLabel(model string) string {
 			return model
 		}
 	}
-	if a.r.pool != nil {
-		if _, err := a.r.pool.Get(model); err == nil {
-			return model
-		}
+	if a.r.pool != nil && a.staged.has(a.r.pool, model) {
+		return model
 	}
 	return "other"
+}
+
+// stagedTTL is how long a staging answer is reused: a tokenizer staged
+// while kvgate runs is labelled by its name within this long.
+const stagedTTL = 10 * time.Second
+
+// maxStagedNames bounds the answers kept; a full table is cleared, so a
+// flood of made-up model names costs stat calls, not memory.
+const maxStagedNames = 256
+
+// stagedModels answers whether a model's tokenizer.json is staged by a stat
+// of the file, not by loading it: a token-id prompt naming an unknown model
+// must not make the pool try (and log) a load.
+type stagedModels struct {
+	mu      sync.Mutex
+	answers map[string]stagedAnswer
+}
+
+type stagedAnswer struct {
+	staged bool
+	at     time.Time
+}
+
+func (s *stagedModels) has(pool *tokenizer.Pool, model string) bool {
+	slug := tokenizer.Slug(model)
+	if slug == "" || len(slug) > 255 || slug == "." || slug == ".." || strings.ContainsAny(slug, "\x00\\") {
+		return false
+	}
+	now := time.Now()
+	s.mu.Lock()
+	if a, ok := s.answers[model]; ok && now.Sub(a.at) < stagedTTL {
+		s.mu.Unlock()
+		return a.staged
+	}
+	s.mu.Unlock()
+	fi, err := os.Stat(pool.Path(model))
+	staged := err == nil && fi.Mode().IsRegular()
+	s.mu.Lock()
+	if s.answers == nil || len(s.answers) >= maxStagedNames {
+		s.answers = map[string]stagedAnswer{}
+	}
+	s.answers[model] = stagedAnswer{staged: staged, at: now}
+	s.mu.Unlock()
+	return staged
 }
 
 // logMismatch logs a prompt-token disagreement. kvgate cannot see the

@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
+	"github.com/kvgate/kvgate/pkg/tokenizer"
 	"github.com/kvgate/kvgate/pkg/usageaudit"
 )
 
@@ -76,5 +80,33 @@ func TestGenerationPath(t *testing.T) {
 		if got := generationPath(p); got != want {
 			t.Errorf("generationPath(%q) = %v, want %v", p, got, want)
 		}
+	}
+}
+
+// TestStagedModels: a model is labelled by name only when its tokenizer.json
+// is staged; the check stats the file (no load) and keeps a bounded table.
+func TestStagedModels(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "org__model"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "org__model", "tokenizer.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pool := tokenizer.NewPool(dir)
+	var s stagedModels
+	for model, want := range map[string]bool{"org/model": true, "org/other": false, "": false, "..": false, "a\\b": false, "x\x00": false} {
+		if got := s.has(pool, model); got != want {
+			t.Errorf("has(%q) = %v, want %v", model, got, want)
+		}
+	}
+	for i := range 3 * maxStagedNames {
+		s.has(pool, fmt.Sprintf("made-up-%d", i))
+	}
+	if n := len(s.answers); n > maxStagedNames {
+		t.Fatalf("%d answers kept, bound %d", n, maxStagedNames)
+	}
+	if !s.has(pool, "org/model") {
+		t.Fatal("the staged model lost its label after a flood of names")
 	}
 }
