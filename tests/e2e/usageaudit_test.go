@@ -355,3 +355,50 @@ func grepLine(s, sub string) string {
 	}
 	return ""
 }
+
+// TestUsageAuditConversationAPIs: /v1/responses and /v1/messages are
+// audited from their own usage shapes: the Responses API's input_tokens and
+// input_tokens_details.cached_tokens (compared, exact on the warm repeat),
+// the Messages API's input_tokens (compared; no cached count: no_details).
+func TestUsageAuditConversationAPIs(t *testing.T) {
+	_, tg, id, base := startMode3(t, []engineSpec{{}}, map[string]any{"kvWarmupSec": 0})
+	blocks := func() float64 { return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": strconv.Itoa(id)}) }
+	tests := []struct {
+		path   string
+		body   map[string]any
+		result string
+	}{
+		{"/v1/responses", map[string]any{"model": model, "max_output_tokens": 4, "instructions": auditPrompt("responses"),
+			"input": "Where are the logs?"}, "audited"},
+		{"/v1/messages", map[string]any{"model": model, "max_tokens": 4, "system": auditPrompt("messages"),
+			"messages": []any{map[string]any{"role": "user", "content": "Where are the logs?"}}}, "no_details"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			before, stored := auditCount(t, tg, tc.result), blocks()
+			for i := range 2 {
+				r := post(t, base+tc.path, tc.body)
+				if r.status != 200 {
+					t.Fatalf("request %d: %d %s", i, r.status, r.body)
+				}
+				if i == 0 { // the repeat is predicted from all of the first request's blocks
+					var u struct {
+						Usage struct {
+							InputTokens int `json:"input_tokens"`
+						} `json:"usage"`
+					}
+					if err := json.Unmarshal(r.body, &u); err != nil || u.Usage.InputTokens < 48 {
+						t.Fatalf("usage %+v (%v): %s", u, err, r.body)
+					}
+					want := stored + float64(u.Usage.InputTokens/16)
+					waitFor(t, "the first request's blocks", 10*time.Second, func() bool { return blocks() >= want })
+				}
+			}
+			waitFor(t, "two audits of "+tc.path, 5*time.Second, func() bool { return auditCount(t, tg, tc.result)-before == 2 })
+		})
+	}
+	count, exact := cachedErrorExact(t, tg)
+	if n := tg.metric(t, "kvgate_kv_prompt_tokens_mismatch_total", nil); n != 0 || count != 2 || exact != 2 {
+		t.Fatalf("%v prompt-token mismatches, %v cached errors (%v exact); want 0 and 2 exact (the Responses API's)", n, count, exact)
+	}
+}
