@@ -301,6 +301,9 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 	if err := config.Validate(r, s.opts.Settings); err != nil {
 		return 0, err
 	}
+	if err := checkBackendTokenFile(r); err != nil {
+		return 0, err
+	}
 	r.Args.ExternalIP = r.Key().ExternalIP
 	r.Args.Protocol = r.Key().Protocol
 	for i := range r.Endpoints {

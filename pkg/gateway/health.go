@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/recovery"
+	"github.com/kvgate/kvgate/pkg/apiauth"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
@@ -125,8 +126,8 @@ func (h *ruleHealth) start(rule *config.Rule, sel *selector.Selector) error {
 }
 
 func probeKey(rule *config.Rule) string {
-	k := fmt.Sprintf("%s|%d|%s|%v|%v|%d|", rule.ProbeType(), rule.Args.ProbePort, rule.ProbePath(), rule.ProbeTimeout(),
-		rule.ProbeInterval(), rule.ProbeRetries())
+	k := fmt.Sprintf("%s|%d|%s|%v|%v|%d|%q|", rule.ProbeType(), rule.Args.ProbePort, rule.ProbePath(), rule.ProbeTimeout(),
+		rule.ProbeInterval(), rule.ProbeRetries(), rule.Args.BackendTokenFile)
 	for _, e := range rule.Endpoints {
 		k += fmt.Sprintf("%d=%s:%d,", e.Idx, e.IP, e.TargetPort)
 	}
@@ -150,6 +151,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
 		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
+		Token: h.backendToken(rule),
 	}, targets, h.log)
 	if err != nil {
 		return fmt.Errorf("service %d: %w", rule.ServiceID, err)
@@ -165,6 +167,19 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 		p.Run(ctx)
 	})
 	return nil
+}
+
+// backendToken follows the rule's backendTokenFile for the prober (nil
+// without one). A file that fails to load is logged by apiauth and retried;
+// the probes go without a token meanwhile, so an engine that needs one shows
+// why it is down (docs/security.md).
+func (h *ruleHealth) backendToken(rule *config.Rule) health.TokenSource {
+	path := rule.Args.BackendTokenFile
+	if path == "" {
+		return nil
+	}
+	tok, _ := apiauth.NewBackendToken(path, apiauth.DefaultReloadInterval, h.log.With("service", rule.ServiceID))
+	return tok
 }
 
 func (h *ruleHealth) stopProber() {
