@@ -210,6 +210,15 @@ func (h *ruleHealth) update(rule *config.Rule) error {
 			return err
 		}
 		h.tracker.Store(t)
+		// The new tracker starts every endpoint healthy and reports only
+		// transitions: without this, an endpoint that was down keeps
+		// kvgate_endpoint_probe_up 0 while it is selected again (after a
+		// backendTokenFile or probe-setting change).
+		if h.m != nil {
+			for _, e := range rule.Endpoints {
+				h.m.SetProbe(h.service, e.Idx, true, false)
+			}
+		}
 		if err := h.restart(rule, t); err != nil {
 			return err
 		}

@@ -58,14 +58,19 @@ type Observer interface {
 	ProbeTransition(serviceID uint32, ep int, up bool)
 	// ScrapeFailed: the engine /metrics scrape of ep failed.
 	ScrapeFailed(serviceID uint32, ep int)
+	// EngineFigures: a scrape of ep read num_gpu_blocks and the waiting
+	// queue (-1: that family was missing), for kvgate_endpoint_capacity_blocks
+	// and kvgate_endpoint_engine_waiting.
+	EngineFigures(serviceID uint32, ep int, gpuBlocks, waiting int64)
 }
 
 // NopObserver ignores everything.
 type NopObserver struct{}
 
-func (NopObserver) BreakerFlip(uint32, int, BreakerState) {}
-func (NopObserver) ProbeTransition(uint32, int, bool)     {}
-func (NopObserver) ScrapeFailed(uint32, int)              {}
+func (NopObserver) BreakerFlip(uint32, int, BreakerState)   {}
+func (NopObserver) ProbeTransition(uint32, int, bool)       {}
+func (NopObserver) ScrapeFailed(uint32, int)                {}
+func (NopObserver) EngineFigures(uint32, int, int64, int64) {}
 
 // probeState is the probe state machine of one endpoint.
 type probeState struct {
