@@ -129,12 +129,18 @@ type endpointFacts struct {
 // which kvgate relays with the client's own Authorization, as it does any
 // client's.
 func (r *Runner) Run(ctx context.Context, rule *config.Rule, probe bool) Report {
+	return r.forRule(rule).run(ctx, rule, probe)
+}
+
+// forRule is a copy of r carrying rule's backend token, so concurrent runs
+// for different rules share nothing mutable.
+func (r *Runner) forRule(rule *config.Rule) *Runner {
 	run := *r
 	run.token, run.tokenErr = "", nil
 	if path := rule.Args.BackendTokenFile; path != "" {
 		run.token, run.tokenErr = apiauth.LoadBackendTokenFile(path)
 	}
-	return run.run(ctx, rule, probe)
+	return &run
 }
 
 func (r *Runner) run(ctx context.Context, rule *config.Rule, probe bool) Report {
