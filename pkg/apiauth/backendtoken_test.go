@@ -160,3 +160,32 @@ func TestBackendTokenBrokenAtStart(t *testing.T) {
 		t.Fatalf("after chmod: Token() = %q, %v", tok, err)
 	}
 }
+
+// FuzzParseBackendToken: any content gives a token fit for an HTTP header
+// (printable ASCII, no space, bounded) or an error that does not quote the
+// content; never a panic.
+func FuzzParseBackendToken(f *testing.F) {
+	for _, s := range []string{"sk-key\n", "\n\n  sk-key  \r\nsecond", "", "sk key", "sk\x00key", "\xff\xfe", strings.Repeat("k", MaxBackendTokenLen+1)} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tok, err := ParseBackendToken(b)
+		if err != nil {
+			if tok != "" {
+				t.Fatalf("a token with an error: %q", tok)
+			}
+			return
+		}
+		if tok == "" || len(tok) > MaxBackendTokenLen {
+			t.Fatalf("token of %d bytes", len(tok))
+		}
+		for i := 0; i < len(tok); i++ {
+			if tok[i] <= ' ' || tok[i] >= 0x7f {
+				t.Fatalf("byte %d of the token is %#x", i, tok[i])
+			}
+		}
+		if !bytes.Contains(b, []byte(tok)) {
+			t.Fatalf("the token %q is not in the file", tok)
+		}
+	})
+}
