@@ -509,7 +509,7 @@ func (g *Gateway) reconcile() {
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
-				Parity: rt.router.state.Load().parity,
+				Parity: rt.router.state.Load().parity, Token: rt.health.token,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/recovery"
-	"github.com/kvgate/kvgate/pkg/apiauth"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
@@ -42,6 +41,9 @@ type ruleHealth struct {
 	// probeUp is told when an endpoint's probe comes back, so the KV
 	// subscriber can check for an engine restart (docs/ingest.md).
 	probeUp func(ep int)
+	// token is the rule's backendTokenFile token, for its probes, scrapes
+	// and KV subscribers.
+	token *ruleToken
 
 	mu       sync.Mutex
 	stop     context.CancelFunc
@@ -52,7 +54,9 @@ type ruleHealth struct {
 // newRuleHealth builds the tracker (and, for a P/D rule, the admission
 // controller); start begins probing once the selector exists.
 func newRuleHealth(rule *config.Rule, s config.Settings, total *admission.TotalGate, m *metrics.Metrics, log *slog.Logger) (*ruleHealth, error) {
-	h := &ruleHealth{service: rule.ServiceID, pdRule: rule.PDDisagg(), settings: s, m: m, log: log}
+	h := &ruleHealth{service: rule.ServiceID, pdRule: rule.PDDisagg(), settings: s, m: m, log: log,
+		token: &ruleToken{log: log.With("service", rule.ServiceID)}}
+	h.token.follow(rule.Args.BackendTokenFile)
 	if h.pdRule {
 		a, err := admission.New(admission.Config{
 			ServiceID: uint32(rule.ServiceID), MaxInflightPerEP: s.MaxInflightPerEP, QueueDepthPerEP: s.QueueDepthPerEP,
@@ -151,7 +155,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
 		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
-		Token: h.backendToken(rule),
+		Token: h.token,
 	}, targets, h.log)
 	if err != nil {
 		return fmt.Errorf("service %d: %w", rule.ServiceID, err)
@@ -169,19 +173,6 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	return nil
 }
 
-// backendToken follows the rule's backendTokenFile for the prober (nil
-// without one). A file that fails to load is logged by apiauth and retried;
-// the probes go without a token meanwhile, so an engine that needs one shows
-// why it is down (docs/security.md).
-func (h *ruleHealth) backendToken(rule *config.Rule) health.TokenSource {
-	path := rule.Args.BackendTokenFile
-	if path == "" {
-		return nil
-	}
-	tok, _ := apiauth.NewBackendToken(path, apiauth.DefaultReloadInterval, h.log.With("service", rule.ServiceID))
-	return tok
-}
-
 func (h *ruleHealth) stopProber() {
 	h.mu.Lock()
 	stop, done := h.stop, h.done
@@ -196,6 +187,7 @@ func (h *ruleHealth) stopProber() {
 // update applies a rule update: a new tracker when the endpoints or probe
 // settings changed, else the admin states; the P/D flow's topology.
 func (h *ruleHealth) update(rule *config.Rule) error {
+	h.token.follow(rule.Args.BackendTokenFile)
 	h.mu.Lock()
 	same := h.probeKey == probeKey(rule)
 	h.mu.Unlock()

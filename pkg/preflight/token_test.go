@@ -79,10 +79,7 @@ func TestPreflightBackendToken(t *testing.T) {
 			run := New(nil).forRule(rule)
 			f := &endpointFacts{ep: ep}
 			c := run.checkHealth(context.Background(), f)
-			want := tc.detail
-			if strings.Contains(want, "%s") {
-				want = strings.Replace(want, "%s", net.JoinHostPort(ep.IP, strconv.Itoa(ep.TargetPort)), 1)
-			}
+			want := strings.Replace(tc.detail, "%s", net.JoinHostPort(ep.IP, strconv.Itoa(ep.TargetPort)), 1)
 			if c.Result != tc.result || !strings.Contains(c.Detail, want) {
 				t.Fatalf("got %+v, want %s with %q", c, tc.result, want)
 			}

@@ -217,7 +217,8 @@ func TestEngineRequiresKey(t *testing.T) {
 		}
 	})
 
-	keyFile := filepath.Join(t.TempDir(), "engine-key")
+	keyDir := t.TempDir()
+	keyFile := filepath.Join(keyDir, "engine-key")
 	t.Run("a loose file is a 400 naming the field and the mode", func(t *testing.T) {
 		writeKeyFile(t, keyFile, firstKey, 0o644)
 		code, body := apiCall(t, "PATCH", rulePath, fmt.Sprintf(`{"serviceArguments":{"backendTokenFile":%q}}`, keyFile))
@@ -252,6 +253,27 @@ func TestEngineRequiresKey(t *testing.T) {
 		if code, _ := completion(t, vipURL, "Bearer sk-wrong", "a client with a wrong key"); code != 401 {
 			t.Fatalf("a client with a wrong key got %d", code)
 		}
+	})
+
+	t.Run("moving backendTokenFile keeps the KV mirror", func(t *testing.T) {
+		blocks := func() float64 { return tg.metric(t, "loxilb_pd_kv_blocks", svc) }
+		waitFor(t, "the client's blocks in the mirror", 10*time.Second, func() bool { return blocks() > 0 })
+		before, connects := blocks(), strings.Count(logs.String(), "kv subscriber: connected")
+		moved := filepath.Join(keyDir, "moved-engine-key")
+		writeKeyFile(t, moved, firstKey, 0o400)
+		if code, body := apiCall(t, "PATCH", rulePath, fmt.Sprintf(`{"serviceArguments":{"backendTokenFile":%q}}`, moved)); code != 200 {
+			t.Fatalf("PATCH: %d %s", code, body)
+		}
+		if code, body := completion(t, vipURL, "Bearer "+firstKey, "after the move"); code != 200 {
+			t.Fatalf("a client after the move: %d %s", code, body)
+		}
+		if got := blocks(); got < before {
+			t.Fatalf("the mirror shrank from %v to %v blocks: the subscriber restarted", before, got)
+		}
+		if n := strings.Count(logs.String(), "kv subscriber: connected"); n != connects {
+			t.Fatalf("the subscriber reconnected (%d connects, was %d)", n, connects)
+		}
+		keyFile = moved
 	})
 
 	t.Run("a key rotation recovers without restarting kvgate", func(t *testing.T) {
