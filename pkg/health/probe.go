@@ -180,6 +180,11 @@ func (p *Prober) Once(ctx context.Context, tg Target) {
 			return // shutting down: not the endpoint's fault
 		}
 		p.noteFailure("probe", tg.Ep, err)
+		if err != nil {
+			p.tracker.setProbeError(tg.Ep, err.Error())
+		} else {
+			p.tracker.setProbeError(tg.Ep, "")
+		}
 		p.tracker.ProbeResult(tg.Ep, err == nil)
 	}
 	if p.cfg.Scrape {

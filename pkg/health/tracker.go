@@ -127,6 +127,34 @@ type Tracker struct {
 	admission atomic.Pointer[Shaper]
 
 	figures [epset.Max]engineFigures
+	// probeErr is each endpoint's last probe failure ("" after a pass), so
+	// the status page can say why an endpoint is down.
+	probeErr [epset.Max]atomic.Pointer[string]
+}
+
+// setProbeError records ep's last probe failure; "" clears it.
+func (t *Tracker) setProbeError(ep int, msg string) {
+	if ep < 0 || ep >= epset.Max {
+		return
+	}
+	if msg == "" {
+		t.probeErr[ep].Store(nil)
+		return
+	}
+	t.probeErr[ep].Store(&msg)
+}
+
+// ProbeError is why ep's last probe failed ("" when it passed or none ran),
+// e.g. "http probe 10.0.0.2:8000/v1/models: status 401: engine requires a
+// token (backendTokenFile)".
+func (t *Tracker) ProbeError(ep int) string {
+	if ep < 0 || ep >= epset.Max {
+		return ""
+	}
+	if s := t.probeErr[ep].Load(); s != nil {
+		return *s
+	}
+	return ""
 }
 
 // TrackerConfig configures a Tracker.

@@ -211,6 +211,10 @@ func TestEngineRequiresKey(t *testing.T) {
 		if _, body := apiCall(t, "GET", rulePath, ""); !strings.Contains(body, `"state":"inactive"`) {
 			t.Errorf("GET does not show the endpoint inactive: %s", body)
 		}
+		waitFor(t, "the reason on the status page", 20*time.Second, func() bool {
+			_, body := apiCall(t, "GET", tg.api+"/netlox/v1/status", "")
+			return strings.Contains(body, "status 401: engine requires a token (backendTokenFile)") && strings.Contains(body, `"endpoint_down"`)
+		})
 		code, out := runPreflight(t, filepath.Join(dir, "kvctl"), tg.api, id)
 		if code != 1 || !strings.Contains(out, "HTTP 401: engine requires a token (backendTokenFile)") || !strings.Contains(out, "backendTokenFile") {
 			t.Errorf("preflight without the token: exit %d\n%s", code, out)
