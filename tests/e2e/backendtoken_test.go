@@ -302,3 +302,36 @@ func TestEngineRequiresKey(t *testing.T) {
 		t.Fatalf("an engine key reached kvgate's log:\n%s", s)
 	}
 }
+
+// TestPDClientAuthorization: on a P/D rule whose engines require a key, the
+// client's own Authorization reaches both legs (the prefill and the decode
+// engine), and a client without one is refused by the engine, not served
+// with a key kvgate holds.
+func TestPDClientAuthorization(t *testing.T) {
+	const key = "sk-pd-engine-key"
+	topo := pdTopology()
+	for i := range topo {
+		topo[i].apiKey = key
+	}
+	engines, tg, id, url := startPD(t, topo, nil, map[string]any{"kvWarmupSec": 0})
+	tg.waitSubscribed(t, id, 2)
+	prompt := strings.Repeat("the client's own key goes to both legs ", 8)
+	if code, body := completion(t, url, "Bearer "+key, prompt); code != 200 {
+		t.Fatalf("a client with the key: %d %s", code, body)
+	}
+	var prefillHandled, decodeHandled float64
+	for i, e := range engines {
+		n := engineMetric(t, e, "vllm:request_success_total")
+		if topo[i].role == pdTopology()[1].role {
+			decodeHandled += n
+		} else {
+			prefillHandled += n
+		}
+	}
+	if prefillHandled < 1 || decodeHandled < 1 {
+		t.Fatalf("requests handled: prefill %v, decode %v; want both legs to have served the keyed request", prefillHandled, decodeHandled)
+	}
+	if code, body := completion(t, url, "", prompt+" again"); code != http.StatusUnauthorized {
+		t.Fatalf("a client without the key: %d %s", code, body)
+	}
+}
