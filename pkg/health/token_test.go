@@ -87,7 +87,7 @@ func TestProbeSendsBackendToken(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, _, _ := newTestTracker(t, false, 0)
-			p, err := NewProber(tr, ProbeConfig{Type: "http", Path: "/v1/models", Timeout: time.Second, Scrape: true, Token: tc.token},
+			p, err := NewProber(tr, ProbeConfig{Type: "http", Path: "/v1/models", Timeout: 5 * time.Second, Scrape: true, Token: tc.token},
 				[]Target{eng.target(0)}, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -130,7 +130,7 @@ func TestProbeTokenRotationLogsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewProber(tr, ProbeConfig{Type: "http", Path: "/v1/models", Interval: 10 * time.Millisecond, Timeout: time.Second,
+	p, err := NewProber(tr, ProbeConfig{Type: "http", Path: "/v1/models", Interval: 10 * time.Millisecond, Timeout: 5 * time.Second,
 		Token: staticToken{tok: "sk-engine"}}, []Target{eng.target(0)}, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
