@@ -45,6 +45,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvgate/kvgate/pkg/datapath"
+	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/splice"
 )
 
@@ -228,10 +229,11 @@ func forward(ctx context.Context, leg datapath.BodyLeg, c net.Conn, backend stri
 		return false
 	}
 	prefix, _ := br.Peek(br.Buffered())
-	// Chunked and EventStream as kvgate's proxy passes them, so the legs
-	// follow the framing here too (docs/body-leg.md, "Broken responses").
+	// The body's end as kvgate's proxy passes it, so the legs follow the
+	// framing here too (docs/body-leg.md, "Broken responses").
+	end := fullproxy.NewBodyEnd(streamed, resp.ContentLength, strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"))
 	res := leg.Run(ctx, c, bc, prefix, datapath.Options{Silence: time.Minute, Streamed: streamed, ContentLength: resp.ContentLength,
-		Chunked: streamed, EventStream: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")})
+		End: end})
 	return res.Ending == datapath.BackendEOF
 }
 

@@ -24,7 +24,7 @@ type Limits struct {
 
 	ConnectTimeout        time.Duration // backend dial (3 s)
 	MaxAttempts           int           // routing attempts per request, connect failures included (3)
-	ResponseHeaderTimeout time.Duration // backend time to first response byte (600 s: a long prefill)
+	ResponseHeaderTimeout time.Duration // backend time to first response byte (600 s: a long prompt)
 	StreamSilence         time.Duration // body leg ends after this long without a byte (300 s)
 	WriteTimeout          time.Duration // writing a request to the backend or a head to the client (60 s)
 
@@ -110,7 +110,7 @@ type Config struct {
 	// before the VIP is configured on the host.
 	Addr string
 	// Handler serves every request read from a client: the plain forward
-	// (NewForward) or a handler built on it (package pd's two-leg flow).
+	// (NewForward) or a handler built on the same Exchange calls.
 	// Required.
 	Handler Handler
 	// Leg moves response bodies; nil means the userspace copy.

@@ -2,7 +2,7 @@ package fullproxy
 
 // The handler seam. The connection server (server.go) reads a request and
 // hands it to the rule's Handler as an Exchange; every handler (the plain
-// forward in forward.go, package pd's two-leg flow) drives its backends
+// forward in forward.go, or any flow built outside) drives its backends
 // through the same calls, so a request is framed, bounded, accounted and
 // observed the same way whichever flow serves it (docs/dataplane.md).
 
@@ -375,8 +375,7 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 		Streamed:      r.head.Chunked || r.head.EventStream,
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
-		Chunked:       r.head.Chunked,
-		EventStream:   r.head.EventStream,
+		End:           http1.NewBodyFraming(r.head.Chunked, r.head.ContentLength, r.head.EventStream),
 	})
 }
 
@@ -435,8 +434,8 @@ func (x *Exchange) Failf(status int, code, format string, args ...any) bool {
 func IsTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
 // WatchClient returns a context that also ends when the client closes its
-// connection while the proxy waits on something else (a prefill, an
-// admission park), so a departed client's request stops holding an
+// connection while the proxy waits on something else (another
+// backend, an admission park), so a departed client's request stops holding an
 // admission slot. Call stop before the client connection is used again; a
 // pipelined next request that arrives meanwhile stays buffered for it. With
 // a request body still streaming, the client is not watched.

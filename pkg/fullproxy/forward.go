@@ -2,7 +2,7 @@ package fullproxy
 
 // The plain single-leg forward: route, connect (retrying through an
 // attempt.Loop), send the request, relay the answer. It is a Handler built
-// only on Exchange calls, the same ones package pd's two-leg flow uses.
+// only on Exchange calls, the same ones every other handler uses.
 
 import (
 	"context"
