@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -188,4 +189,39 @@ func FuzzParseBackendToken(f *testing.F) {
 			t.Fatalf("the token %q is not in the file", tok)
 		}
 	})
+}
+
+// TestBackendTokenSecretSwap follows a Kubernetes Secret update: the file is
+// a symlink through ..data, and the update swaps ..data to a new directory.
+func TestBackendTokenSecretSwap(t *testing.T) {
+	dir := t.TempDir()
+	for i, key := range []string{"sk-first", "sk-second"} {
+		d := filepath.Join(dir, "v"+strconv.Itoa(i))
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeSecret(t, filepath.Join(d, "engine-key"), key+"\n", 0o400)
+	}
+	if err := os.Symlink("v0", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "engine-key")
+	if err := os.Symlink("..data/engine-key", path); err != nil {
+		t.Fatal(err)
+	}
+	b, clock := newTestToken(t, path, nil)
+	if tok, err := b.Token(); tok != "sk-first" || err != nil {
+		t.Fatalf("first: %q %v", tok, err)
+	}
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink("v1", tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Second)
+	if tok, err := b.Token(); tok != "sk-second" || err != nil {
+		t.Fatalf("after the swap: %q %v", tok, err)
+	}
 }
