@@ -58,9 +58,9 @@ type TokenSource interface {
 	Token() (token string, err error)
 }
 
-// ErrEngineWantsToken explains a 401 from an engine probed without a token:
+// ReasonEngineWantsToken explains a 401 from an engine called without a token:
 // the rule needs backendTokenFile.
-const ErrEngineWantsToken = "engine requires a token (backendTokenFile)"
+const ReasonEngineWantsToken = "engine requires a token (backendTokenFile)"
 
 // Target is one endpoint to probe.
 type Target struct {
@@ -265,7 +265,7 @@ func (p *Prober) explainStatus(code int, sent bool) string {
 	if sent {
 		return strconv.Itoa(code) + ": engine refused the token of backendTokenFile (is it the engine's current key?)"
 	}
-	msg := strconv.Itoa(code) + ": " + ErrEngineWantsToken
+	msg := strconv.Itoa(code) + ": " + ReasonEngineWantsToken
 	if p.cfg.Token != nil {
 		if _, err := p.cfg.Token.Token(); err != nil {
 			msg += "; no token in force: " + err.Error()

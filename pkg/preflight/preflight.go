@@ -303,9 +303,9 @@ func (r *Runner) httpErr(code int, err error) string {
 	}
 	switch {
 	case r.tokenErr != nil:
-		return s + ": " + health.ErrEngineWantsToken + "; no token in force: " + r.tokenErr.Error()
+		return s + ": " + health.ReasonEngineWantsToken + "; no token in force: " + r.tokenErr.Error()
 	case r.token == "":
-		return s + ": " + health.ErrEngineWantsToken
+		return s + ": " + health.ReasonEngineWantsToken
 	}
 	return s + ": engine refused the token of backendTokenFile (is it the engine's current key?)"
 }
