@@ -164,8 +164,9 @@ func TestEngineRequiresKey(t *testing.T) {
 	t.Cleanup(eng.stop)
 
 	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
+	keyDir := t.TempDir()
 	daemon := exec.Command(filepath.Join(dir, "kvgate"), "--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", stagingDir(t),
-		"--datapath", "userspace", "--decision-header")
+		"--datapath", "userspace", "--decision-header", "--backend-token-dir", keyDir)
 	daemon.Env = append(os.Environ(), "LLB_KV_NONE_HASH_SEED=0")
 	var logs syncbuf.Buffer
 	daemon.Stdout, daemon.Stderr = &logs, &logs
@@ -221,13 +222,21 @@ func TestEngineRequiresKey(t *testing.T) {
 		}
 	})
 
-	keyDir := t.TempDir()
 	keyFile := filepath.Join(keyDir, "engine-key")
 	t.Run("a loose file is a 400 naming the field and the mode", func(t *testing.T) {
 		writeKeyFile(t, keyFile, firstKey, 0o644)
 		code, body := apiCall(t, "PATCH", rulePath, fmt.Sprintf(`{"serviceArguments":{"backendTokenFile":%q}}`, keyFile))
 		if code != 400 || !strings.Contains(body, "serviceArguments.backendTokenFile") || !strings.Contains(body, keyFile+" has mode 0644") {
 			t.Fatalf("PATCH with a 0644 file: %d %s", code, body)
+		}
+	})
+
+	t.Run("a file outside --backend-token-dir is a 400", func(t *testing.T) {
+		elsewhere := filepath.Join(dir, "elsewhere-key")
+		writeKeyFile(t, elsewhere, firstKey, 0o600)
+		code, body := apiCall(t, "PATCH", rulePath, fmt.Sprintf(`{"serviceArguments":{"backendTokenFile":%q}}`, elsewhere))
+		if code != 400 || !strings.Contains(body, elsewhere+" is outside the backend token directory "+keyDir+" (--backend-token-dir)") {
+			t.Fatalf("PATCH with a file outside the directory: %d %s", code, body)
 		}
 	})
 
