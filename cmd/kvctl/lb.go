@@ -310,6 +310,7 @@ func newCreateLBCmd() *cobra.Command {
 		pdDisagg, pdCacheAware, cbEnable, chwblSalt, pdReceipt, asJSON bool
 		wildcardVIP, trustTemplate                                     bool
 		backendTokenFile                                               string
+		tlsFlags                                                       lbTLSFlags
 	)
 	c := &cobra.Command{
 		Use:     "lb EXTERNAL-IP --tcp=PORT:TARGETPORT --endpoints=IP:WEIGHT,...",
@@ -366,6 +367,9 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 				rule.ServiceArguments.KVHashSeed = &kvHashSeed
 			}
 			rule.ServiceArguments.BackendTokenFile = backendTokenFile
+			if err := tlsFlags.apply(&rule.ServiceArguments.ServiceArguments); err != nil {
+				return err
+			}
 			b, err := callAPI(cmd, http.MethodPost, "/netlox/v1/config/loadbalancer", rule)
 			if err != nil {
 				return err
@@ -383,6 +387,7 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 		},
 	}
 	f := c.Flags()
+	addLBTLSFlags(f, &tlsFlags)
 	f.StringVar(&tcp, "tcp", "", "PORT:TARGETPORT: the rule's port and the endpoints' port (required)")
 	f.StringVar(&endpoints, "endpoints", "", "endpoints as IP:WEIGHT,... (IPv6 as [IP]:WEIGHT)")
 	f.StringVar(&mode, "mode", "default", "LB mode: default|onearm|fullnat|dsr|fullproxy|hostonearm; KV and P/D rules need fullproxy")

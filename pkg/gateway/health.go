@@ -44,6 +44,11 @@ type ruleHealth struct {
 	// token is the rule's backendTokenFile token, for its probes, scrapes
 	// and KV subscribers.
 	token *ruleToken
+	// endpointDown is told when the probe marks an endpoint down: the
+	// rule's proxy ends the requests still waiting for that endpoint's
+	// first byte (fullproxy.Server.EndpointDown; docs/dataplane.md, "Hung
+	// engines and departed clients"). Set before start.
+	endpointDown func(ep int)
 
 	mu       sync.Mutex
 	stop     context.CancelFunc
@@ -146,6 +151,9 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 		}
 		if tr.Event == health.EventProbeUp && h.probeUp != nil {
 			h.probeUp(tr.Ep)
+		}
+		if tr.Event == health.EventProbeDown && h.endpointDown != nil {
+			h.endpointDown(tr.Ep)
 		}
 	})
 	var targets []health.Target

@@ -124,6 +124,11 @@ type Metrics struct {
 	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
 	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
 
+	// TLS termination and each rule's body leg (docs/security.md, tls.go).
+	RuleDatapath       *prometheus.GaugeVec   // kvgate_rule_datapath_info{service,path,reason}
+	TLSHandshakeErrors *prometheus.CounterVec // kvgate_tls_handshake_errors_total{service,reason}
+	TLSCertReloads     *prometheus.CounterVec // kvgate_tls_cert_reloads_total{service,result}
+
 	// Reliability: recovered panics.
 	Panics *prometheus.CounterVec // kvgate_panics_total{where}
 
@@ -233,6 +238,9 @@ func New(opts Options) *Metrics {
 	m.DatapathInfo = f.gauge("kvgate_datapath_info", "Always 1 for the response body path in use (sockmap or userspace).", "path")
 	m.spliced = newSplicedBytes()
 	reg.MustRegister(m.spliced)
+	m.RuleDatapath = f.gauge("kvgate_rule_datapath_info", "Always 1 for the body path a rule's responses take (sockmap or userspace) and why (datapath: the daemon's --datapath choice; tls: TLS rules are copied in userspace).", "service", "path", "reason")
+	m.TLSHandshakeErrors = f.counter("kvgate_tls_handshake_errors_total", "Client TLS handshakes that failed, by reason (timeout, plain_http, oversize, bad_record, client_cert, eof, protocol).", "service", "reason")
+	m.TLSCertReloads = f.counter("kvgate_tls_cert_reloads_total", "Reloads of a TLS rule's certificate, key or client CA files, by result (ok, error: the previous files stay in force).", "service", "result")
 
 	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
 	for _, w := range recovery.Wheres {
