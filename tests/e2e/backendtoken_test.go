@@ -173,9 +173,16 @@ func TestEngineRequiresKey(t *testing.T) {
 	if err := daemon.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = daemon.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = daemon.Process.Signal(syscall.SIGTERM)
-		_ = daemon.Wait()
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = daemon.Process.Kill()
+			<-exited
+		}
 		if t.Failed() {
 			t.Logf("kvgate log:\n%s", logs.String())
 		}
@@ -302,7 +309,12 @@ func TestEngineRequiresKey(t *testing.T) {
 		if code, body := completion(t, vipURL, "Bearer "+secondKey, "after the rotation"); code != 200 {
 			t.Fatalf("a client with the new key: %d %s", code, body)
 		}
-		if daemon.Process.Pid != pid || daemon.ProcessState != nil {
+		select {
+		case <-exited:
+			t.Fatal("kvgate exited during the rotation")
+		default:
+		}
+		if daemon.Process.Pid != pid {
 			t.Fatal("kvgate restarted")
 		}
 	})
