@@ -28,6 +28,8 @@ func TestAPIKey(t *testing.T) {
 		{"two spaces (the key is the rest)", "GET", "/v1/models", "Bearer  sk-one", "", 401},
 		{"completions without a key", "POST", "/v1/completions", "", completion, 401},
 		{"completions with a key", "POST", "/v1/completions", "Bearer sk-two", completion, 200},
+		{"responses without a key", "POST", "/v1/responses", "", `{"model":"m","input":"hi"}`, 401},
+		{"messages without a key", "POST", "/v1/messages", "", `{"model":"m","max_tokens":1,"messages":[]}`, 401},
 		{"unknown /v1 path still guarded", "GET", "/v1/nothing", "", "", 401},
 		{"prefix match as vLLM's startswith", "GET", "/v1nothing", "", "", 401},
 		{"/v2 guarded", "GET", "/v2/x", "", "", 401},
