@@ -70,6 +70,9 @@ type Options struct {
 	// EndpointCIDRs restricts rule endpoints to these ranges (--endpoint-cidrs;
 	// empty: any address).
 	EndpointCIDRs []netip.Prefix
+	// BackendTokenDir confines rules' backendTokenFile to one directory
+	// (--backend-token-dir; empty: any path).
+	BackendTokenDir string
 	// APIMiddleware wraps the management API (authentication and audit,
 	// package apiauth); nil serves it bare.
 	APIMiddleware func(http.Handler) http.Handler
@@ -101,6 +104,9 @@ type Gateway struct {
 	access  *slog.Logger
 	store   *state.Store
 	status  *status.Collector
+
+	// auditLog rate-limits the usage audit's mismatch warnings (usageaudit.go).
+	auditLog *slog.Logger
 	// guard recovers, logs and counts (kvgate_panics_total) a panic in any
 	// goroutine the daemon starts, so one bad input cannot end the process.
 	guard *recovery.Guard
@@ -128,6 +134,8 @@ type ruleRuntime struct {
 	// not a KV rule. Guarded by Gateway.mu; the router reads it through
 	// its ruleState.
 	models *ruleModels
+	// audit is the rule's per-request usage audit (usageaudit.go).
+	audit *usageAuditor
 }
 
 // New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
@@ -179,6 +187,7 @@ func New(opts Options) (*Gateway, error) {
 	// Tokenizer warnings are rate-limited: each unknown model in a request
 	// would otherwise log two WARN lines.
 	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
+	g.auditLog = slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
 	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, g.guard)
 	defer func() {
@@ -198,7 +207,7 @@ func New(opts Options) (*Gateway, error) {
 
 	g.status = g.newStatus()
 	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Preflight: g, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log,
-		Guard: g.guard}
+		Guard: g.guard, BackendTokenDir: opts.BackendTokenDir}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -373,7 +382,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
-	rt.models = g.newRuleModels(rule, g.reconcile)
+	rt.models = g.newRuleModels(rule, rh.token, g.reconcile)
 	defer func() {
 		if err != nil {
 			rt.models.close()
@@ -381,7 +390,9 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	}()
 	st.models = rt.models
 	rt.router.state.Store(st)
-	handler, err := rh.handler(rule, rt.router)
+	audit := newUsageAuditor(id, rt.router, g.Metrics, g.auditLog, g.opts.Settings.AuditSample)
+	rt.audit = audit
+	handler, err := rh.handler(rule, rt.router, audit)
 	if err != nil {
 		return err
 	}
@@ -392,7 +403,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
 		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
-		Guard: g.guard, TLS: clientTLS, Dial: backendDial,
+		Guard: g.guard, TLS: clientTLS, Dial: backendDial, BodyAuditor: audit,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
@@ -564,7 +575,7 @@ func (g *Gateway) reconcile() {
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: inventory.ModelSink{Index: rt.index, Salt: view.endpointSalt(e.Idx)},
 				Granularity: rt.router.state.Load().gran,
-				Parity:      rt.router.state.Load().parity,
+				Parity:      rt.router.state.Load().parity, Token: rt.health.token,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

@@ -211,6 +211,8 @@ type ruleModels struct {
 	// changed is told when an endpoint's key changed (its subscriber must
 	// restart under the new key) or an endpoint was read the first time.
 	changed func()
+	// token is the rule's backendTokenFile token (nil: none).
+	token interface{ Token() (string, error) }
 
 	view atomic.Pointer[modelView]
 
@@ -226,14 +228,14 @@ type ruleModels struct {
 
 // newRuleModels starts discovery for a KV rule; nil when discovery is off
 // or the rule is not a KV rule.
-func (g *Gateway) newRuleModels(rule *config.Rule, changed func()) *ruleModels {
+func (g *Gateway) newRuleModels(rule *config.Rule, token interface{ Token() (string, error) }, changed func()) *ruleModels {
 	iv := g.opts.Settings.ModelDiscoveryInterval
 	if iv <= 0 || !rule.KVEnabled() {
 		return nil
 	}
 	timeout := rule.ProbeTimeout()
 	rm := &ruleModels{service: rule.ServiceID, interval: iv, m: g.Metrics, log: g.log.With("service", rule.ServiceID),
-		guard: g.guard, changed: changed, served: map[int]models.Served{}, wake: make(chan struct{}, 1),
+		guard: g.guard, changed: changed, token: token, served: map[int]models.Served{}, wake: make(chan struct{}, 1),
 		client: &http.Client{Timeout: timeout, Transport: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: timeout}).DialContext,
 			MaxIdleConnsPerHost:   1,
@@ -392,7 +394,11 @@ type fetched struct {
 
 // fetch is discovery's only call to an engine.
 func (rm *ruleModels) fetch(ctx context.Context, addr string) (models.Served, error) {
-	return models.Fetch(ctx, rm.client, "http://"+addr)
+	tok := ""
+	if rm.token != nil {
+		tok, _ = rm.token.Token() // a token file that fails to load: the call goes without, as the probes do
+	}
+	return models.Fetch(ctx, rm.client, "http://"+addr, tok)
 }
 
 // apply records a round's answers. A failed read keeps what the endpoint
@@ -518,7 +524,7 @@ func (g *Gateway) updateRuleModels(rt *ruleRuntime, updated *config.Rule) *ruleM
 	want := g.opts.Settings.ModelDiscoveryInterval > 0 && updated.KVEnabled()
 	switch {
 	case want && rt.models == nil:
-		rt.models = g.newRuleModels(updated, g.reconcile)
+		rt.models = g.newRuleModels(updated, rt.health.token, g.reconcile)
 		g.watchModelBlocksLocked(rt)
 	case !want && rt.models != nil:
 		old := rt.models

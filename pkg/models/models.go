@@ -148,16 +148,20 @@ func checkName(n string) error {
 	return nil
 }
 
-// Fetch asks one endpoint what it serves. baseURL is "http://ip:port". The
-// client's timeout bounds the call; callers that add headers to kvgate's own
-// engine calls (a backend token) do so in the client's transport, so this
-// is the only place discovery talks to an engine.
-func Fetch(ctx context.Context, client *http.Client, baseURL string) (Served, error) {
+// Fetch asks one endpoint what it serves. baseURL is "http://ip:port";
+// token, when set, is the rule's backendTokenFile token, sent as
+// Authorization: Bearer as on kvgate's probes (vLLM's --api-key guards
+// /v1/models). The client's timeout bounds the call. This is the only place
+// discovery talks to an engine.
+func Fetch(ctx context.Context, client *http.Client, baseURL, token string) (Served, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/v1/models", nil)
 	if err != nil {
 		return Served{}, fmt.Errorf("GET %s/v1/models: %w", baseURL, err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return Served{}, fmt.Errorf("GET %s/v1/models: %w", baseURL, err)

@@ -89,13 +89,16 @@ func TestParse(t *testing.T) {
 func TestFetch(t *testing.T) {
 	cases := []struct {
 		name      string
+		token     string
 		handler   http.HandlerFunc
 		wantBase  string
 		wantError string
 	}{
-		{"vLLM", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(vllmModels)) }, "Qwen/Qwen3-0.6B", ""},
-		{"404", func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }, "", "status 404"},
-		{"endless body", func(w http.ResponseWriter, _ *http.Request) {
+		{"vLLM", "", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(vllmModels)) }, "Qwen/Qwen3-0.6B", ""},
+		{"vLLM with --api-key, token sent", "k1", keyed("k1"), "Qwen/Qwen3-0.6B", ""},
+		{"vLLM with --api-key, no token", "", keyed("k1"), "", "status 401"},
+		{"404", "", func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }, "", "status 404"},
+		{"endless body", "", func(w http.ResponseWriter, _ *http.Request) {
 			chunk := []byte(strings.Repeat(" ", 64<<10))
 			for range 2 * MaxResponseBytes / len(chunk) {
 				if _, err := w.Write(chunk); err != nil {
@@ -103,14 +106,14 @@ func TestFetch(t *testing.T) {
 				}
 			}
 		}, "", "limit"},
-		{"hung", func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, "", "Timeout"},
+		{"hung", "", func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, "", "Timeout"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			srv := httptest.NewServer(c.handler)
 			defer srv.Close()
 			client := &http.Client{Timeout: 300 * time.Millisecond}
-			s, err := Fetch(context.Background(), client, srv.URL)
+			s, err := Fetch(context.Background(), client, srv.URL, c.token)
 			if c.wantError != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantError) {
 					t.Fatalf("err %v, want one containing %q", err, c.wantError)
@@ -121,6 +124,18 @@ func TestFetch(t *testing.T) {
 				t.Fatalf("Fetch: %+v, %v; want base %q", s, err, c.wantBase)
 			}
 		})
+	}
+}
+
+// keyed answers like vLLM started with --api-key key.
+func keyed(key string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+key {
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"error":"Unauthorized"}`))
+			return
+		}
+		_, _ = w.Write([]byte(vllmModels))
 	}
 }
 
