@@ -276,6 +276,7 @@ func (rm *ruleModels) setEndpoints(rule *config.Rule) {
 		if _, stays := rm.addrs[ep]; !stays {
 			delete(rm.served, ep)
 			rm.tried.Remove(ep)
+			rm.m.DeleteModelSeries(rm.service, ep)
 			dropped = true
 		}
 	}
