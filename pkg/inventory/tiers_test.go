@@ -1,0 +1,195 @@
+package inventory
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/epset"
+)
+
+func TestTierOfMapsEveryEnginesMedia(t *testing.T) {
+	for _, tc := range []struct {
+		medium string
+		tier   Tier
+		scored bool
+	}{
+		{"", TierGPU, true}, // vLLM before v0.11 and any engine that leaves medium out
+		{"GPU", TierGPU, true},
+		{"gpu", TierGPU, true},
+		{"CPU", TierCPU, true},        // vLLM OffloadingConnector, TensorRT-LLM secondary memory
+		{"STORAGE", TierStorage, true}, // LMCache, vLLM storage media
+		{"CPU_PINNED", TierCPU, true},  // SGLang HiCache host memory
+		{"cpu_pinned", TierCPU, true},
+		{"DISK", TierStorage, true},     // SGLang
+		{"EXTERNAL", TierStorage, true}, // SGLang
+		{"NVME_OVER_FABRIC", 0, false},
+		{MediumOther, 0, false},
+	} {
+		tier, ok := TierOf(tc.medium)
+		if ok != tc.scored || (ok && tier != tc.tier) {
+			t.Errorf("TierOf(%q) = %v, %v; want %v, %v", tc.medium, tier, ok, tc.tier, tc.scored)
+		}
+	}
+}
+
+func TestParseTierWeights(t *testing.T) {
+	def := DefaultTierWeights()
+	for _, tc := range []struct {
+		in      string
+		want    TierWeights
+		badPart string // the entry the error must name; "" = valid
+	}{
+		{"", def, ""},
+		{"GPU=1.0,CPU=0.8,STORAGE=0.25", def, ""},
+		{"cpu=0.5", TierWeights{1000, 500, 250}, ""},
+		{" CPU = 0 , STORAGE=0 ", TierWeights{1000, 0, 0}, ""},
+		{"GPU=1,CPU=1,STORAGE=1", TierWeights{1000, 1000, 1000}, ""},
+		{"STORAGE=.125", TierWeights{1000, 800, 125}, ""},
+		{"GPU=0.9", TierWeights{900, 800, 250}, ""},
+		{"CPU=1.5", def, "CPU=1.5"},
+		{"CPU=-0.1", def, "CPU=-0.1"},
+		{"CPU=0.1234", def, "CPU=0.1234"},
+		{"CPU=abc", def, "CPU=abc"},
+		{"CPU=", def, "CPU="},
+		{"CPU", def, "CPU"},
+		{"HBM=0.5", def, "HBM=0.5"},
+		{"CPU=0.5,CPU=0.6", def, "CPU=0.6"},
+		{"GPU=0", def, "GPU=0"},
+		{"CPU=1e-1", def, "CPU=1e-1"},
+		{strings.Repeat("CPU=0.5,", 40), def, "longer than"},
+	} {
+		got, err := ParseTierWeights(tc.in)
+		if tc.badPart == "" {
+			if err != nil || got != tc.want {
+				t.Errorf("ParseTierWeights(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			}
+			continue
+		}
+		var te *TierWeightError
+		if !errors.As(err, &te) || !strings.Contains(err.Error(), tc.badPart) {
+			t.Errorf("ParseTierWeights(%q) error = %v; want a TierWeightError naming %q", tc.in, err, tc.badPart)
+		}
+	}
+	if s := def.String(); s != "GPU=1,CPU=0.8,STORAGE=0.25" {
+		t.Errorf("default weights print as %q", s)
+	}
+}
+
+// tierOp is one Add or Remove of prompt blocks [from, to) on a medium.
+type tierOp struct {
+	ep       int
+	medium   string
+	from, to int
+	remove   bool
+}
+
+func TestScoreLeadingRunAcrossTiers(t *testing.T) {
+	const n = 10
+	prompt := make([]uint64, n)
+	for i := range prompt {
+		prompt[i] = 0xabc000 + uint64(i)
+	}
+	zeroSlow := TierWeights{1000, 0, 0}
+	for _, tc := range []struct {
+		name    string
+		weights TierWeights
+		ops     []tierOp
+		want    []uint32 // counts of endpoints 0..len-1
+	}{
+		{"gpu only", TierWeights{}, []tierOp{{0, "GPU", 0, n, false}}, []uint32{10}},
+		{"no medium is GPU", TierWeights{}, []tierOp{{0, "", 0, n, false}}, []uint32{10}},
+		{"gpu head, cpu tail is one prefix", TierWeights{}, []tierOp{{0, "GPU", 0, 5, false}, {0, "CPU", 5, n, false}}, []uint32{9}},
+		{"cpu only", TierWeights{}, []tierOp{{0, "CPU", 0, n, false}}, []uint32{8}},
+		{"cpu head, gpu tail", TierWeights{}, []tierOp{{0, "CPU", 0, 5, false}, {0, "GPU", 5, n, false}}, []uint32{9}},
+		{"run stops at a block on no tier", TierWeights{}, []tierOp{{0, "GPU", 0, 3, false}, {0, "CPU", 4, n, false}}, []uint32{3}},
+		{"gpu copy wins over cpu copy", TierWeights{}, []tierOp{{0, "GPU", 0, n, false}, {0, "CPU", 0, n, false}}, []uint32{10}},
+		{"best slower tier wins", TierWeights{}, []tierOp{{0, "CPU", 0, 4, false}, {0, "STORAGE", 0, n, false}}, []uint32{5}}, // 3.2 + 1.5
+		{"sglang host memory", TierWeights{}, []tierOp{{0, "CPU_PINNED", 0, n, false}}, []uint32{8}},
+		{"sglang disk rounds half up", TierWeights{}, []tierOp{{0, "DISK", 0, n, false}}, []uint32{3}}, // 2.5
+		{"unknown medium is not scored", TierWeights{}, []tierOp{{0, "GPU", 0, 2, false}, {0, "NVME_X", 0, n, false}}, []uint32{2}},
+		{"remove gpu leaves the cpu copy", TierWeights{},
+			[]tierOp{{0, "GPU", 0, n, false}, {0, "CPU", 0, n, false}, {0, "GPU", 5, n, true}}, []uint32{9}},
+		{"remove cpu leaves the gpu copy", TierWeights{},
+			[]tierOp{{0, "GPU", 0, n, false}, {0, "CPU", 0, n, false}, {0, "CPU", 0, n, true}}, []uint32{10}},
+		{"remove from a medium never stored on", TierWeights{},
+			[]tierOp{{0, "GPU", 0, n, false}, {0, "STORAGE", 0, n, true}}, []uint32{10}},
+		{"cpu weight 0 is gpu only", zeroSlow, []tierOp{{0, "GPU", 0, 5, false}, {0, "CPU", 5, n, false}}, []uint32{5}},
+		{"cpu weight 1", TierWeights{1000, 1000, 250}, []tierOp{{0, "GPU", 0, 5, false}, {0, "CPU", 5, n, false}}, []uint32{10}},
+		{"gpu weight below 1", TierWeights{500, 800, 250}, []tierOp{{0, "GPU", 0, n, false}}, []uint32{5}},
+		{"longer mixed run beats shorter gpu run", TierWeights{},
+			[]tierOp{{0, "GPU", 0, 6, false}, {1, "GPU", 0, 3, false}, {1, "CPU", 3, n, false}}, []uint32{6, 9}}, // 3 + 5.6
+		{"endpoints do not share tiers", TierWeights{},
+			[]tierOp{{0, "GPU", 0, 5, false}, {1, "CPU", 5, n, false}}, []uint32{5, 0}},
+		{"ranks are unioned across tiers", TierWeights{},
+			[]tierOp{{0, "GPU", 0, 5, false}, {0, "CPU", 5, n, false}, {2, "CPU", 0, 2, false}}, []uint32{9, 0, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix, err := New(Options{MaxBlocks: MinMaxBlocks, TierWeights: tc.weights})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, op := range tc.ops {
+				apply := ix.Add
+				if op.remove {
+					apply = ix.Remove
+				}
+				rank := 0
+				if op.ep == 2 { // endpoint 2 in the ranks case is endpoint 0's rank 1
+					op.ep, rank = 0, 1
+				}
+				if err := apply(op.ep, rank, op.medium, prompt[op.from:op.to]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eps := len(tc.want)
+			if tc.name == "ranks are unioned across tiers" {
+				eps = 1
+			}
+			var counts [epset.Max]uint32
+			ix.Score(prompt, epset.FirstN(eps), true, &counts)
+			for e := range eps {
+				if counts[e] != tc.want[e] {
+					t.Errorf("endpoint %d: count %d, want %d", e, counts[e], tc.want[e])
+				}
+			}
+		})
+	}
+}
+
+// TestScoreTieredMatchesGPUOnlyOnGPUBlocks checks that turning the tiered path
+// on (a CPU table exists) changes nothing for blocks that are on the GPU
+// only, over random fleets, and that the overlap score stays GPU only.
+func TestScoreTieredMatchesGPUOnlyOnGPUBlocks(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 9))
+	for round := range 50 {
+		plain := newIndex(t, MinMaxBlocks)
+		tiered := newIndex(t, MinMaxBlocks)
+		prompt := make([]uint64, 1+r.IntN(200))
+		for i := range prompt {
+			prompt[i] = r.Uint64()
+		}
+		nEps := 1 + r.IntN(130)
+		for e := range nEps {
+			k := r.IntN(len(prompt) + 1)
+			for _, ix := range []*Index{plain, tiered} {
+				if err := ix.Add(e, 0, "GPU", prompt[:k]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// A CPU table holding blocks of another prompt switches on the tiered path.
+		if err := tiered.Add(0, 0, "CPU", []uint64{^prompt[0]}); err != nil {
+			t.Fatal(err)
+		}
+		for _, run := range []bool{true, false} {
+			var a, b [epset.Max]uint32
+			plain.Score(prompt, epset.FirstN(nEps), run, &a)
+			tiered.Score(prompt, epset.FirstN(nEps), run, &b)
+			if a != b {
+				t.Fatalf("round %d leadingRun=%v: tiered counts differ from GPU-only counts", round, run)
+			}
+		}
+	}
+}
