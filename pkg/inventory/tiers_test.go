@@ -18,7 +18,7 @@ func TestTierOfMapsEveryEnginesMedia(t *testing.T) {
 		{"", TierGPU, true}, // vLLM before v0.11 and any engine that leaves medium out
 		{"GPU", TierGPU, true},
 		{"gpu", TierGPU, true},
-		{"CPU", TierCPU, true},        // vLLM OffloadingConnector, TensorRT-LLM secondary memory
+		{"CPU", TierCPU, true},         // vLLM OffloadingConnector, TensorRT-LLM secondary memory
 		{"STORAGE", TierStorage, true}, // LMCache, vLLM storage media
 		{"CPU_PINNED", TierCPU, true},  // SGLang HiCache host memory
 		{"cpu_pinned", TierCPU, true},
