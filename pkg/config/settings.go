@@ -47,6 +47,10 @@ type Settings struct {
 	ZeroHitN int
 	// LOXILB_KV_SCORE: leading (alias prefix; the leading run, default) or overlap.
 	Score selector.ScoreMode
+	// LLB_KV_TIER_WEIGHTS: what the leading-run score credits a block on each
+	// offload tier with, relative to one on the GPU. Default
+	// GPU=1.0,CPU=0.8,STORAGE=0.25 (docs/selection.md, "Offload tiers in the score").
+	TierWeights inventory.TierWeights
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
 	// LLB_KV_MAX_PROMPT_TOKENS: a prompt with more tokens is not routed by
@@ -90,6 +94,7 @@ func DefaultSettings() Settings {
 		ColdStartSeedN:     selector.DefaultColdStartSeedN,
 		ColdStartMinBlocks: selector.DefaultColdStartMinBlocks,
 		MaxBlocks:          inventory.DefaultMaxBlocks,
+		TierWeights:        inventory.DefaultTierWeights(),
 		ZeroHitN:           selector.DefaultZeroHitN,
 		Score:              selector.ScorePrefix,
 		ReplayPortOffset:   1000,
@@ -163,6 +168,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, inventory.MinMaxBlocks, inventory.MaxMaxBlocks)
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	parsed(&p, "LOXILB_KV_SCORE", &s.Score, selector.ParseScoreMode)
+	parsed(&p, "LLB_KV_TIER_WEIGHTS", &s.TierWeights, inventory.ParseTierWeights)
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
 	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
 	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)
