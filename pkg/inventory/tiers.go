@@ -294,3 +294,18 @@ func scaleCounts(counts *[epset.Max]uint32, eligible epset.Set, milli uint32) {
 		counts[e] = uint32((uint64(counts[e])*uint64(milli) + weightScale/2) / weightScale)
 	}
 }
+
+// OtherMediaBlocks is endpoint ep's block count over every non-GPU medium
+// (kvgate_kv_blocks_other_medium), without MediumBlocks' map.
+func (ix *Index) OtherMediaBlocks(ep int) int {
+	if ep < 0 || ep >= epset.Max {
+		return 0
+	}
+	ix.writeMu.Lock()
+	defer ix.writeMu.Unlock()
+	n := 0
+	for _, t := range ix.media {
+		n += int(t.blocks[ep].Load())
+	}
+	return n
+}
