@@ -256,8 +256,13 @@ func (e *Engine) routes() http.Handler {
 		mux.HandleFunc("GET /debug/state", e.handleDebugState)
 		mux.HandleFunc("POST /debug/match", e.handleDebugMatch)
 	}
+	keys := newAPIKeys(e.cfg.APIKeys)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-engine-id", e.cfg.ID)
+		if keys.refuses(r) {
+			writeUnauthorized(w)
+			return
+		}
 		r.Body = http.MaxBytesReader(w, r.Body, e.cfg.MaxRequestBytes)
 		if h, pattern := mux.Handler(r); pattern == "" {
 			// The mux's own 404/405: answer in vLLM's JSON error shape.
