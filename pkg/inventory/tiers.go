@@ -163,12 +163,15 @@ func parseWeight(v string) (uint16, error) {
 	return uint16(n), nil
 }
 
+// numSlowTiers is the number of tiers below the GPU.
+const numSlowTiers = int(numTiers) - 1
+
 // scoredMedium is a non-GPU table that takes part in scoring. Index keeps
 // them in Index.scored, highest weight first, so a block held on several
 // slower tiers is credited at the best of them.
 type scoredMedium struct {
-	t      *table
-	weight uint32 // thousandths
+	t    *table
+	slow int // its tier's index among the slower tiers (Tier - 1)
 }
 
 // rebuildScored recomputes ix.scored from ix.media. Called with ix.rw held
@@ -177,32 +180,35 @@ func (ix *Index) rebuildScored() {
 	ix.scored = ix.scored[:0]
 	for name, t := range ix.media {
 		tier, ok := mediumTiers[name]
-		if !ok || ix.weights[tier] == 0 {
+		if !ok || tier == TierGPU || ix.weights[tier] == 0 {
 			continue
 		}
-		ix.scored = append(ix.scored, scoredMedium{t: t, weight: uint32(ix.weights[tier])})
+		ix.scored = append(ix.scored, scoredMedium{t: t, slow: int(tier) - 1})
 	}
-	slices.SortFunc(ix.scored, func(a, b scoredMedium) int { return int(b.weight) - int(a.weight) })
+	slices.SortFunc(ix.scored, func(a, b scoredMedium) int {
+		return int(ix.weights[b.slow+1]) - int(ix.weights[a.slow+1])
+	})
 }
 
 // TierWeights returns the weights the index scores with.
 func (ix *Index) TierWeights() TierWeights { return ix.weights }
 
-// tieredRun is the state of one scoreRunTiered call.
+// tieredRun is the state of one scoreRunTiered call. The blocks of each
+// endpoint's run credited on each slower tier are counted in bit-sliced
+// planes, as scoreOverlap counts (addPlanes), so a block costs a few word
+// operations per tier rather than one per endpoint.
 type tieredRun struct {
-	ix         *Index
-	alive      epset.Set
-	nw, left   int
-	slowBlocks [epset.Max]uint32 // blocks of each endpoint's run credited on a slower tier
-	slowCredit [epset.Max]uint32 // their summed weight, in thousandths
+	ix       *Index
+	alive    epset.Set
+	nw, left int
+	planes   [numSlowTiers][epset.Max / 64][32]uint64
 }
 
 // scoreRunTiered is scoreRun over every scored tier: an endpoint's leading
 // run goes on while each block is on any of its scored tiers, and its count
 // is the weighted sum of the run (GPU blocks at the GPU weight, the others
 // at the best slower tier holding them), rounded to whole blocks. Only
-// blocks an alive endpoint lacks on the GPU cost the extra lookups, so a
-// prompt fully on the GPU costs about what scoreRun costs.
+// blocks an alive endpoint lacks on the GPU cost the slower tiers' lookups.
 func (ix *Index) scoreRunTiered(hashes []uint64, eligible epset.Set, counts *[epset.Max]uint32) {
 	var ph [scoreChunkSize]uint64
 	var sink uint64
@@ -226,19 +232,13 @@ func (ix *Index) scoreRunTiered(hashes []uint64, eligible epset.Set, counts *[ep
 	for e := r.alive.Next(0); e >= 0; e = r.alive.Next(e + 1) {
 		counts[e] = uint32(len(hashes))
 	}
-	gw := uint64(ix.weights[TierGPU])
-	for e := eligible.Next(0); e >= 0; e = eligible.Next(e + 1) {
-		if run := counts[e]; run > 0 {
-			credit := uint64(run-r.slowBlocks[e])*gw + uint64(r.slowCredit[e])
-			counts[e] = uint32((credit + weightScale/2) / weightScale)
-		}
-	}
+	r.weigh(eligible, counts)
 }
 
 // block advances the run over block p (position pos), whose GPU holder set
 // is held: endpoints that hold it on no scored tier end their run at pos.
 func (r *tieredRun) block(p uint64, held *epset.Set, pos uint32, counts *[epset.Max]uint32) {
-	var slow epset.Set
+	var slow [8]*epset.Set // holder sets on r.ix.scored (at most maxMedia + 1 tables)
 	looked := false
 	for w := 0; w < r.nw; w++ {
 		a := r.alive[w]
@@ -247,44 +247,53 @@ func (r *tieredRun) block(p uint64, held *epset.Set, pos uint32, counts *[epset.
 			continue
 		}
 		if !looked {
-			r.ix.lookupSlow(p, &slow)
+			for i, m := range r.ix.scored[:min(len(r.ix.scored), len(slow))] {
+				slow[i] = &m.t.sets.eps[m.t.shards[p>>keyBits].lookup(p&keyMask)]
+			}
 			looked = true
 		}
-		for d := rest & slow[w]; d != 0; d &= d - 1 {
-			e := w<<6 | bits.TrailingZeros64(d)
-			r.slowBlocks[e]++
-			r.slowCredit[e] += r.ix.bestSlowWeight(p, w, d&-d)
+		for i, m := range r.ix.scored[:min(len(r.ix.scored), len(slow))] {
+			if on := rest & slow[i][w]; on != 0 {
+				addPlanes(&r.planes[m.slow][w], on, 1)
+				rest &^= on
+			}
 		}
-		dead := rest &^ slow[w]
-		for d := dead; d != 0; d &= d - 1 {
+		for d := rest; d != 0; d &= d - 1 {
 			counts[w<<6|bits.TrailingZeros64(d)] = pos
 			r.left--
 		}
-		r.alive[w] = a &^ dead
+		r.alive[w] = a &^ rest
 	}
 }
 
-// lookupSlow ORs the holder sets of block p on every scored slower tier into
-// out.
-func (ix *Index) lookupSlow(p uint64, out *epset.Set) {
-	for _, m := range ix.scored {
-		held := &m.t.sets.eps[m.t.shards[p>>keyBits].lookup(p&keyMask)]
-		for w := range out {
-			out[w] |= held[w]
+// weigh turns each eligible endpoint's run length in counts into its
+// weighted score.
+func (r *tieredRun) weigh(eligible epset.Set, counts *[epset.Max]uint32) {
+	var slowBlocks [numSlowTiers][epset.Max]uint32
+	for k := range r.planes {
+		for w := 0; w < r.nw; w++ {
+			for b, v := range r.planes[k][w] {
+				for ; v != 0; v &= v - 1 {
+					slowBlocks[k][w<<6|bits.TrailingZeros64(v)] += 1 << b
+				}
+			}
 		}
 	}
-}
-
-// bestSlowWeight is the weight of the best scored slower tier whose holder
-// set for block p has bit in word w. ix.scored is sorted by weight, so the
-// first match is the best.
-func (ix *Index) bestSlowWeight(p uint64, w int, bit uint64) uint32 {
-	for _, m := range ix.scored {
-		if m.t.sets.eps[m.t.shards[p>>keyBits].lookup(p&keyMask)][w]&bit != 0 {
-			return m.weight
+	wt := r.ix.weights
+	for e := eligible.Next(0); e >= 0; e = eligible.Next(e + 1) {
+		run := counts[e]
+		if run == 0 {
+			continue
 		}
+		var credit uint64
+		for k := range numSlowTiers {
+			n := slowBlocks[k][e]
+			run -= n
+			credit += uint64(n) * uint64(wt[k+1])
+		}
+		credit += uint64(run) * uint64(wt[TierGPU])
+		counts[e] = uint32((credit + weightScale/2) / weightScale)
 	}
-	return 0
 }
 
 // scaleCounts applies a GPU weight below 1 to GPU-only leading runs, as
