@@ -193,3 +193,31 @@ func TestScoreTieredMatchesGPUOnlyOnGPUBlocks(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseTierWeights: any text either parses to weights in range with a
+// positive GPU weight, which print and parse back to the same weights, or is
+// a TierWeightError; never a panic.
+func FuzzParseTierWeights(f *testing.F) {
+	for _, s := range []string{"", "GPU=1.0,CPU=0.8,STORAGE=0.25", "cpu=0", "CPU=1.5", "GPU=0", "=,=,", "STORAGE=.5,CPU=1."} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		w, err := ParseTierWeights(s)
+		if err != nil {
+			var te *TierWeightError
+			if !errors.As(err, &te) {
+				t.Fatalf("%q: error %v is not a TierWeightError", s, err)
+			}
+			return
+		}
+		for tier, v := range w {
+			if v > weightScale || (Tier(tier) == TierGPU && v == 0) {
+				t.Fatalf("%q: weights %v out of range", s, w)
+			}
+		}
+		back, err := ParseTierWeights(w.String())
+		if err != nil || back != w {
+			t.Fatalf("%q: %v prints as %q, which parses to %v, %v", s, w, w.String(), back, err)
+		}
+	})
+}
