@@ -221,3 +221,47 @@ func FuzzParseTierWeights(f *testing.F) {
 		}
 	})
 }
+
+// TestScoreTieredConcurrentWithWrites: scoring across tiers while a writer
+// stores and removes blocks on the GPU and on new media (which rebuilds the
+// scored list) is race-free and every count stays within the prompt.
+func TestScoreTieredConcurrentWithWrites(t *testing.T) {
+	ix := newIndex(t, MinMaxBlocks)
+	prompt := make([]uint64, 128)
+	for i := range prompt {
+		prompt[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		media := []string{"GPU", "CPU", "STORAGE", "CPU_PINNED", "DISK", "X1", "X2"}
+		for i := range 2000 {
+			m := media[i%len(media)]
+			part := prompt[i%64 : i%64+32]
+			if err := ix.Add(i%8, 0, m, part); err != nil {
+				t.Error(err)
+				return
+			}
+			if i%3 == 0 {
+				if err := ix.Remove(i%8, 0, m, part[:8]); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	var counts [epset.Max]uint32
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		ix.Score(prompt, epset.FirstN(8), true, &counts)
+		for e := range 8 {
+			if counts[e] > uint32(len(prompt)) {
+				t.Fatalf("endpoint %d: count %d over the prompt's %d blocks", e, counts[e], len(prompt))
+			}
+		}
+	}
+}
