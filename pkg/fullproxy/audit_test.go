@@ -76,4 +76,3 @@ func TestBodyAuditorSeesTheRelayedBody(t *testing.T) {
 		})
 	}
 }
-
