@@ -30,9 +30,14 @@ const (
 	LBSoft                       // lowest cost (P-o)*1000 + floor(λ·L/ĉ)
 	LBAdaptive                   // hard with mlf following the load
 	LBAdaptiveSoft               // soft with λ following the load
+	// LBCost picks the least predicted time to first token: (pending
+	// prefill tokens + this request's uncached tokens) × the endpoint's
+	// learned per-token prefill time, under the fleet-wide load cap
+	// (docs/selection.md, "Cost mode").
+	LBCost
 )
 
-var lbModeNames = [...]string{"hard", "off", "soft", "adaptive", "adaptive-soft"}
+var lbModeNames = [...]string{"hard", "off", "soft", "adaptive", "adaptive-soft", "cost"}
 
 func (m LBMode) String() string {
 	if int(m) < len(lbModeNames) {
@@ -53,7 +58,7 @@ func ParseLBMode(s string) (LBMode, error) {
 			return LBMode(i), nil
 		}
 	}
-	return 0, &ParseError{What: "load-blend mode", Value: s, Allowed: "off, hard, soft, adaptive, adaptive-soft"}
+	return 0, &ParseError{What: "load-blend mode", Value: s, Allowed: "off, hard, soft, adaptive, adaptive-soft, cost"}
 }
 
 // Relief is LOXILB_KV_SPILL_RELIEF.
@@ -205,7 +210,7 @@ func (o Options) Validate() error {
 	switch {
 	case o.MinMatchTokens < 0 || o.MinMatchTokens > MaxMinMatchTokens:
 		return fmt.Errorf("LLB_KV_MIN_MATCH_TOKENS=%d: want 0..%d", o.MinMatchTokens, MaxMinMatchTokens)
-	case o.LBMode > LBAdaptiveSoft:
+	case o.LBMode > LBCost:
 		return fmt.Errorf("LOXILB_KV_LB_MODE: unknown mode %d", o.LBMode)
 	case o.MeanLoadFactor < MinMeanLoadFactor || o.MeanLoadFactor > MaxMeanLoadFactor:
 		return fmt.Errorf("LOXILB_KV_MEAN_LOAD_FACTOR=%d: want %d..%d", o.MeanLoadFactor, MinMeanLoadFactor, MaxMeanLoadFactor)
