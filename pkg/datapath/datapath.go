@@ -77,6 +77,11 @@ type Options struct {
 	// breaks one at an event boundary, the leg sends a final error event
 	// (SSEErrorEvent) before the connection closes.
 	EventStream bool
+	// FirstBody, when set, is called once, when the leg first relays body
+	// bytes that passed through userspace (the routing cost model learns
+	// time to first token from it; docs/selection.md, "Cost mode"). Bytes
+	// the kernel splices without userspace seeing them do not call it.
+	FirstBody func()
 }
 
 // Result reports what a body leg did.

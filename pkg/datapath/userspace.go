@@ -52,9 +52,14 @@ func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, pref
 	defer func() { u.moved.Add(uint64(res.Bytes)) }()
 	// relay writes the part of p that belongs to the body; it reports
 	// false when the leg is over (client gone, body complete, bad framing).
+	firstBody := opts.FirstBody
 	relay := func(p []byte) bool {
 		n := fr.Feed(p)
 		if n > 0 {
+			if firstBody != nil {
+				firstBody()
+				firstBody = nil
+			}
 			w, err := client.Write(p[:n])
 			res.Bytes += int64(w)
 			res.LastActivity = time.Now()

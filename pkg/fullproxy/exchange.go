@@ -43,6 +43,9 @@ type Exchange struct {
 	Record *Record
 	s      *Server
 	c      *clientConn
+	// firstBody is the routing plan's BodyTracker.FirstBody (nil: none),
+	// handed to the body leg.
+	firstBody func()
 }
 
 // Limits are the proxy's limits.
@@ -377,6 +380,7 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 		ContentLength: r.head.ContentLength,
 		Chunked:       r.head.Chunked,
 		EventStream:   r.head.EventStream,
+		FirstBody:     x.firstBody,
 	})
 }
 

@@ -69,6 +69,16 @@ type RoutePlan interface {
 	Finish(d Decision, connected bool)
 }
 
+// BodyTracker is an optional RoutePlan extension for routers that learn
+// from a request's progress after Finish(d, true): FirstBody is called once
+// when the response's first body byte reaches the proxy through userspace
+// (not the head: an engine sends the head before its first token), and
+// Ended when the request is over, whatever its outcome.
+type BodyTracker interface {
+	FirstBody()
+	Ended()
+}
+
 // NewForward returns the plain forward over r: at most Limits.MaxAttempts
 // tries, each endpoint asked of breaker (nil: none) first and told how it
 // answered.
@@ -111,6 +121,10 @@ func (f *forward) Serve(ctx context.Context, x *Exchange) bool {
 		bc, err := x.Dial(ctx, d.Addr)
 		if err == nil {
 			plan.Finish(d, true)
+			if bt, ok := plan.(BodyTracker); ok {
+				x.firstBody = bt.FirstBody
+				defer bt.Ended()
+			}
 			defer x.DecLoad(d.Endpoint)
 			defer bc.Close()
 			stop := CloseOnCancel(ctx, bc)

@@ -47,6 +47,9 @@ const (
 // loaded wins.
 func (s *Selector) costArm(c *compiled, el []int16, sc *scratch, req *Request, arg int) int {
 	bs := int64(c.blockSize)
+	if req.BlockTokens > 0 {
+		bs = int64(req.BlockTokens)
+	}
 	prompt := max(int64(req.PromptTokens), int64(len(req.Hashes))*bs)
 	var total, sum int64
 	var knownSum float64

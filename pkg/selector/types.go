@@ -164,8 +164,12 @@ type Request struct {
 	// Hashes are the request's full-block hashes, in order.
 	Hashes []uint64
 	// PromptTokens is the tokenized prompt's length (0: unknown, taken as
-	// len(Hashes) × block size). Only the cost mode reads it.
+	// len(Hashes) × BlockTokens). Only the cost mode reads it.
 	PromptTokens int
+	// BlockTokens is the prompt tokens one hash covers (0: the rule's
+	// block size); larger when engines publish coarser blocks than
+	// kvBlockSize (docs/parity.md, "Hash granularity").
+	BlockTokens int
 	// Client is the client address (sel 1 hash and sel 3 persist).
 	Client netip.Addr
 }
