@@ -89,9 +89,7 @@ func TestCostModeChoosesLeastPredictedTTFT(t *testing.T) {
 				inv.add(ep, prompt[:n]...)
 			}
 			loads := &testLoads{}
-			for i, l := range tc.loads {
-				loads.l[i] = l
-			}
+			copy(loads.l[:], tc.loads[:])
 			o := noSeed()
 			o.LBMode = LBCost
 			sel, err := New(poolRule(3, SelRR), o, Deps{Scorer: inv, Loads: loads,

@@ -195,9 +195,13 @@ func (f *Front) Close() {
 func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb string) (*Front, error) {
 	settings := config.DefaultSettings()
 	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
+	lb, knobs, _ := strings.Cut(lb, "@")
 	if rest, ok := strings.CutSuffix(lb, "noprov"); ok {
 		lb = strings.TrimSuffix(rest, "-")
 		settings.ProvisionalWeight = 0
+	}
+	if err := kvgateKnobs(knobs, &settings); err != nil {
+		return nil, fmt.Errorf("kvgate: %w", err)
 	}
 	mode, err := selector.ParseLBMode(lb)
 	if err != nil {
@@ -263,6 +267,30 @@ func waitSubscribers(ctx context.Context, g *gateway.Gateway, id, n int) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// kvgateKnobs applies a kvgate policy's "@" settings, for tuning:
+// "mlf150" (LOXILB_KV_MEAN_LOAD_FACTOR), "provw100"
+// (LOXILB_KV_PROVISIONAL_WEIGHT), joined by "-".
+func kvgateKnobs(spec string, s *config.Settings) error {
+	if spec == "" {
+		return nil
+	}
+	for _, part := range strings.Split(spec, "-") {
+		var err error
+		switch {
+		case strings.HasPrefix(part, "mlf"):
+			s.MeanLoadFactor, err = strconv.Atoi(part[3:])
+		case strings.HasPrefix(part, "provw"):
+			s.ProvisionalWeight, err = strconv.Atoi(part[5:])
+		default:
+			err = fmt.Errorf("unknown setting %q (want mlfN, provwN)", part)
+		}
+		if err != nil {
+			return fmt.Errorf("policy settings %q: %w", spec, err)
+		}
+	}
+	return nil
 }
 
 // Policies in report order. kvgate's default load blend is hard, so
