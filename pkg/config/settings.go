@@ -51,6 +51,9 @@ type Settings struct {
 	// reported) block in percent of a stored one, 0-100; 0 turns
 	// provisional blocks off. Default 90 (docs/selection.md).
 	ProvisionalWeight int
+	// LOXILB_KV_COST_WORK_WEIGHT: the cost mode's charge for the prefill work
+	// a choice adds to the fleet, percent 0-1000. Default 0.
+	CostWorkWeight int
 	// LOXILB_KV_PROVISIONAL_TTL_MS: how long a predicted block waits for its
 	// BlockStored, 100-600000 ms. Default 10000.
 	ProvisionalTTL time.Duration
@@ -173,6 +176,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	parsed(&p, "LOXILB_KV_SCORE", &s.Score, selector.ParseScoreMode)
 	p.integer("LOXILB_KV_PROVISIONAL_WEIGHT", &s.ProvisionalWeight, 0, 100)
+	p.integer("LOXILB_KV_COST_WORK_WEIGHT", &s.CostWorkWeight, 0, selector.MaxCostWorkWeight)
 	provTTL := int(s.ProvisionalTTL / time.Millisecond)
 	p.integer("LOXILB_KV_PROVISIONAL_TTL_MS", &provTTL, 100, int(inventory.MaxProvisionalTTL/time.Millisecond))
 	s.ProvisionalTTL = time.Duration(provTTL) * time.Millisecond

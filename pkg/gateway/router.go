@@ -534,6 +534,7 @@ func selectorOptions(s config.Settings) (selector.Options, error) {
 	o.ColdStartMinBlocks = s.ColdStartMinBlocks
 	o.ZeroHitN = s.ZeroHitN
 	o.Score = s.Score
+	o.CostWorkWeight = s.CostWorkWeight
 	o.LoadGuard = s.LoadGuard
 	return o, o.Validate()
 }

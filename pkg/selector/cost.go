@@ -13,6 +13,9 @@ import (
 //
 //	TTFT_i = (pending_i + uncached_i) × perToken_i
 //
+// plus, with LOXILB_KV_COST_WORK_WEIGHT w > 0, w × uncached_i × perToken_i:
+// the prefill work the choice adds to the fleet.
+//
 // where pending_i is the uncached prompt tokens kvgate sent i that have not
 // produced a first body byte, uncached_i the request's prompt tokens minus
 // its scored overlap on i, and perToken_i i's prefill time per token,
@@ -69,6 +72,7 @@ func (s *Selector) costArm(c *compiled, el []int16, sc *scratch, req *Request, a
 		fallback = knownSum / float64(known)
 	}
 	mlf := int64(s.opts.MeanLoadFactor)
+	work := float64(s.opts.CostWorkWeight) / 100
 	w := -1
 	for _, m := range el {
 		ep := int(m)
@@ -78,7 +82,7 @@ func (s *Selector) costArm(c *compiled, el []int16, sc *scratch, req *Request, a
 		}
 		uncached := max(prompt-int64(sc.counts[ep])*bs, 0)
 		pending := min(max(s.cost.PendingTokens(ep), 0), maxPendingTokens)
-		sc.cost[ep] = float64(pending+uncached) * per
+		sc.cost[ep] = (float64(pending+uncached) + work*float64(uncached)) * per
 		if !underCap(sc.load[ep], mlf, total, sc.capc[ep], sum) {
 			continue
 		}

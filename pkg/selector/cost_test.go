@@ -1,6 +1,7 @@
 package selector
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -27,9 +28,22 @@ func TestCostModeChoosesLeastPredictedTTFT(t *testing.T) {
 		pending map[int]int64
 		per     map[int]time.Duration
 		tokens  int
+		work    int // CostWorkWeight
 		want    int
 		spilled bool
 	}{
+		{
+			name: "a prefix still being computed: the earliest first token copies it to an idle endpoint",
+			// ep0 holds the prefix provisionally (scored 9 of 10 blocks) behind 160 pending
+			// tokens: (160+16) against ep1's (0+160).
+			stored: map[int]int{0: 9}, pending: map[int]int64{0: 160},
+			want: 1, spilled: true,
+		},
+		{
+			name:   "charging the added fleet work keeps it where it is being computed",
+			stored: map[int]int{0: 9}, pending: map[int]int64{0: 160}, work: 100,
+			want: 0, // (160+16+16) against (0+160+160)
+		},
 		{
 			name:   "idle fleet: the deepest overlap has the least uncached work",
 			stored: map[int]int{0: 2, 1: 8},
@@ -92,6 +106,7 @@ func TestCostModeChoosesLeastPredictedTTFT(t *testing.T) {
 			copy(loads.l[:], tc.loads[:])
 			o := noSeed()
 			o.LBMode = LBCost
+			o.CostWorkWeight = tc.work
 			sel, err := New(poolRule(3, SelRR), o, Deps{Scorer: inv, Loads: loads,
 				Cost: fixedCost{pending: tc.pending, per: tc.per}})
 			if err != nil {
@@ -132,6 +147,13 @@ func TestParseLBModeCost(t *testing.T) {
 	o.LBMode = LBCost + 1
 	if o.Validate() == nil {
 		t.Error("an LB mode past cost validates")
+	}
+	for _, w := range []int{-1, MaxCostWorkWeight + 1} {
+		o := DefaultOptions()
+		o.CostWorkWeight = w
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "LOXILB_KV_COST_WORK_WEIGHT") {
+			t.Errorf("CostWorkWeight %d: error %v, want one naming LOXILB_KV_COST_WORK_WEIGHT", w, err)
+		}
 	}
 }
 

@@ -150,6 +150,7 @@ const (
 	DefaultColdStartSeedN     = 16
 	DefaultColdStartMinBlocks = 16
 	DefaultZeroHitN           = 50
+	MaxCostWorkWeight         = 1000
 	DefaultMaxSessions        = 4096
 	DefaultTrieMaxNodes       = 8192
 	DefaultQueueStaleAfter    = 30 * time.Second
@@ -173,7 +174,13 @@ type Options struct {
 	ColdStartMinBlocks int       // LOXILB_KV_COLDSTART_MIN_BLOCKS: ≥0, default 16, 0 treated as 1
 	ZeroHitN           int       // LOXILB_KV_ZERO_HIT_N: ≥1, default 50
 	Score              ScoreMode // LOXILB_KV_SCORE: leading (alias prefix, default) | overlap
-	LoadGuard          bool      // LLB_KV_LOADGUARD: default off
+	// CostWorkWeight (LOXILB_KV_COST_WORK_WEIGHT, percent 0..1000, default
+	// 0): the cost mode also charges this share of the prefill work a
+	// choice adds to the fleet (the request's own uncached tokens), so a
+	// prefix still being computed on one endpoint is not copied to an idle
+	// one for a marginally earlier first token (docs/selection.md).
+	CostWorkWeight int
+	LoadGuard      bool // LLB_KV_LOADGUARD: default off
 	// SessionHeaders are the request headers that carry a conversation key,
 	// in priority order (default X-Conversation-ID, X-Session-ID).
 	SessionHeaders []string
@@ -224,6 +231,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("LOXILB_KV_COLDSTART_MIN_BLOCKS=%d: want 0..%d", o.ColdStartMinBlocks, 1<<30)
 	case o.ZeroHitN < 1 || o.ZeroHitN > maxCountLimit:
 		return fmt.Errorf("LOXILB_KV_ZERO_HIT_N=%d: want 1..%d", o.ZeroHitN, maxCountLimit)
+	case o.CostWorkWeight < 0 || o.CostWorkWeight > MaxCostWorkWeight:
+		return fmt.Errorf("LOXILB_KV_COST_WORK_WEIGHT=%d: want 0..%d", o.CostWorkWeight, MaxCostWorkWeight)
 	case o.Score > ScoreOverlap:
 		return fmt.Errorf("LOXILB_KV_SCORE: unknown value %d", o.Score)
 	case o.MaxSessions < 1 || o.MaxSessions > maxCountLimit:

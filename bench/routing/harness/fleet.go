@@ -271,7 +271,8 @@ func waitSubscribers(ctx context.Context, g *gateway.Gateway, id, n int) error {
 
 // kvgateKnobs applies a kvgate policy's "@" settings, for tuning:
 // "mlf150" (LOXILB_KV_MEAN_LOAD_FACTOR), "provw100"
-// (LOXILB_KV_PROVISIONAL_WEIGHT), joined by "-".
+// (LOXILB_KV_PROVISIONAL_WEIGHT), "costw100" (LOXILB_KV_COST_WORK_WEIGHT),
+// joined by "-".
 func kvgateKnobs(spec string, s *config.Settings) error {
 	if spec == "" {
 		return nil
@@ -283,8 +284,10 @@ func kvgateKnobs(spec string, s *config.Settings) error {
 			s.MeanLoadFactor, err = strconv.Atoi(part[3:])
 		case strings.HasPrefix(part, "provw"):
 			s.ProvisionalWeight, err = strconv.Atoi(part[5:])
+		case strings.HasPrefix(part, "costw"):
+			s.CostWorkWeight, err = strconv.Atoi(part[5:])
 		default:
-			err = fmt.Errorf("unknown setting %q (want mlfN, provwN)", part)
+			err = fmt.Errorf("unknown setting %q (want mlfN, provwN, costwN)", part)
 		}
 		if err != nil {
 			return fmt.Errorf("policy settings %q: %w", spec, err)
