@@ -52,7 +52,7 @@ type Settings struct {
 	// provisional blocks off. Default 90 (docs/selection.md).
 	ProvisionalWeight int
 	// LOXILB_KV_COST_WORK_WEIGHT: the cost mode's charge for the prefill work
-	// a choice adds to the fleet, percent 0-1000. Default 0.
+	// a choice adds to the fleet, percent 0-1000. Default 300.
 	CostWorkWeight int
 	// LOXILB_KV_PROVISIONAL_TTL_MS: how long a predicted block waits for its
 	// BlockStored, 100-600000 ms. Default 10000.
@@ -103,6 +103,7 @@ func DefaultSettings() Settings {
 		ZeroHitN:           selector.DefaultZeroHitN,
 		Score:              selector.ScorePrefix,
 		ProvisionalWeight:  inventory.DefaultProvisionalWeight,
+		CostWorkWeight:     selector.DefaultCostWorkWeight,
 		ProvisionalTTL:     inventory.DefaultProvisionalTTL,
 		ReplayPortOffset:   1000,
 		MaxPromptTokens:    262144,

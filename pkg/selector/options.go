@@ -150,6 +150,7 @@ const (
 	DefaultColdStartSeedN     = 16
 	DefaultColdStartMinBlocks = 16
 	DefaultZeroHitN           = 50
+	DefaultCostWorkWeight     = 300
 	MaxCostWorkWeight         = 1000
 	DefaultMaxSessions        = 4096
 	DefaultTrieMaxNodes       = 8192
@@ -175,7 +176,7 @@ type Options struct {
 	ZeroHitN           int       // LOXILB_KV_ZERO_HIT_N: ≥1, default 50
 	Score              ScoreMode // LOXILB_KV_SCORE: leading (alias prefix, default) | overlap
 	// CostWorkWeight (LOXILB_KV_COST_WORK_WEIGHT, percent 0..1000, default
-	// 0): the cost mode also charges this share of the prefill work a
+	// 300, chosen on the routing benchmark): the cost mode also charges this share of the prefill work a
 	// choice adds to the fleet (the request's own uncached tokens), so a
 	// prefix still being computed on one endpoint is not copied to an idle
 	// one for a marginally earlier first token (docs/selection.md).
@@ -205,6 +206,7 @@ func DefaultOptions() Options {
 		ColdStartMinBlocks: DefaultColdStartMinBlocks,
 		ZeroHitN:           DefaultZeroHitN,
 		Score:              ScorePrefix,
+		CostWorkWeight:     DefaultCostWorkWeight,
 		SessionHeaders:     []string{"X-Conversation-ID", "X-Session-ID"},
 		MaxSessions:        DefaultMaxSessions,
 		TrieMaxNodes:       DefaultTrieMaxNodes,
