@@ -52,11 +52,11 @@ func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []
 	firstBody := opts.FirstBody
 	relay := func(p []byte) bool {
 		n := fr.Feed(p)
+		if n > 0 && firstBody != nil {
+			firstBody()
+			firstBody = nil
+		}
 		if n > 0 {
-			if firstBody != nil {
-				firstBody()
-				firstBody = nil
-			}
 			w, err := client.Write(p[:n])
 			res.Bytes += int64(w)
 			if opts.Tap != nil && w > 0 {

@@ -50,9 +50,8 @@ func (r *trackingRouter) seen() ([]string, time.Time) {
 
 // TestBodyTrackerHearsFirstBodyByteAndEnd: a plan that implements
 // BodyTracker hears the first body byte (not the head, which a streaming
-// engine sends at once) and the end, each once; a bodyless answer ends
-// without a first body byte; a request whose endpoint never connected
-// hears neither.
+// engine sends at once) and the end, each once; a bodyless answer, and a
+// request whose endpoint never connected, end without a first body byte.
 func TestBodyTrackerHearsFirstBodyByteAndEnd(t *testing.T) {
 	const headToBody = 150 * time.Millisecond
 	streamed := startBackend(t, "sse", func(w http.ResponseWriter, _ *http.Request) {
@@ -71,7 +70,7 @@ func TestBodyTrackerHearsFirstBodyByteAndEnd(t *testing.T) {
 	}{
 		{"streamed body", []string{streamed.addr}, []string{"first-body", "ended"}, true},
 		{"bodyless answer", []string{bodyless.addr}, []string{"ended"}, false},
-		{"no endpoint connects", []string{"127.0.0.1:1"}, nil, false},
+		{"no endpoint connects", []string{"127.0.0.1:1"}, []string{"ended"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := &trackingRouter{staticRouter: staticRouter{addrs: tc.addrs}}
