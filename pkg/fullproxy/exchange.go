@@ -396,7 +396,7 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 	}
 	tap := x.bodyTap(r)
 	if tap != nil {
-		opts.Tap = tap.Write
+		opts.Tap = http1.NewPayload(r.head.Chunked, r.head.ContentLength, tap.Write).Write
 	}
 	res := x.s.leg.Run(ctx, x.c.nc, r.conn, prefix, opts)
 	if tap != nil {
