@@ -362,7 +362,7 @@ func (ix *Index) Score(hashes []uint64, eligible epset.Set, leadingRun bool, cou
 	ix.rw.RLock()
 	switch {
 	case leadingRun && len(ix.scored) > 0:
-		ix.scoreRunTiered(hashes, eligible, counts)
+		ix.scoreRunTiered(hashes, eligible, counts, nil)
 	case leadingRun:
 		ix.gpu.scoreRun(hashes, eligible, counts)
 		if gw := ix.weights[TierGPU]; gw != weightScale {

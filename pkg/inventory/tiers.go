@@ -209,7 +209,9 @@ type tieredRun struct {
 // is the weighted sum of the run (GPU blocks at the GPU weight, the others
 // at the best slower tier holding them), rounded to whole blocks. Only
 // blocks an alive endpoint lacks on the GPU cost the slower tiers' lookups.
-func (ix *Index) scoreRunTiered(hashes []uint64, eligible epset.Set, counts *[epset.Max]uint32) {
+//
+// runs, if not nil, receives every eligible endpoint's unweighted run length.
+func (ix *Index) scoreRunTiered(hashes []uint64, eligible epset.Set, counts, runs *[epset.Max]uint32) {
 	var ph [scoreChunkSize]uint64
 	var sink uint64
 	r := &tieredRun{ix: ix, alive: eligible, nw: len(eligible), left: eligible.Len()}
@@ -231,6 +233,9 @@ func (ix *Index) scoreRunTiered(hashes []uint64, eligible epset.Set, counts *[ep
 	_ = sink
 	for e := r.alive.Next(0); e >= 0; e = r.alive.Next(e + 1) {
 		counts[e] = uint32(len(hashes))
+	}
+	if runs != nil {
+		*runs = *counts
 	}
 	r.weigh(eligible, counts)
 }
@@ -317,4 +322,26 @@ func (ix *Index) OtherMediaBlocks(ep int) int {
 		n += int(t.blocks[ep].Load())
 	}
 	return n
+}
+
+// scoreLeadingRuns is Score with leadingRun that also writes each eligible
+// endpoint's unweighted leading run into runs: where the run really ends,
+// which the weighted count no longer says once a run reaches a slower tier
+// (Overlay extends the run from there with predicted blocks).
+func (ix *Index) scoreLeadingRuns(hashes []uint64, eligible epset.Set, counts, runs *[epset.Max]uint32) {
+	*counts, *runs = [epset.Max]uint32{}, [epset.Max]uint32{}
+	if len(hashes) == 0 || eligible.Empty() {
+		return
+	}
+	ix.rw.RLock()
+	defer ix.rw.RUnlock()
+	if len(ix.scored) > 0 {
+		ix.scoreRunTiered(hashes, eligible, counts, runs)
+		return
+	}
+	ix.gpu.scoreRun(hashes, eligible, counts)
+	*runs = *counts
+	if gw := ix.weights[TierGPU]; gw != weightScale {
+		scaleCounts(counts, eligible, uint32(gw))
+	}
 }

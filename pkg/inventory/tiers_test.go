@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/pkg/epset"
 )
@@ -263,5 +264,52 @@ func TestScoreTieredConcurrentWithWrites(t *testing.T) {
 				t.Fatalf("endpoint %d: count %d over the prompt's %d blocks", e, counts[e], len(prompt))
 			}
 		}
+	}
+}
+
+// TestOverlayExtendsTieredRun: predicted (provisional) blocks extend an
+// endpoint's leading run from where the run really ends, not from its
+// weighted score, when the run reaches into a slower tier (or the GPU weight
+// is below 1).
+func TestOverlayExtendsTieredRun(t *testing.T) {
+	prompt := chain(0, 15)
+	for _, tc := range []struct {
+		name    string
+		weights TierWeights
+		cpuTail bool
+		want    uint32
+	}{
+		// 5 GPU + 5 CPU × 0.8 = 9, then 5 predicted × 90% = 4 (rounded down).
+		{"gpu head, cpu tail, predicted rest", TierWeights{}, true, 13},
+		// 10 GPU × 0.5 = 5, then 4.
+		{"gpu weight 0.5", TierWeights{500, 800, 250}, false, 9},
+		{"gpu only", TierWeights{}, false, 14},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix, err := New(Options{MaxBlocks: MinMaxBlocks, TierWeights: tc.weights})
+			if err != nil {
+				t.Fatal(err)
+			}
+			split := 10
+			if tc.cpuTail {
+				split = 5
+				if err := ix.Add(0, 0, "CPU", prompt[5:10]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ix.Add(0, 0, "GPU", prompt[:split]); err != nil {
+				t.Fatal(err)
+			}
+			ov, err := NewOverlay(ix, ProvisionalOptions{Weight: 90, TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ov.Reserve(0, prompt)
+			var counts [epset.Max]uint32
+			ov.Score(prompt, epset.FirstN(1), true, &counts)
+			if counts[0] != tc.want {
+				t.Errorf("score %d, want %d", counts[0], tc.want)
+			}
+		})
 	}
 }
