@@ -345,3 +345,6 @@ func (ix *Index) scoreLeadingRuns(hashes []uint64, eligible epset.Set, counts, r
 		scaleCounts(counts, eligible, uint32(gw))
 	}
 }
+
+// OtherMediaBlocks is the base index's count: predictions are GPU blocks.
+func (o *Overlay) OtherMediaBlocks(ep int) int { return o.base.OtherMediaBlocks(ep) }

@@ -313,3 +313,27 @@ func TestOverlayExtendsTieredRun(t *testing.T) {
 		})
 	}
 }
+
+// TestOtherMediaBlocksThroughOverlay: the subscriber reports
+// kvgate_kv_blocks_other_medium through whatever Sink the rule uses, the
+// provisional overlay included.
+func TestOtherMediaBlocksThroughOverlay(t *testing.T) {
+	ix := newIndex(t, MinMaxBlocks)
+	ov, err := NewOverlay(ix, ProvisionalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink interface{ OtherMediaBlocks(int) int } = ov
+	if err := ov.Add(1, 0, "CPU", chain(0, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ov.Add(1, 0, "DISK", chain(10, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ov.Add(1, 0, "GPU", chain(20, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.OtherMediaBlocks(1); got != 7 {
+		t.Errorf("other media blocks %d, want 7", got)
+	}
+}
