@@ -164,7 +164,7 @@ func TestScoreLeadingRunAcrossTiers(t *testing.T) {
 // only, over random fleets, and that the overlap score stays GPU only.
 func TestScoreTieredMatchesGPUOnlyOnGPUBlocks(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 9))
-	for round := range 50 {
+	for round := range 20 {
 		plain := newIndex(t, MinMaxBlocks)
 		tiered := newIndex(t, MinMaxBlocks)
 		prompt := make([]uint64, 1+r.IntN(200))
