@@ -128,14 +128,15 @@ func (p *backendPool) pop(k poolKey) net.Conn {
 func (p *backendPool) put(ep int, addr string, c net.Conn) {
 	k := poolKey{ep, addr}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed || len(p.idle[k]) >= p.opts.MaxIdlePerEndpoint {
-		_ = c.Close()
+		p.mu.Unlock()
+		_ = c.Close() // outside mu: a TLS close writes close_notify, which can wait
 		return
 	}
 	ic := &idleConn{c: c}
 	ic.timer = time.AfterFunc(p.opts.IdleTimeout, func() { p.expire(k, ic) })
 	p.idle[k] = append(p.idle[k], ic)
+	p.mu.Unlock()
 }
 
 // expire closes ic if it is still idle after the idle timeout.

@@ -691,15 +691,19 @@ func testE2EHTTPS(t *testing.T, f *tlsFixture) {
 	good, _ := engineCA.Server("engine", relayHost)
 	goodCert, _ := good.TLS()
 	relay := startTLSRelay(t, relayHost, f.engineAddr(t), goodCert)
+	relay2 := startTLSRelay(t, relayHost, f.engineAddr(t), goodCert)
 	stranger, _ := f.ca.Server("stranger", f.block+"42")
 	strangerCert, _ := stranger.TLS()
 	bad := startTLSRelay(t, f.block+"42", f.engineAddr(t), strangerCert)
 
 	var goodPort, goodID int
+	args := func(port int) map[string]any {
+		return map[string]any{"port": port, "security": 2, "probetype": "tcp", "mtls_backend": map[string]any{"verify_server_cert": true, "backend_ca_path": engineCAFile}}
+	}
 	e2e := func(endpoint string) string {
 		port := testnet.Port(t, f.vip)
 		f.certify(t, port, "e2e")
-		id := f.rule(t, map[string]any{"port": port, "security": 2, "probetype": "tcp", "mtls_backend": map[string]any{"verify_server_cert": true, "backend_ca_path": engineCAFile}}, endpoint)
+		id := f.rule(t, args(port), endpoint)
 		if goodPort == 0 {
 			goodPort, goodID = port, id
 		}
@@ -741,6 +745,18 @@ func testE2EHTTPS(t *testing.T, f *tlsFixture) {
 	if h, r := relay.handshakes.Load(), relay.resume.Load(); h != 2 || r != 1 {
 		t.Errorf("after the engine closed the pooled connection: %d handshakes, %d resumed; want 2 and 1", h, r)
 	}
+	// Replacing the endpoint (a re-POST of the rule) closes the idle
+	// connection to the one removed; the next request opens one to the new.
+	if st, b := f.post(t, args(goodPort), relay2.addr); st != 200 {
+		t.Fatalf("re-posting the rule with another endpoint: %d %s", st, b)
+	}
+	// Within 2 s, under the pool's 4 s idle timeout: the change itself
+	// closes it.
+	waitFor(t, "the removed endpoint's pooled connection closed", 2*time.Second, func() bool { return relay.open.Load() == 0 })
+	post(n + 1)
+	if relay2.handshakes.Load() != 1 || relay.handshakes.Load() != 2 {
+		t.Errorf("after the endpoint change: %d handshakes at the new engine, %d at the old; want 1 and 2", relay2.handshakes.Load(), relay.handshakes.Load())
+	}
 	// Deleting the rule closes its idle engine connection.
 	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("%s/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp", f.api, f.vip, goodPort), nil)
 	dresp, err := http.DefaultClient.Do(req)
@@ -751,7 +767,7 @@ func testE2EHTTPS(t *testing.T, f *tlsFixture) {
 	if dresp.StatusCode != 200 {
 		t.Fatalf("deleting the e2ehttps rule: %d", dresp.StatusCode)
 	}
-	waitFor(t, "the pooled engine connection closed with its rule", 5*time.Second, func() bool { return relay.open.Load() == 0 })
+	waitFor(t, "the pooled engine connection closed with its rule", 2*time.Second, func() bool { return relay2.open.Load() == 0 })
 	resp, err := c.Post(e2e(bad.addr), "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
