@@ -757,6 +757,29 @@ func testE2EHTTPS(t *testing.T, f *tlsFixture) {
 	if relay2.handshakes.Load() != 1 || relay.handshakes.Load() != 2 {
 		t.Errorf("after the endpoint change: %d handshakes at the new engine, %d at the old; want 1 and 2", relay2.handshakes.Load(), relay.handshakes.Load())
 	}
+	// Setting the endpoint admin down closes its idle connection too.
+	admin := func(state string) {
+		t.Helper()
+		h, p, _ := net.SplitHostPort(relay2.addr)
+		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp/endpoint", f.api, f.vip, goodPort),
+			strings.NewReader(fmt.Sprintf(`{"endpointIP":%q,"targetPort":%s,"admin":%q}`, h, p, state)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("admin %s: %d %s", state, resp.StatusCode, b)
+		}
+	}
+	admin("down")
+	waitFor(t, "the admin-down endpoint's pooled connection closed", 2*time.Second, func() bool { return relay2.open.Load() == 0 })
+	admin("up")
+	post(n + 2)
+	if relay2.handshakes.Load() != 2 {
+		t.Errorf("after admin down and up: %d handshakes at the engine, want 2", relay2.handshakes.Load())
+	}
 	// Deleting the rule closes its idle engine connection.
 	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("%s/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp", f.api, f.vip, goodPort), nil)
 	dresp, err := http.DefaultClient.Do(req)
