@@ -87,7 +87,9 @@ type daemonFlags struct {
 	apiInsecure    bool
 	metricsAddr    string
 	endpointCIDRs  string
-	dataTLS        dataTLSFlags
+	// backendTokenDir confines rules' backendTokenFile (backendtoken.go).
+	backendTokenDir string
+	dataTLS         dataTLSFlags
 }
 
 func newRoot() *cobra.Command {
@@ -125,6 +127,7 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.apiTokenFile, "api-token-file", "", "require Authorization: Bearer tokens from this file: '<name> <admin|read> <token>' per line; mode 0600 or 0400 (reloads)")
 	fl.BoolVar(&f.apiInsecure, "api-insecure", false, "allow a management API beyond loopback without TLS and tokens (logged, and kvgate_api_insecure 1)")
 	fl.StringVar(&f.endpointCIDRs, "endpoint-cidrs", "", "only allow rule endpoints in these comma-separated CIDRs (their KV-event and replay ports too); default: any address")
+	fl.StringVar(&f.backendTokenDir, "backend-token-dir", defaultBackendTokenDir, "the only directory a rule's backendTokenFile may be in (the engines' keys; kvgate reads them as its own user); / allows any path")
 	addDataTLSFlags(fl, &f.dataTLS)
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
@@ -232,6 +235,9 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
 		TLSCertDir: f.dataTLS.certDir, TLSReloadInterval: f.dataTLS.reloadInterval, TLSHandshakeTimeout: f.dataTLS.handshakeTimeout,
+	}
+	if gopts.BackendTokenDir, err = backendTokenDir(f.backendTokenDir); err != nil {
+		return err
 	}
 	if vips != nil {
 		gopts.VIPs = vips

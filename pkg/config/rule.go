@@ -180,6 +180,14 @@ type ServiceArguments struct {
 	ProbeRetries int    `json:"probeRetries,omitempty"`
 	// ProbeInterval is seconds between probes. Ours (LoxiLB has a global interval).
 	ProbeInterval int `json:"probeInterval,omitempty"`
+
+	// BackendTokenFile is the path of a file holding the key the rule's
+	// engines require (vLLM's --api-key). kvgate sends it as a bearer token
+	// on its own calls to them (probes, the /metrics scrape, preflight) and
+	// never on clients' requests, whose credentials are the client's. The
+	// file follows the API token file's mode rules and reloads on change.
+	// Ours (docs/security.md, "Engines that require a key").
+	BackendTokenFile string `json:"backendTokenFile,omitempty"`
 }
 
 // Endpoint is one backend of a rule. Idx (ep_idx) is allocated by the rule

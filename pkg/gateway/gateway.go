@@ -70,6 +70,9 @@ type Options struct {
 	// EndpointCIDRs restricts rule endpoints to these ranges (--endpoint-cidrs;
 	// empty: any address).
 	EndpointCIDRs []netip.Prefix
+	// BackendTokenDir confines rules' backendTokenFile to one directory
+	// (--backend-token-dir; empty: any path).
+	BackendTokenDir string
 	// APIMiddleware wraps the management API (authentication and audit,
 	// package apiauth); nil serves it bare.
 	APIMiddleware func(http.Handler) http.Handler
@@ -198,7 +201,7 @@ func New(opts Options) (*Gateway, error) {
 
 	g.status = g.newStatus()
 	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Preflight: g, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log,
-		Guard: g.guard}
+		Guard: g.guard, BackendTokenDir: opts.BackendTokenDir}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -546,7 +549,7 @@ func (g *Gateway) reconcile() {
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
-				Parity: rt.router.state.Load().parity,
+				Parity: rt.router.state.Load().parity, Token: rt.health.token,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

@@ -20,6 +20,7 @@ func (g *Gateway) newStatus() *status.Collector {
 		Gatherer:    g.Metrics.Registry,
 		Datapath:    g.leg.Path,
 		Health:      g.EndpointActive,
+		ProbeError:  g.ProbeError,
 		SeedSet: func(r *config.Rule) bool {
 			_, ok := r.HashSeed(g.opts.Settings)
 			return ok

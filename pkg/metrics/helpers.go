@@ -292,6 +292,23 @@ func (m *Metrics) SetCircuitBreaker(service, epIdx, state int, flipped bool) {
 	}
 }
 
+// SetEngineFigures publishes one engine scrape: kvgate_endpoint_capacity_blocks
+// and kvgate_endpoint_engine_waiting. A negative value (the family was
+// missing) drops the series, so a stale figure is not shown as current.
+func (m *Metrics) SetEngineFigures(service, epIdx int, gpuBlocks, waiting int64) {
+	s, e := itoa(service), itoa(epIdx)
+	for _, f := range []struct {
+		g *prometheus.GaugeVec
+		v int64
+	}{{m.EngineCapacity, gpuBlocks}, {m.EngineQueued, waiting}} {
+		if f.v < 0 {
+			f.g.DeleteLabelValues(s, e)
+			continue
+		}
+		f.g.WithLabelValues(s, e).Set(float64(f.v))
+	}
+}
+
 // SetProbe publishes a probe result; changed counts a transition.
 func (m *Metrics) SetProbe(service, epIdx int, up, changed bool) {
 	s, e := itoa(service), itoa(epIdx)

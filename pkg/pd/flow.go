@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
+	"github.com/kvgate/kvgate/pkg/reqfacts"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -203,7 +204,7 @@ var _ fullproxy.Handler = (*Flow)(nil)
 // to the chosen prefill endpoint.
 func (f *Flow) Serve(ctx context.Context, x *fullproxy.Exchange) bool {
 	req := x.Req
-	if req.Method != "POST" || !req.BodyInspected {
+	if req.Method != "POST" || !req.BodyInspected || !orchestrated(req.Path()) {
 		return f.cfg.Plain.Serve(ctx, x)
 	}
 	m, err := parseBody(req.Body)
@@ -218,6 +219,15 @@ func (f *Flow) Serve(ctx context.Context, x *fullproxy.Exchange) bool {
 		prefill: -1, decode: -1, downEp: -1, clientID: req.Get("X-Request-Id")}
 	defer r.releaseAll()
 	return r.serve(ctx)
+}
+
+// orchestrated reports a path the two-leg flow takes. The Responses and
+// Messages APIs take the plain path (docs/pd.md): the prefill rewrite speaks
+// the completions and chat fields (max_tokens, stream_options), and the
+// NixlConnector proxies the flow follows orchestrate only those two APIs.
+func orchestrated(path string) bool {
+	k := reqfacts.KindFromPath(path)
+	return k != reqfacts.KindResponses && k != reqfacts.KindMessages
 }
 
 // run is one P/D request.

@@ -30,7 +30,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/apiauth"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 )
 
@@ -96,6 +98,12 @@ type Runner struct {
 	probeClient *http.Client
 	// InventoryWait bounds the wait for the probe's BlockStored events.
 	InventoryWait time.Duration
+
+	// token is the rule's backendTokenFile token for one run (Run works on
+	// a copy of the Runner), sent on every engine call and probe request;
+	// tokenErr is why it could not be read.
+	token    string
+	tokenErr error
 }
 
 // New returns a Runner reading src.
@@ -116,9 +124,32 @@ type endpointFacts struct {
 }
 
 // Run runs every check against rule; probe=false skips the probe requests.
+// The rule's backendTokenFile is read afresh: its token goes as a bearer
+// token on the engine calls and on the probe requests through the VIP,
+// which kvgate relays with the client's own Authorization, as it does any
+// client's.
 func (r *Runner) Run(ctx context.Context, rule *config.Rule, probe bool) Report {
+	return r.forRule(rule).run(ctx, rule, probe)
+}
+
+// forRule is a copy of r carrying rule's backend token, so concurrent runs
+// for different rules share nothing mutable.
+func (r *Runner) forRule(rule *config.Rule) *Runner {
+	run := *r
+	run.token, run.tokenErr = "", nil
+	if path := rule.Args.BackendTokenFile; path != "" {
+		run.token, run.tokenErr = apiauth.LoadBackendTokenFile(path)
+	}
+	return &run
+}
+
+func (r *Runner) run(ctx context.Context, rule *config.Rule, probe bool) Report {
 	var rep Report
 	add := func(c Check) { rep.Checks = append(rep.Checks, c) }
+	if r.tokenErr != nil {
+		add(Check{ID: CheckHealth, EPIdx: -1, Result: Warn, Detail: "backendTokenFile: " + r.tokenErr.Error() + "; the engine calls go without a token",
+			Fix: "fix the file (mode 0600, owned by kvgate's user or root, the token on its first non-empty line)"})
+	}
 	facts := make([]*endpointFacts, 0, len(rule.Endpoints))
 	for _, e := range rule.Endpoints {
 		f := &endpointFacts{ep: e}
@@ -170,6 +201,7 @@ func (r *Runner) get(ctx context.Context, url string) (int, []byte, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	r.authorize(req)
 	return r.do(req)
 }
 
@@ -187,6 +219,7 @@ func (r *Runner) postWith(ctx context.Context, client *http.Client, url string, 
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	r.authorize(req)
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, nil, err
@@ -194,6 +227,12 @@ func (r *Runner) postWith(ctx context.Context, client *http.Client, url string, 
 	defer resp.Body.Close()
 	out, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	return resp, out, err
+}
+
+func (r *Runner) authorize(req *http.Request) {
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
 }
 
 func (r *Runner) do(req *http.Request) (int, []byte, error) {
@@ -216,14 +255,14 @@ func (r *Runner) checkHealth(ctx context.Context, f *endpointFacts) Check {
 	base := baseURL(f.ep)
 	code, _, err := r.get(ctx, base+"/health")
 	if err != nil || code != http.StatusOK {
-		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/health: %s", base, httpErr(code, err))
-		c.Fix = "start the engine, or correct the endpoint's address and port in the rule"
+		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/health: %s", base, r.httpErr(code, err))
+		c.Fix = fixFor(code, "start the engine, or correct the endpoint's address and port in the rule")
 		return c
 	}
 	code, body, err := r.get(ctx, base+"/v1/models")
 	if err != nil || code != http.StatusOK {
-		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/v1/models: %s", base, httpErr(code, err))
-		c.Fix = "the endpoint must serve vLLM's OpenAI API"
+		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/v1/models: %s", base, r.httpErr(code, err))
+		c.Fix = fixFor(code, "the endpoint must serve vLLM's OpenAI API")
 		return c
 	}
 	var list struct {
@@ -252,11 +291,32 @@ func (r *Runner) checkHealth(ctx context.Context, f *endpointFacts) Check {
 	return c
 }
 
-func httpErr(code int, err error) string {
+// httpErr spells a failed call; a 401 or 403 says what to fix about the
+// rule's backendTokenFile.
+func (r *Runner) httpErr(code int, err error) string {
 	if err != nil {
 		return err.Error()
 	}
-	return "HTTP " + strconv.Itoa(code)
+	s := "HTTP " + strconv.Itoa(code)
+	if code != http.StatusUnauthorized && code != http.StatusForbidden {
+		return s
+	}
+	switch {
+	case r.tokenErr != nil:
+		return s + ": " + health.ReasonEngineWantsToken + "; no token in force: " + r.tokenErr.Error()
+	case r.token == "":
+		return s + ": " + health.ReasonEngineWantsToken
+	}
+	return s + ": engine refused the token of backendTokenFile (is it the engine's current key?)"
+}
+
+// fixFor is the fix of a failed engine call: the token's when the engine
+// refused kvgate's credentials, else otherwise.
+func fixFor(code int, otherwise string) string {
+	if code == http.StatusUnauthorized || code == http.StatusForbidden {
+		return "put the engine's key (vLLM's --api-key) alone in a file of mode 0600 and name it in the rule's backendTokenFile (docs/security.md)"
+	}
+	return otherwise
 }
 
 // Metric families of the spec's §6.4; the lazy ones appear after the first request.
@@ -280,7 +340,7 @@ func (r *Runner) checkMetrics(ctx context.Context, rule *config.Rule, f *endpoin
 	base := baseURL(f.ep)
 	code, body, err := r.get(ctx, base+"/metrics")
 	if err != nil || code != http.StatusOK {
-		c.Result, c.Detail, c.Fix = Fail, fmt.Sprintf("GET %s/metrics: %s", base, httpErr(code, err)), "expose vLLM's Prometheus /metrics on the serving port"
+		c.Result, c.Detail, c.Fix = Fail, fmt.Sprintf("GET %s/metrics: %s", base, r.httpErr(code, err)), fixFor(code, "expose vLLM's Prometheus /metrics on the serving port")
 		return c
 	}
 	fams := parseFamilies(body)
@@ -341,7 +401,7 @@ func (r *Runner) checkServerInfo(ctx context.Context, rule *config.Rule, f *endp
 	code, body, err := r.get(ctx, base+path)
 	if err != nil || code != http.StatusOK {
 		c.Result = Warn
-		c.Detail = fmt.Sprintf("GET %s%s: %s; the engine's block size could not be compared with kvBlockSize=%d", base, path, httpErr(code, err), rule.BlockSize())
+		c.Detail = fmt.Sprintf("GET %s%s: %s; the engine's block size could not be compared with kvBlockSize=%d", base, path, r.httpErr(code, err), rule.BlockSize())
 		c.Fix = "serve " + path + " (a current " + rule.EffectiveEngine() + " does) so the preflight can read the block size"
 		return c
 	}
@@ -515,7 +575,7 @@ func (r *Runner) checkTokenizer(ctx context.Context, f *endpointFacts, model str
 			code = resp.StatusCode
 		}
 		c.Result = Warn
-		c.Detail = fmt.Sprintf("model %s: tokenizer staged at %s; the engine's /tokenize is not available (%s), so its ids were not compared", model, path, httpErr(code, err))
+		c.Detail = fmt.Sprintf("model %s: tokenizer staged at %s; the engine's /tokenize is not available (%s), so its ids were not compared", model, path, r.httpErr(code, err))
 		c.Fix = "serve vLLM's /tokenize to let the preflight compare tokenizers"
 		return c
 	}
@@ -625,7 +685,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 		if resp != nil {
 			code = resp.StatusCode
 		}
-		c.Result, c.Detail, c.Fix = Fail, "first probe request through "+vip+": "+httpErr(code, err), "check the rule's VIP and the endpoints' health"
+		c.Result, c.Detail, c.Fix = Fail, "first probe request through "+vip+": "+r.httpErr(code, err), "check the rule's VIP and the endpoints' health"
 		return c
 	}
 	// The first request's BlockStored events must carry the predicted hashes.
@@ -651,7 +711,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 		if resp != nil {
 			code = resp.StatusCode
 		}
-		c.Result, c.Detail = Fail, "second probe request: "+httpErr(code, err)
+		c.Result, c.Detail = Fail, "second probe request: "+r.httpErr(code, err)
 		return c
 	}
 	hits := r.src.Tier15Hits(rule.ServiceID, ep) - hits0

@@ -42,6 +42,9 @@ type Options struct {
 	// Health reports an endpoint's probe state; known false means no verdict
 	// yet (then kvgate_endpoint_probe_up decides, if set). May be nil.
 	Health func(service, ep int) (up, known bool)
+	// ProbeError is why an endpoint's last probe failed ("" none), shown in
+	// its endpoint_down problem. May be nil.
+	ProbeError func(service, ep int) string
 	// Interval between samples; 0 means 5 s.
 	Interval time.Duration
 	// Window is how many samples the rates and histories span; 0 means 60.
@@ -247,6 +250,8 @@ type Endpoint struct {
 	Role  string `json:"role"`
 	// Health is "up", "down" or "unknown" (no probe result yet).
 	Health string `json:"health"`
+	// ProbeError is why the last probe failed, while it fails.
+	ProbeError string `json:"probe_error,omitempty"`
 	// Breaker is "closed", "open" or "half-open".
 	Breaker    string      `json:"breaker"`
 	Admin      string      `json:"admin"`
@@ -373,6 +378,9 @@ func (c *Collector) fillEndpoint(ep *Endpoint, k epKey, first, last *sample) int
 			ep.Health = map[bool]string{true: "up", false: "down"}[up]
 		}
 	}
+	if c.opts.ProbeError != nil {
+		ep.ProbeError = c.opts.ProbeError(k.service, k.ep)
+	}
 	switch last.gauges[mBreaker][k] {
 	case 1:
 		ep.Breaker = "open"
@@ -407,7 +415,11 @@ func endpointProblems(id int, adminDown bool, ep *Endpoint, problems *[]Problem)
 	switch {
 	case adminDown:
 	case ep.Health == "down":
-		add("endpoint_down", "the health probe fails for "+ep.Addr)
+		detail := "the health probe fails for " + ep.Addr
+		if ep.ProbeError != "" {
+			detail += ": " + ep.ProbeError
+		}
+		add("endpoint_down", detail)
 	case ep.Breaker == "open":
 		add("breaker_open", "the circuit breaker excludes "+ep.Addr)
 	}

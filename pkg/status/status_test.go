@@ -188,3 +188,34 @@ func equal(a, b any) bool {
 	}
 	return a == b
 }
+
+// TestEndpointDownSaysWhy: an endpoint_down problem carries the probe's
+// reason, so the page and kvctl status say what to fix.
+func TestEndpointDownSaysWhy(t *testing.T) {
+	f := newFleet(t)
+	const why = "http probe 10.0.1.1:8000/v1/models: status 401: engine requires a token (backendTokenFile)"
+	f.collector.opts.ProbeError = func(service, ep int) string {
+		if service == 1 && ep == 0 {
+			return why
+		}
+		return ""
+	}
+	f.tick(0)
+	f.probe.WithLabelValues("1", "0").Set(0)
+	f.tick(5 * time.Second)
+	st := f.collector.Snapshot()
+	var detail string
+	for _, p := range st.Problems {
+		if p.Kind == "endpoint_down" {
+			detail = p.Detail
+		}
+	}
+	if detail != "the health probe fails for 10.0.1.1:8000: "+why {
+		t.Fatalf("endpoint_down detail %q", detail)
+	}
+	for _, r := range st.Rules {
+		if r.ServiceID == 1 && r.Endpoints[0].ProbeError != why {
+			t.Fatalf("probe_error %q", r.Endpoints[0].ProbeError)
+		}
+	}
+}
