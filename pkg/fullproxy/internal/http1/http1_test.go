@@ -177,3 +177,36 @@ func TestEncodeRequestHeadKeepAlive(t *testing.T) {
 		}
 	}
 }
+
+// FuzzResponseHead: any backend bytes give a parsed head or an error,
+// never a panic; a Connection header naming close always closes (a pooled
+// connection must not outlive an engine that said it would close), and a
+// chunked head declares no length.
+func FuzzResponseHead(f *testing.F) {
+	for _, s := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n\r\n",
+		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: Keep-Alive , close\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := ReadResponseHead(bufio.NewReaderSize(strings.NewReader(string(data)), 64), 4096)
+		if err != nil {
+			return
+		}
+		for _, hf := range h.Header {
+			if strings.EqualFold(hf.Name, "connection") {
+				for _, tok := range strings.Split(hf.Value, ",") {
+					if strings.EqualFold(strings.TrimSpace(tok), "close") && !h.Close {
+						t.Fatalf("Connection %q did not close", hf.Value)
+					}
+				}
+			}
+		}
+		if h.Chunked && h.ContentLength != -1 {
+			t.Fatalf("chunked with Content-Length %d", h.ContentLength)
+		}
+	})
+}
