@@ -49,8 +49,10 @@ type Exchange struct {
 	watch *EndpointWatch
 	head  *HeadWatch // the client and endpoint watch of the current backend wait
 	// pooled is the pool-managed backend connection of DialBackend, on
-	// which Forward keeps the connection open.
-	pooled net.Conn
+	// which Forward keeps the connection open; pooledGen is its endpoint's
+	// pool generation then (pool.go).
+	pooled    net.Conn
+	pooledGen uint64
 }
 
 // Limits are the proxy's limits.

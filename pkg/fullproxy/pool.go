@@ -81,10 +81,15 @@ type backendPool struct {
 	mu     sync.Mutex
 	idle   map[poolKey][]*idleConn // most recently returned last
 	closed bool
+	// drops counts each endpoint's drops (under mu): a connection taken
+	// before a drop is closed, not pooled, when its request ends, so a
+	// request still running when its endpoint went down or was removed
+	// does not put a connection back behind the drop.
+	drops map[int]uint64
 }
 
 func newBackendPool(o PoolOptions) *backendPool {
-	return &backendPool{opts: o.withDefaults(), idle: map[poolKey][]*idleConn{}}
+	return &backendPool{opts: o.withDefaults(), idle: map[poolKey][]*idleConn{}, drops: map[int]uint64{}}
 }
 
 // get returns an idle connection to (ep, addr) that is still open, or nil.
@@ -123,12 +128,20 @@ func (p *backendPool) pop(k poolKey) net.Conn {
 	return ic.c
 }
 
-// put hands c back idle, or closes it when the pool is closed or the
-// endpoint keeps its maximum already.
-func (p *backendPool) put(ep int, addr string, c net.Conn) {
+// generation is ep's drop count, taken when a request gets its
+// connection and given back to put.
+func (p *backendPool) generation(ep int) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.drops[ep]
+}
+
+// put hands c back idle, or closes it when the pool is closed, ep was
+// dropped since gen, or the endpoint keeps its maximum already.
+func (p *backendPool) put(ep int, addr string, c net.Conn, gen uint64) {
 	k := poolKey{ep, addr}
 	p.mu.Lock()
-	if p.closed || len(p.idle[k]) >= p.opts.MaxIdlePerEndpoint {
+	if p.closed || p.drops[ep] != gen || len(p.idle[k]) >= p.opts.MaxIdlePerEndpoint {
 		p.mu.Unlock()
 		_ = c.Close() // outside mu: a TLS close writes close_notify, which can wait
 		return
@@ -166,6 +179,7 @@ func (p *backendPool) expire(k poolKey, ic *idleConn) {
 // many it closed.
 func (p *backendPool) drop(ep int) int {
 	p.mu.Lock()
+	p.drops[ep]++
 	var gone []*idleConn
 	for k, list := range p.idle {
 		if k.ep == ep {
@@ -300,6 +314,7 @@ func (x *Exchange) DialBackend(ctx context.Context, ep int, addr string, reuse b
 		bc, err = x.Dial(ctx, addr)
 		return bc, false, err
 	}
+	x.pooledGen = p.generation(ep)
 	if reuse && x.Replayable() {
 		if bc = p.get(ep, addr); bc != nil {
 			x.pooled = bc
@@ -334,7 +349,7 @@ func (x *Exchange) ReleaseBackend(ep int, addr string, bc net.Conn, r *BackendRe
 		_ = bc.Close()
 		return
 	}
-	p.put(ep, addr, bc)
+	p.put(ep, addr, bc, x.pooledGen)
 }
 
 func (x *Exchange) poolEvent(ep int, result string) {

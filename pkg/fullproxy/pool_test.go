@@ -389,6 +389,28 @@ func TestPoolDrained(t *testing.T) {
 			waitFor(t, "the engine seeing the connection closed", func() bool { return e.closed.Load() == 1 })
 		})
 	}
+	t.Run("dropped while a request runs", func(t *testing.T) {
+		release := make(chan struct{})
+		arrived := make(chan struct{}, 1)
+		e := startPoolEngine(t, func(int, *http.Request) (string, bool) {
+			arrived <- struct{}{}
+			<-release
+			return okReply("ok"), true
+		})
+		s, _ := startPooledProxy(t, e, PoolOptions{})
+		done := make(chan string, 1)
+		go func() { _, body := get(t, s, `{}`); done <- body }()
+		<-arrived
+		s.DropIdleBackends(0) // the endpoint is removed while its request runs
+		close(release)
+		if body := <-done; body != "ok" {
+			t.Fatalf("the running request got %q", body)
+		}
+		waitFor(t, "its connection closed, not pooled, at the request's end", func() bool { return e.closed.Load() == 1 })
+		if got := s.IdleBackends(0); got != 0 {
+			t.Fatalf("%d idle connections after the drop", got)
+		}
+	})
 	t.Run("bounded per endpoint", func(t *testing.T) {
 		release := make(chan struct{})
 		var arrived atomic.Int64
