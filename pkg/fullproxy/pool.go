@@ -277,8 +277,8 @@ const (
 
 // DropIdleBackends closes the idle pooled connections to ep: the endpoint
 // was removed from the rule, changed its address, or was set admin down.
-// Connections of requests still running on it close when they end, unless
-// the endpoint is back by then. It returns how many it closed.
+// Connections of requests still running on it close when those end. It
+// returns how many idle ones it closed.
 func (s *Server) DropIdleBackends(ep int) int {
 	if s.pool == nil {
 		return 0
