@@ -53,6 +53,9 @@ type Exchange struct {
 	// pool generation then (pool.go).
 	pooled    net.Conn
 	pooledGen uint64
+	// firstBody is the routing plan's BodyTracker.FirstBody (nil: none),
+	// handed to the body leg.
+	firstBody func()
 }
 
 // Limits are the proxy's limits.
@@ -421,13 +424,23 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 	if r.head.ContentLength >= 0 && int64(len(prefix)) > r.head.ContentLength {
 		prefix = prefix[:r.head.ContentLength]
 	}
-	return x.s.leg.Run(ctx, x.c.nc, r.conn, prefix, datapath.Options{
+	opts := datapath.Options{
 		Silence:       silence,
 		Streamed:      r.head.Chunked || r.head.EventStream,
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
 		End:           end,
-	})
+		FirstBody:     x.firstBody,
+	}
+	tap := x.bodyTap(r)
+	if tap != nil {
+		opts.Tap = http1.NewPayload(r.head.Chunked, r.head.ContentLength, tap.Write).Write
+	}
+	res := x.s.leg.Run(ctx, x.c.nc, r.conn, prefix, opts)
+	if tap != nil {
+		tap.Done(res)
+	}
+	return res
 }
 
 // Respond writes a complete response with a Content-Length body: status and
