@@ -87,6 +87,8 @@ type daemonFlags struct {
 	apiInsecure    bool
 	metricsAddr    string
 	endpointCIDRs  string
+	rulesFile      string
+	rulesFileEvery time.Duration
 }
 
 func newRoot() *cobra.Command {
@@ -126,6 +128,8 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.endpointCIDRs, "endpoint-cidrs", "", "only allow rule endpoints in these comma-separated CIDRs (their KV-event and replay ports too); default: any address")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
+	fl.StringVar(&f.rulesFile, "rules-file", "", "reconcile rules with this YAML or JSON file (a ConfigMap every replica mounts) at start and whenever it changes; endpoints carry fixed ep_idx, and REST changes to its rules answer 409 (docs/replicas.md)")
+	fl.DurationVar(&f.rulesFileEvery, "rules-file-interval", 2*time.Second, "how often --rules-file is checked for changes (100ms-5m)")
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
 	fl.StringVar(&f.datapath, "datapath", "auto", "response body path: auto|sockmap|userspace (sockmap: eBPF splice, needs root/CAP_BPF; auto picks what the benchmark favours for token streams, see docs/body-leg.md)")
 	fl.StringVar(&f.bpfPinDir, "bpf-pin-dir", splice.DefaultPinDir, "where the sockmap path pins its maps and programs (one subdirectory per instance, derived from --api)")
@@ -226,6 +230,7 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
+		RulesFile: f.rulesFile, RulesFileInterval: f.rulesFileEvery,
 	}
 	if vips != nil {
 		gopts.VIPs = vips

@@ -30,6 +30,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
+	"github.com/kvgate/kvgate/pkg/rulesfile"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
@@ -76,6 +77,11 @@ type Options struct {
 	// VIPs, when set, puts each rule's VIP on a device while the rule exists
 	// (--vip-dev, package vip); nil leaves addresses to the operator.
 	VIPs VIPPlumber
+	// RulesFile is the declarative rule source every replica loads
+	// (--rules-file, package rulesfile); "" means REST only.
+	RulesFile string
+	// RulesFileInterval is how often RulesFile is checked (0: 2 s).
+	RulesFileInterval time.Duration
 }
 
 // Gateway is the running daemon minus its flags.
@@ -100,6 +106,8 @@ type Gateway struct {
 	guard *recovery.Guard
 	// inspect bounds the request bodies tokenized at once (inspect.go).
 	inspect *inspectGate
+	// rulesFile reconciles the table with --rules-file (rulesfile.go); nil without one.
+	rulesFile *rulesfile.Watcher
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -205,6 +213,9 @@ func New(opts Options) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: restore rules: %w", err)
 		}
 	}
+	if err := g.openRulesFile(); err != nil {
+		return nil, err
+	}
 	built = true
 	return g, nil
 }
@@ -216,6 +227,9 @@ func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	g.guard.Go(recovery.API, func() { apiErr <- g.API.Serve(ctx, apiLn) })
 	g.guard.Go(recovery.Poller, func() { g.status.Run(ctx) })
+	if g.rulesFile != nil {
+		g.guard.Go(recovery.Poller, func() { g.rulesFile.Run(ctx) })
+	}
 	var err error
 	select {
 	case <-ctx.Done():
