@@ -35,7 +35,7 @@ const maxServiceID = 1 << 20
 // that GET …/loadbalancer/all output can be used as a file as it is.
 var (
 	knownTopKeys      = []string{"rules", "lbAttr"}
-	knownRuleKeys     = []string{"serviceArguments", "endpoints"}
+	knownRuleKeys     = []string{"serviceArguments", "endpoints", "owner"}
 	knownArgKeys      = append(jsonKeys(reflect.TypeFor[config.ServiceArguments]()), "service_id")
 	knownEndpointKeys = []string{"endpointIP", "targetPort", "weight", "ep_role", "nixl_port", "admin", "ep_idx", "state", "counter"}
 )
