@@ -36,6 +36,7 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LLB_KV_HASH_DEBUG=1          log every computed block hash (parity forensics)
   LLB_KV_MIN_MATCH_TOKENS      shallow guard in tokens, 0-4096, 0 disables (16)
   LLB_KV_LOADGUARD             mode 1: skip tier 1.5 when the prefill load spread is too wide (off)
+  LLB_PD_SESSION_HASH          mode 1: route unpinned conversations by a bounded-load hash of their key, alike on every replica (off)
   LLB_KV_REPLAY_PORT_OFFSET    KV replay port = PUB port + offset, 0 disables (1000)
   LLB_KV_MAX_PROMPT_TOKENS     longer prompts are not KV-routed (reason tokenize), 1-16777216 (262144)
   LLB_KV_MAX_FRAME_BYTES       largest ZMTP frame/message from a KV peer, 4096-1073741824 (67108864)

@@ -476,5 +476,6 @@ func selectorOptions(s config.Settings) (selector.Options, error) {
 	o.ZeroHitN = s.ZeroHitN
 	o.Score = s.Score
 	o.LoadGuard = s.LoadGuard
+	o.SessionHash = s.SessionHash
 	return o, o.Validate()
 }

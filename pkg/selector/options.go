@@ -169,6 +169,9 @@ type Options struct {
 	ZeroHitN           int       // LOXILB_KV_ZERO_HIT_N: ≥1, default 50
 	Score              ScoreMode // LOXILB_KV_SCORE: leading (alias prefix, default) | overlap
 	LoadGuard          bool      // LLB_KV_LOADGUARD: default off
+	// SessionHash derives an unpinned conversation's tier-1 pair from its
+	// key (LLB_PD_SESSION_HASH, default off; sessionhash.go).
+	SessionHash bool
 	// SessionHeaders are the request headers that carry a conversation key,
 	// in priority order (default X-Conversation-ID, X-Session-ID).
 	SessionHeaders []string
