@@ -82,6 +82,10 @@ type Options struct {
 	RulesFile string
 	// RulesFileInterval is how often RulesFile is checked (0: 2 s).
 	RulesFileInterval time.Duration
+	// LocalLoadOnly turns the shared load view off (sharedload.go): the
+	// selector counts this process's in-flight requests only. Code only,
+	// for the routing benchmark's comparison.
+	LocalLoadOnly bool
 }
 
 // Gateway is the running daemon minus its flags.
@@ -344,7 +348,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	}
 	scores := newTimedScorer(idx)
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Loads: rh.loads(rule, loads), Engine: rh, States: rh, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly), Engine: rh, States: rh, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
