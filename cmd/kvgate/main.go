@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -232,6 +233,11 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
 		RulesFile: f.rulesFile, RulesFileInterval: f.rulesFileEvery,
+	}
+	if f.rulesFile != "" {
+		// Replicas load one file: start the round-robin cursors at a random
+		// point so replicas do not pick endpoints in step (docs/replicas.md).
+		gopts.CursorStart = rand.Uint64()
 	}
 	if vips != nil {
 		gopts.VIPs = vips

@@ -86,6 +86,10 @@ type Options struct {
 	// selector counts this process's in-flight requests only. Code only,
 	// for the routing benchmark's comparison.
 	LocalLoadOnly bool
+	// CursorStart is where every rule's round-robin cursors start; replicas
+	// of one fleet pass different values (cmd/kvgate: random with
+	// --rules-file) so their round-robin picks are not in step.
+	CursorStart uint64
 }
 
 // Gateway is the running daemon minus its flags.
@@ -144,6 +148,7 @@ func New(opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	selOpts.CursorStart = opts.CursorStart
 	g.selOpts = selOpts
 	mode, err := datapath.ParseMode(opts.Datapath)
 	if err != nil {

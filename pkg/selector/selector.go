@@ -206,6 +206,9 @@ func New(rule Rule, opts Options, deps Deps) (*Selector, error) {
 		persist:  newLRU[netip.Addr](opts.MaxSessions),
 		trie:     newTrie(opts.TrieMaxNodes),
 	}
+	for _, c := range []*atomic.Uint64{&s.rrLoad, &s.rrDecode, &s.rrSel, &s.rrNormal} {
+		c.Store(opts.CursorStart)
+	}
 	if s.scorer == nil {
 		s.scorer = nopScorer{}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -78,7 +79,8 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, localOn
 			return nil, err
 		}
 		g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: env.StagingDir, Datapath: "userspace", DecisionHeader: true,
-			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: localOnly})
+			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: localOnly,
+			CursorStart: rand.New(rand.NewPCG(uint64(i), 0x5eed)).Uint64()}) // as cmd/kvgate's random start, reproducible
 		if err != nil {
 			stop()
 			return nil, fmt.Errorf("kvgate replica %d: %w", i, err)
