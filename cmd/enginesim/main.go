@@ -36,6 +36,10 @@ func applyEnv(cfg *enginesim.Config) error {
 	if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
 		cfg.PythonHashSeed, cfg.HashSeedSet = v, true
 	}
+	// vLLM: --api-key takes precedence over VLLM_API_KEY.
+	if v := os.Getenv("VLLM_API_KEY"); v != "" && len(cfg.APIKeys) == 0 {
+		cfg.APIKeys = []string{v}
+	}
 	if v, ok := os.LookupEnv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"); ok {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil {
@@ -136,7 +140,8 @@ the older per-request model:
   inter-token time = 1 / --decode-tokens-per-s
 Profiles: ` + profileList() + `
 
-Environment: PYTHONHASHSEED (the NONE_HASH seed, exactly as vLLM reads it; unset
+Environment: VLLM_API_KEY (--api-key when the flag is not given), PYTHONHASHSEED
+(the NONE_HASH seed, exactly as vLLM reads it; unset
 means "vllm-none-hash" for sha256*, a random seed for xxhash*) and
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1: 64-bit integer hashes in events;
 0: raw digest bytes, as vLLM).
@@ -147,7 +152,8 @@ VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1: 64-bit integer hashes in events;
 attn_dp_rank (--data-parallel-rank), the legacy replay shape, and
 GET /get_server_info with page_size.
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses
+(OpenAI Responses API), POST /v1/messages (Anthropic Messages API), GET /v1/models,
 GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version,
 and with --debug-state GET /debug/state and POST /debug/match (a benchmark
 oracle's view of the true queue and cache). Every response carries x-engine-id;
@@ -217,6 +223,7 @@ Example (three engines on separate loopback addresses, same ports):
 	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")
 	f.StringVar(&cfg.ID, "id", "", `engine id for the x-engine-id header (default "<host>:<port>")`)
 	f.StringVar(&cfg.Model, "model", def.Model, "served model name")
+	f.StringArrayVar(&cfg.APIKeys, "api-key", nil, "vLLM's --api-key: paths under /v1, /v2, /inference and /cohere answer 401 without Authorization: Bearer KEY; /health and /metrics stay open (repeat the flag for several keys; default $VLLM_API_KEY)")
 	f.StringSliceVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapter names served on the model, name[,name] (vLLM's name=path is accepted; the path is ignored): requests naming one hash with its lora_name")
 	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")
 	f.IntVar(&cfg.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")

@@ -309,6 +309,8 @@ func newCreateLBCmd() *cobra.Command {
 		probePort, probeTimeout, probeRetries, probeInterval           int
 		pdDisagg, pdCacheAware, cbEnable, chwblSalt, pdReceipt, asJSON bool
 		wildcardVIP, trustTemplate                                     bool
+		backendTokenFile                                               string
+		tlsFlags                                                       lbTLSFlags
 	)
 	c := &cobra.Command{
 		Use:     "lb EXTERNAL-IP --tcp=PORT:TARGETPORT --endpoints=IP:WEIGHT,...",
@@ -364,6 +366,10 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 			if cmd.Flags().Changed("kv-hash-seed") {
 				rule.ServiceArguments.KVHashSeed = &kvHashSeed
 			}
+			rule.ServiceArguments.BackendTokenFile = backendTokenFile
+			if err := tlsFlags.apply(&rule.ServiceArguments.ServiceArguments); err != nil {
+				return err
+			}
 			b, err := callAPI(cmd, http.MethodPost, "/netlox/v1/config/loadbalancer", rule)
 			if err != nil {
 				return err
@@ -381,6 +387,7 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 		},
 	}
 	f := c.Flags()
+	addLBTLSFlags(f, &tlsFlags)
 	f.StringVar(&tcp, "tcp", "", "PORT:TARGETPORT: the rule's port and the endpoints' port (required)")
 	f.StringVar(&endpoints, "endpoints", "", "endpoints as IP:WEIGHT,... (IPv6 as [IP]:WEIGHT)")
 	f.StringVar(&mode, "mode", "default", "LB mode: default|onearm|fullnat|dsr|fullproxy|hostonearm; KV and P/D rules need fullproxy")
@@ -420,6 +427,7 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 	f.IntVar(&probeTimeout, "probetimeout", 0, "probe timeout in seconds (0 = 2)")
 	f.IntVar(&probeRetries, "proberetries", 0, "consecutive failures that mark an endpoint down (0 = 2)")
 	f.IntVar(&probeInterval, "probeinterval", 0, "seconds between probes (0 = 5)")
+	f.StringVar(&backendTokenFile, "backend-token-file", "", "backendTokenFile: absolute path, on kvgate's host and in its --backend-token-dir, of a mode-0600 file holding the engines' key (vLLM --api-key), sent on kvgate's own probes, scrapes and preflight calls, never on clients' requests")
 	f.BoolVarP(&asJSON, "json", "j", false, "print the API's JSON answer")
 	return c
 }

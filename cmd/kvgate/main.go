@@ -41,6 +41,7 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LLB_KV_REPLAY_PORT_OFFSET    KV replay port = PUB port + offset, 0 disables (1000)
   LLB_KV_MAX_PROMPT_TOKENS     longer prompts are not KV-routed (reason tokenize), 1-16777216 (262144)
   LLB_KV_MAX_FRAME_BYTES       largest ZMTP frame/message from a KV peer, 4096-1073741824 (67108864)
+  LLB_KV_AUDIT_SAMPLE          1 in N streams the sockmap would splice is read for the usage audit, 0 = none (64)
   LOXILB_KV_TRTLLM_POLL_MIN_MS TensorRT-LLM drain poll interval while events flow, 1-10000 ms (5)
   LOXILB_KV_TRTLLM_POLL_MAX_MS TensorRT-LLM drain poll interval while idle, 1-10000 ms (20)
   LOXILB_KV_LB_MODE            off|hard|soft|adaptive|adaptive-soft load blend (hard)
@@ -91,6 +92,9 @@ type daemonFlags struct {
 	endpointCIDRs  string
 	rulesFile      string
 	rulesFileEvery time.Duration
+	// backendTokenDir confines rules' backendTokenFile (backendtoken.go).
+	backendTokenDir string
+	dataTLS         dataTLSFlags
 }
 
 func newRoot() *cobra.Command {
@@ -128,6 +132,8 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.apiTokenFile, "api-token-file", "", "require Authorization: Bearer tokens from this file: '<name> <admin|read> <token>' per line; mode 0600 or 0400 (reloads)")
 	fl.BoolVar(&f.apiInsecure, "api-insecure", false, "allow a management API beyond loopback without TLS and tokens (logged, and kvgate_api_insecure 1)")
 	fl.StringVar(&f.endpointCIDRs, "endpoint-cidrs", "", "only allow rule endpoints in these comma-separated CIDRs (their KV-event and replay ports too); default: any address")
+	fl.StringVar(&f.backendTokenDir, "backend-token-dir", defaultBackendTokenDir, "the only directory a rule's backendTokenFile may be in (the engines' keys; kvgate reads them as its own user); / allows any path")
+	addDataTLSFlags(fl, &f.dataTLS)
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
 	fl.StringVar(&f.rulesFile, "rules-file", "", "reconcile rules with this YAML or JSON file (a ConfigMap every replica mounts) at start and whenever it changes; endpoints carry fixed ep_idx, and REST changes to its rules answer 409 (docs/replicas.md)")
@@ -227,17 +233,24 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := f.dataTLS.check(); err != nil {
+		return err
+	}
 	gopts := gateway.Options{
 		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
 		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
 		RulesFile: f.rulesFile, RulesFileInterval: f.rulesFileEvery,
+		TLSCertDir: f.dataTLS.certDir, TLSReloadInterval: f.dataTLS.reloadInterval, TLSHandshakeTimeout: f.dataTLS.handshakeTimeout,
 	}
 	if f.rulesFile != "" {
 		// Replicas load one file: start the round-robin cursors at a random
 		// point so replicas do not pick endpoints in step (docs/replicas.md).
 		gopts.CursorStart = rand.Uint64()
+	}
+	if gopts.BackendTokenDir, err = backendTokenDir(f.backendTokenDir); err != nil {
+		return err
 	}
 	if vips != nil {
 		gopts.VIPs = vips

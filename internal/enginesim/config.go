@@ -164,6 +164,11 @@ type Config struct {
 	// engine's true queue and cache for a benchmark oracle; off, they 404.
 	DebugState bool
 
+	// APIKeys are vLLM's --api-key values (or VLLM_API_KEY): when any is
+	// set, paths under /v1, /v2, /inference and /cohere answer 401 without
+	// Authorization: Bearer <one of them>, exactly as vLLM (apikey.go).
+	APIKeys []string
+
 	NixlSideChannelPort int           // remote_port in kv_transfer_params
 	KVTransferTimeout   time.Duration // prefill role: how long blocks wait for the decoder
 

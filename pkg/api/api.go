@@ -115,6 +115,9 @@ type Options struct {
 	// EndpointCIDRs, when set, are the only ranges rule endpoints may be in
 	// (--endpoint-cidrs).
 	EndpointCIDRs []netip.Prefix
+	// BackendTokenDir, when set, is the only directory a rule's
+	// backendTokenFile may be in (--backend-token-dir); "" allows any path.
+	BackendTokenDir string
 	// Middleware wraps the whole API handler when serving: authentication
 	// and audit (package apiauth). nil serves it bare.
 	Middleware func(http.Handler) http.Handler
@@ -211,6 +214,11 @@ func (s *Server) restoreCheckLocked(r *config.Rule) error {
 	if err := config.CheckAddresses(c, s.listenersLocked(c.Key())); err != nil {
 		return err
 	}
+	if c.Args.BackendTokenFile != "" {
+		if err := inBackendTokenDir(c.Args.BackendTokenFile, s.opts.BackendTokenDir); err != nil {
+			return err
+		}
+	}
 	return config.CheckEndpointCIDRs(c, s.opts.EndpointCIDRs)
 }
 
@@ -299,6 +307,9 @@ func statusOf(err error) (int, string) {
 func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, error) {
 	r := posted.Clone()
 	if err := config.Validate(r, s.opts.Settings); err != nil {
+		return 0, err
+	}
+	if err := s.checkBackendTokenFile(r); err != nil {
 		return 0, err
 	}
 	r.Args.ExternalIP = r.Key().ExternalIP
@@ -408,7 +419,8 @@ func (s *Server) tellSinkLocked(key config.RuleKey, old, updated *config.Rule) e
 		return nil
 	}
 	var ce *config.ConflictError
-	if errors.As(err, &ce) {
+	var ve *config.ValidationError // a rule the daemon cannot start as given (a TLS rule's missing files)
+	if errors.As(err, &ce) || errors.As(err, &ve) {
 		return err
 	}
 	return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not applied: %v", key, err)}

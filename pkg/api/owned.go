@@ -231,6 +231,11 @@ func (s *Server) planRuleLocked(source string, fr FileRule, reserved map[int]con
 		r.ServiceID = freeServiceID(reserved, taken, s.rules, k)
 	}
 	r.NextIdx = nextIdxAfter(r, old)
+	// The same confinement as a POST: a file rule's backendTokenFile must lie
+	// in --backend-token-dir.
+	if err := s.checkBackendTokenFile(r); err != nil {
+		return plannedRule{}, prefixed(fr.Where, err)
+	}
 	if err := config.CheckAddresses(r, s.listenersExceptLocked(k, removed)); err != nil {
 		return plannedRule{}, prefixed(fr.Where, err)
 	}

@@ -2,6 +2,7 @@ package fullproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"syscall"
@@ -124,13 +125,28 @@ type Config struct {
 	// AccessLog, when set, gets one line per request.
 	AccessLog *slog.Logger
 	Logger    *slog.Logger
-	// Dial overrides the backend dialer (tests); nil uses net.Dialer.
+	// Dial overrides the backend dialer: tests, and the TLS dialer of a
+	// security-2 rule (pkg/gateway, tls.go); nil uses net.Dialer.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// DialControl, when set, is the default dialer's net.Dialer.Control: it
 	// runs on each backend socket before connect(). The daemon uses it to tag
 	// backend sockets for the BPF load map (splice.Datapath.TagBackend).
 	DialControl func(network, address string, c syscall.RawConn) error
+	// BodyAuditor, when set, may tap relayed response bodies (the
+	// per-request usage audit, docs/parity.md); nil taps none.
+	BodyAuditor BodyAuditor
 	// Guard recovers a panic in one connection's handling (the connection
 	// closes, the proxy keeps serving); nil still recovers, uncounted.
 	Guard *recovery.Guard
+	// TLS, when set, terminates TLS on every accepted connection before the
+	// HTTP/1.1 server reads it (package tlsterm; docs/security.md).
+	TLS TLSTerminator
+}
+
+// TLSTerminator wraps accepted connections in TLS. Wrap does no I/O (it runs
+// in the accept loop); Handshake runs on the connection's own goroutine,
+// bounded by the terminator's handshake timeout, and counts its failures.
+type TLSTerminator interface {
+	Wrap(nc net.Conn) *tls.Conn
+	Handshake(ctx context.Context, tc *tls.Conn) error
 }

@@ -71,6 +71,9 @@ type Options struct {
 	// EndpointCIDRs restricts rule endpoints to these ranges (--endpoint-cidrs;
 	// empty: any address).
 	EndpointCIDRs []netip.Prefix
+	// BackendTokenDir confines rules' backendTokenFile to one directory
+	// (--backend-token-dir; empty: any path).
+	BackendTokenDir string
 	// APIMiddleware wraps the management API (authentication and audit,
 	// package apiauth); nil serves it bare.
 	APIMiddleware func(http.Handler) http.Handler
@@ -90,6 +93,12 @@ type Options struct {
 	// of one fleet pass different values (cmd/kvgate: random with
 	// --rules-file) so their round-robin picks are not in step.
 	CursorStart uint64
+	// TLSCertDir holds TLS rules' certificates, <dir>/<vip>_<port>/tls.crt
+	// and tls.key (--tls-cert-dir; docs/security.md). TLSReloadInterval and
+	// TLSHandshakeTimeout: zero takes package tlsterm's defaults.
+	TLSCertDir          string
+	TLSReloadInterval   time.Duration
+	TLSHandshakeTimeout time.Duration
 }
 
 // Gateway is the running daemon minus its flags.
@@ -109,6 +118,9 @@ type Gateway struct {
 	access  *slog.Logger
 	store   *state.Store
 	status  *status.Collector
+
+	// auditLog rate-limits the usage audit's mismatch warnings (usageaudit.go).
+	auditLog *slog.Logger
 	// guard recovers, logs and counts (kvgate_panics_total) a panic in any
 	// goroutine the daemon starts, so one bad input cannot end the process.
 	guard *recovery.Guard
@@ -132,6 +144,10 @@ type ruleRuntime struct {
 	loads  *fullproxy.Loads
 	health *ruleHealth
 	served chan struct{}
+	// stopTLS stops following a TLS rule's certificate files.
+	stopTLS func()
+	// audit is the rule's per-request usage audit (usageaudit.go).
+	audit *usageAuditor
 }
 
 // New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
@@ -184,6 +200,7 @@ func New(opts Options) (*Gateway, error) {
 	// Tokenizer warnings are rate-limited: each unknown model in a request
 	// would otherwise log two WARN lines.
 	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
+	g.auditLog = slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
 	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, g.guard)
 	defer func() {
@@ -203,7 +220,7 @@ func New(opts Options) (*Gateway, error) {
 
 	g.status = g.newStatus()
 	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Preflight: g, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log,
-		Guard: g.guard}
+		Guard: g.guard, BackendTokenDir: opts.BackendTokenDir}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -270,6 +287,7 @@ func (g *Gateway) Shutdown() {
 				g.log.Warn("shutdown grace exhausted; streams cut", "service", rt.rule.ServiceID, "grace", g.opts.ShutdownGrace)
 			}
 			rt.health.close()
+			rt.stopTLS()
 		})
 	}
 	wg.Wait()
@@ -335,11 +353,28 @@ func (g *Gateway) RuleChanged(old, updated *config.Rule) error {
 	return nil
 }
 
-func (g *Gateway) create(rule *config.Rule) error {
+func (g *Gateway) create(rule *config.Rule) (err error) {
 	id := rule.ServiceID
 	st, err := newRuleState(rule, g.opts.Settings, g.log)
 	if err != nil {
 		return err
+	}
+	term, stopTLS, err := g.ruleTLS(rule)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			stopTLS()
+		}
+	}()
+	backendDial, err := g.backendTLSDial(rule)
+	if err != nil {
+		return err
+	}
+	var clientTLS fullproxy.TLSTerminator
+	if term != nil {
+		clientTLS = term
 	}
 	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks,
 		Observer: ingest.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
@@ -358,12 +393,14 @@ func (g *Gateway) create(rule *config.Rule) error {
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
+	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS}
 	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
 	rt.router.state.Store(st)
-	handler, err := rh.handler(rule, rt.router)
+	audit := newUsageAuditor(id, rt.router, g.Metrics, g.auditLog, g.opts.Settings.AuditSample)
+	rt.audit = audit
+	handler, err := rh.handler(rule, rt.router, audit)
 	if err != nil {
 		return err
 	}
@@ -373,12 +410,13 @@ func (g *Gateway) create(rule *config.Rule) error {
 		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
 		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
-		Guard: g.guard,
+		Guard: g.guard, TLS: clientTLS, Dial: backendDial, BodyAuditor: audit,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
 	}
 	rt.server = srv
+	rh.endpointDown = func(ep int) { srv.EndpointDown(ep) }
 	if err := rh.start(rule, sel); err != nil {
 		_ = srv.Close()
 		return err
@@ -399,6 +437,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	g.rules[id] = rt
 	g.mu.Unlock()
 	g.Metrics.InitRule(id)
+	g.logRuleLeg(rule)
 	for _, e := range rule.Endpoints {
 		g.Metrics.SetAdminDown(id, e.Idx, e.AdminDown)
 	}
@@ -481,6 +520,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 		defer cancel()
 		_ = rt.server.Shutdown(ctx)
 		rt.health.close()
+		rt.stopTLS()
 	})
 	g.Metrics.DeleteRule(rule.ServiceID)
 	g.log.Info("rule removed", "service", rule.ServiceID)
@@ -532,7 +572,7 @@ func (g *Gateway) reconcile() {
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
-				Parity: rt.router.state.Load().parity,
+				Parity: rt.router.state.Load().parity, Token: rt.health.token,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

@@ -44,6 +44,14 @@ type ruleHealth struct {
 	// shared is the single-pool rule's shared load view (sharedload.go);
 	// nil for P/D rules, whose admission controller counts their load.
 	shared atomic.Pointer[sharedLoads]
+	// token is the rule's backendTokenFile token, for its probes, scrapes
+	// and KV subscribers.
+	token *ruleToken
+	// endpointDown is told when the probe marks an endpoint down: the
+	// rule's proxy ends the requests still waiting for that endpoint's
+	// first byte (fullproxy.Server.EndpointDown; docs/dataplane.md, "Hung
+	// engines and departed clients"). Set before start.
+	endpointDown func(ep int)
 
 	mu       sync.Mutex
 	stop     context.CancelFunc
@@ -54,7 +62,9 @@ type ruleHealth struct {
 // newRuleHealth builds the tracker (and, for a P/D rule, the admission
 // controller); start begins probing once the selector exists.
 func newRuleHealth(rule *config.Rule, s config.Settings, total *admission.TotalGate, m *metrics.Metrics, log *slog.Logger) (*ruleHealth, error) {
-	h := &ruleHealth{service: rule.ServiceID, pdRule: rule.PDDisagg(), settings: s, m: m, log: log}
+	h := &ruleHealth{service: rule.ServiceID, pdRule: rule.PDDisagg(), settings: s, m: m, log: log,
+		token: &ruleToken{log: log.With("service", rule.ServiceID)}}
+	h.token.follow(rule.Args.BackendTokenFile)
 	if h.pdRule {
 		a, err := admission.New(admission.Config{
 			ServiceID: uint32(rule.ServiceID), MaxInflightPerEP: s.MaxInflightPerEP, QueueDepthPerEP: s.QueueDepthPerEP,
@@ -145,8 +155,8 @@ func (h *ruleHealth) start(rule *config.Rule, sel *selector.Selector) error {
 }
 
 func probeKey(rule *config.Rule) string {
-	k := fmt.Sprintf("%s|%d|%s|%v|%v|%d|", rule.ProbeType(), rule.Args.ProbePort, rule.ProbePath(), rule.ProbeTimeout(),
-		rule.ProbeInterval(), rule.ProbeRetries())
+	k := fmt.Sprintf("%s|%d|%s|%v|%v|%d|%q|", rule.ProbeType(), rule.Args.ProbePort, rule.ProbePath(), rule.ProbeTimeout(),
+		rule.ProbeInterval(), rule.ProbeRetries(), rule.Args.BackendTokenFile)
 	for _, e := range rule.Endpoints {
 		k += fmt.Sprintf("%d=%s:%d,", e.Idx, e.IP, e.TargetPort)
 	}
@@ -162,6 +172,9 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 		if tr.Event == health.EventProbeUp && h.probeUp != nil {
 			h.probeUp(tr.Ep)
 		}
+		if tr.Event == health.EventProbeDown && h.endpointDown != nil {
+			h.endpointDown(tr.Ep)
+		}
 	})
 	var targets []health.Target
 	for _, e := range rule.Endpoints {
@@ -170,6 +183,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
 		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
+		Token: h.token,
 	}, targets, h.log)
 	if err != nil {
 		return fmt.Errorf("service %d: %w", rule.ServiceID, err)
@@ -201,6 +215,7 @@ func (h *ruleHealth) stopProber() {
 // update applies a rule update: a new tracker when the endpoints or probe
 // settings changed, else the admin states; the P/D flow's topology.
 func (h *ruleHealth) update(rule *config.Rule) error {
+	h.token.follow(rule.Args.BackendTokenFile)
 	h.mu.Lock()
 	same := h.probeKey == probeKey(rule)
 	h.mu.Unlock()
@@ -218,6 +233,15 @@ func (h *ruleHealth) update(rule *config.Rule) error {
 			return err
 		}
 		h.tracker.Store(t)
+		// The new tracker starts every endpoint healthy and reports only
+		// transitions: without this, an endpoint that was down keeps
+		// kvgate_endpoint_probe_up 0 while it is selected again (after a
+		// backendTokenFile or probe-setting change).
+		if h.m != nil {
+			for _, e := range rule.Endpoints {
+				h.m.SetProbe(h.service, e.Idx, true, false)
+			}
+		}
 		if err := h.restart(rule, t); err != nil {
 			return err
 		}

@@ -167,3 +167,6 @@ func (o healthObserver) AdmissionShed(id uint32)        { o.m.PDInc(o.m.PDAdmiss
 func (o healthObserver) AdmissionQueued(id uint32)      { o.m.PDInc(o.m.PDAdmissionQueued, int(id)) }
 func (o healthObserver) AdmissionParkTimeout(id uint32) { o.m.PDInc(o.m.PDParkTimeouts, int(id)) }
 func (o healthObserver) ScrapeFailed(uint32, int)       {}
+func (o healthObserver) EngineFigures(id uint32, ep int, gpuBlocks, waiting int64) {
+	o.m.SetEngineFigures(int(id), ep, gpuBlocks, waiting)
+}

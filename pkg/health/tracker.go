@@ -58,14 +58,19 @@ type Observer interface {
 	ProbeTransition(serviceID uint32, ep int, up bool)
 	// ScrapeFailed: the engine /metrics scrape of ep failed.
 	ScrapeFailed(serviceID uint32, ep int)
+	// EngineFigures: a scrape of ep read num_gpu_blocks and the waiting
+	// queue (-1: that family was missing), for kvgate_endpoint_capacity_blocks
+	// and kvgate_endpoint_engine_waiting.
+	EngineFigures(serviceID uint32, ep int, gpuBlocks, waiting int64)
 }
 
 // NopObserver ignores everything.
 type NopObserver struct{}
 
-func (NopObserver) BreakerFlip(uint32, int, BreakerState) {}
-func (NopObserver) ProbeTransition(uint32, int, bool)     {}
-func (NopObserver) ScrapeFailed(uint32, int)              {}
+func (NopObserver) BreakerFlip(uint32, int, BreakerState)   {}
+func (NopObserver) ProbeTransition(uint32, int, bool)       {}
+func (NopObserver) ScrapeFailed(uint32, int)                {}
+func (NopObserver) EngineFigures(uint32, int, int64, int64) {}
 
 // probeState is the probe state machine of one endpoint.
 type probeState struct {
@@ -127,6 +132,34 @@ type Tracker struct {
 
 	figures      [epset.Max]engineFigures
 	onEngineLoad func(ep int)
+	// probeErr is each endpoint's last probe failure ("" after a pass), so
+	// the status page can say why an endpoint is down.
+	probeErr [epset.Max]atomic.Pointer[string]
+}
+
+// setProbeError records ep's last probe failure; "" clears it.
+func (t *Tracker) setProbeError(ep int, msg string) {
+	if ep < 0 || ep >= epset.Max {
+		return
+	}
+	if msg == "" {
+		t.probeErr[ep].Store(nil)
+		return
+	}
+	t.probeErr[ep].Store(&msg)
+}
+
+// ProbeError is why ep's last probe failed ("" when it passed or none ran),
+// e.g. "http probe 10.0.0.2:8000/v1/models: status 401: engine requires a
+// token (backendTokenFile)".
+func (t *Tracker) ProbeError(ep int) string {
+	if ep < 0 || ep >= epset.Max {
+		return ""
+	}
+	if s := t.probeErr[ep].Load(); s != nil {
+		return *s
+	}
+	return ""
 }
 
 // TrackerConfig configures a Tracker.

@@ -70,7 +70,7 @@ func TestBoundedHashPickCap(t *testing.T) {
 	}{
 		{[2]int64{0, 0}, 175, -2},
 		{[2]int64{5, 0}, 175, -2}, // cap ceil(1.75·6/2) = 6: both under; the weight decides
-		{[2]int64{9, 0}, 100, 1}, // cap ceil(10/2) = 5: ep 0 is over
+		{[2]int64{9, 0}, 100, 1},  // cap ceil(10/2) = 5: ep 0 is over
 		{[2]int64{0, 9}, 100, 0},
 	} {
 		sc.load[0], sc.load[1] = c.loads[0], c.loads[1]

@@ -9,6 +9,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"sync"
@@ -50,6 +51,26 @@ type Target struct {
 	// Parity, when set, is the rule's live parity self-check: the ranks
 	// check their BlockStored events against the rule's contract.
 	Parity *Parity
+	// Token, when set, is the rule's backendTokenFile token, sent as
+	// Authorization: Bearer on kvgate's HTTP calls to the engine (SGLang's
+	// /get_server_info, TensorRT-LLM's drain and /server_info). It must be
+	// one value for the rule's life: targets are compared.
+	Token TokenSource
+}
+
+// TokenSource supplies the bearer token for a target's HTTP calls ("" none).
+type TokenSource interface {
+	Token() (token string, err error)
+}
+
+// authorize adds t's token, if any, to one of kvgate's requests to the engine.
+func (t Target) authorize(req *http.Request) {
+	if t.Token == nil {
+		return
+	}
+	if tok, _ := t.Token.Token(); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
 }
 
 // Key is the target's stable identity: service and ip:port, never its position.

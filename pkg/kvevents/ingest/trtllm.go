@@ -75,6 +75,7 @@ func (p *drainPoller) readServerInfo(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	p.ep.target.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		p.log.Debug("kv drain: /server_info unreadable", "err", err)
@@ -184,6 +185,7 @@ func (p *drainPoller) poll(ctx context.Context) (n int, err error) {
 	if err != nil {
 		return 0, fmt.Errorf("drain request: %w", err)
 	}
+	p.ep.target.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("drain: %w", err)
