@@ -44,13 +44,23 @@ func (s ModelSalt) KeyAll(hashes []uint64) {
 // Unkey maps keys back to the engine's hashes in place (XOR is its own inverse).
 func (s ModelSalt) Unkey(keys []uint64) { s.KeyAll(keys) }
 
+// BlockSink is where an endpoint's KV events land: an *Index, or the
+// provisional *Overlay over it (which confirms its predictions first).
+type BlockSink interface {
+	Add(ep, rank int, medium string, hashes []uint64) error
+	Remove(ep, rank int, medium string, hashes []uint64) error
+	ClearRank(ep, rank int) error
+	ClearEndpoint(ep int) error
+	Blocks(ep int) int
+}
+
 // ModelSink is one endpoint's writer into a shared index under its model's
-// salt: the ingest side of the keying. It is a comparable value, so a
-// subscriber whose endpoint starts serving another base model is a changed
-// target and restarts (its old blocks cleared, the new ones replayed under
-// the new key).
+// salt: the ingest side of the keying. It is a comparable value (Inner is a
+// pointer), so a subscriber whose endpoint starts serving another base
+// model is a changed target and restarts (its old blocks cleared, the new
+// ones replayed under the new key).
 type ModelSink struct {
-	Index *Index
+	Inner BlockSink
 	Salt  ModelSalt
 }
 
@@ -74,19 +84,19 @@ func (m ModelSink) keyed(hashes []uint64, f func([]uint64) error) error {
 
 // Add records hashes of (ep, rank) under the salt.
 func (m ModelSink) Add(ep, rank int, medium string, hashes []uint64) error {
-	return m.keyed(hashes, func(k []uint64) error { return m.Index.Add(ep, rank, medium, k) })
+	return m.keyed(hashes, func(k []uint64) error { return m.Inner.Add(ep, rank, medium, k) })
 }
 
 // Remove forgets hashes of (ep, rank) under the salt.
 func (m ModelSink) Remove(ep, rank int, medium string, hashes []uint64) error {
-	return m.keyed(hashes, func(k []uint64) error { return m.Index.Remove(ep, rank, medium, k) })
+	return m.keyed(hashes, func(k []uint64) error { return m.Inner.Remove(ep, rank, medium, k) })
 }
 
 // ClearRank forgets every block of (ep, rank).
-func (m ModelSink) ClearRank(ep, rank int) error { return m.Index.ClearRank(ep, rank) }
+func (m ModelSink) ClearRank(ep, rank int) error { return m.Inner.ClearRank(ep, rank) }
 
 // ClearEndpoint forgets every block of ep.
-func (m ModelSink) ClearEndpoint(ep int) error { return m.Index.ClearEndpoint(ep) }
+func (m ModelSink) ClearEndpoint(ep int) error { return m.Inner.ClearEndpoint(ep) }
 
 // Blocks counts the blocks ep holds.
-func (m ModelSink) Blocks(ep int) int { return m.Index.Blocks(ep) }
+func (m ModelSink) Blocks(ep int) int { return m.Inner.Blocks(ep) }

@@ -18,7 +18,7 @@ func TestModelSinkKeysModelsApart(t *testing.T) {
 	}
 	engine := []uint64{11, 22, 33, 44}
 	a, b := SaltFor("model-a"), SaltFor("model-b")
-	sinks := []ModelSink{{Index: ix, Salt: a}, {Index: ix, Salt: b}, {Index: ix}}
+	sinks := []ModelSink{{Inner: ix, Salt: a}, {Inner: ix, Salt: b}, {Inner: ix}}
 	for ep, s := range sinks {
 		if err := s.Add(ep, 0, MediumGPU, engine); err != nil {
 			t.Fatal(err)
@@ -67,7 +67,7 @@ func TestModelSinkKeysModelsApart(t *testing.T) {
 	if SaltFor("") != 0 || x1 == 0 || x1 != x2 || x1 == SaltFor("y") {
 		t.Fatal("SaltFor: the empty name must be 0, others stable, distinct and non-zero")
 	}
-	if sinks[0] != (ModelSink{Index: ix, Salt: a}) || sinks[0] == sinks[1] {
+	if sinks[0] != (ModelSink{Inner: ix, Salt: a}) || sinks[0] == sinks[1] {
 		t.Fatal("ModelSink must compare by index and salt (a changed salt is a changed ingest target)")
 	}
 }
@@ -83,7 +83,7 @@ func BenchmarkModelSinkAdd(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			ix, _ := fleet(b, 8, 125_000)
-			sink := ModelSink{Index: ix, Salt: salt}
+			sink := ModelSink{Inner: ix, Salt: salt}
 			batch := make([]uint64, 512)
 			n := 0
 			for b.Loop() {
