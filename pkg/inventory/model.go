@@ -100,3 +100,12 @@ func (m ModelSink) ClearEndpoint(ep int) error { return m.Inner.ClearEndpoint(ep
 
 // Blocks counts the blocks ep holds.
 func (m ModelSink) Blocks(ep int) int { return m.Inner.Blocks(ep) }
+
+// OtherMediaBlocks counts ep's blocks on media other than the GPU when the
+// inner sink counts them (ingest reports it as kvgate_kv_blocks_other_medium).
+func (m ModelSink) OtherMediaBlocks(ep int) int {
+	if o, ok := m.Inner.(interface{ OtherMediaBlocks(ep int) int }); ok {
+		return o.OtherMediaBlocks(ep)
+	}
+	return 0
+}

@@ -60,6 +60,12 @@ func TestModelSinkKeysModelsApart(t *testing.T) {
 	if err := sinks[1].Remove(1, 0, MediumGPU, engine[:2]); err != nil {
 		t.Fatal(err)
 	}
+	if err := sinks[0].Add(0, 0, "CPU", engine[:3]); err != nil {
+		t.Fatal(err)
+	}
+	if sinks[0].OtherMediaBlocks(0) != 3 || sinks[0].OtherMediaBlocks(0) != ix.OtherMediaBlocks(0) {
+		t.Fatalf("OtherMediaBlocks %d through the sink, %d in the index; want 3 (failed before: the sink hid the index's count)", sinks[0].OtherMediaBlocks(0), ix.OtherMediaBlocks(0))
+	}
 	if ix.Blocks(0) != 4 || ix.Blocks(1) != 2 || sinks[1].Blocks(1) != 2 {
 		t.Fatalf("after removing 2 of model b's blocks: %d, %d blocks", ix.Blocks(0), ix.Blocks(1))
 	}
