@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/reqfacts"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -42,6 +44,7 @@ type config struct {
 	seen          float64
 	blockSize     int
 	modes         string
+	variants      string
 	cpuProfile    string
 }
 
@@ -53,6 +56,7 @@ func run() error {
 	flag.Float64Var(&c.seen, "seen", 0.9, "fraction of the prompt seen before in warm mode")
 	flag.IntVar(&c.blockSize, "block-size", 16, "KV block size in tokens")
 	flag.StringVar(&c.modes, "modes", "cold,warm", "modes to run, in order")
+	flag.StringVar(&c.variants, "variants", "before,after", "before: conversation prefix cache off; after: on (the default)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured requests here")
 	flag.Parse()
 	if c.requests < 1 || c.tokens < 1000 || c.seen <= 0 || c.seen >= 1 {
@@ -72,11 +76,13 @@ func run() error {
 		defer pprof.StopCPUProfile()
 	}
 	for _, mode := range strings.Split(c.modes, ",") {
-		res, err := measure(c, mode)
-		if err != nil {
-			return fmt.Errorf("%s: %w", mode, err)
+		for _, variant := range strings.Split(c.variants, ",") {
+			res, err := measure(c, mode, variant)
+			if err != nil {
+				return fmt.Errorf("%s/%s: %w", mode, variant, err)
+			}
+			res.print(mode + "/" + variant)
 		}
-		res.print(mode)
 	}
 	return nil
 }
@@ -148,13 +154,24 @@ func body(model string, msgs []map[string]string) ([]byte, error) {
 
 type result struct {
 	stages    map[string][]time.Duration
+	stageCPU  map[string][]time.Duration
 	cpu       []time.Duration
 	tokens    []int
 	bodyBytes []int
 }
 
-func measure(c config, mode string) (*result, error) {
-	m, err := tokenizer.LoadModel(c.tokenizerPath)
+func measure(c config, mode, variant string) (*result, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var opts []tokenizer.Option
+	switch variant {
+	case "before":
+		opts = append(opts, tokenizer.WithConversationCache(0))
+	case "after":
+	default:
+		return nil, fmt.Errorf("unknown variant %q", variant)
+	}
+	m, err := tokenizer.LoadModel(c.tokenizerPath, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizer: %w", err)
 	}
@@ -176,7 +193,7 @@ func measure(c config, mode string) (*result, error) {
 			return nil, err
 		}
 	}
-	res := &result{stages: map[string][]time.Duration{}}
+	res := &result{stages: map[string][]time.Duration{}, stageCPU: map[string][]time.Duration{}}
 	for i := range c.requests {
 		var msgs []map[string]string
 		if mode == "cold" {
@@ -197,6 +214,7 @@ func measure(c config, mode string) (*result, error) {
 		}
 		for k, v := range st.d {
 			res.stages[k] = append(res.stages[k], v)
+			res.stageCPU[k] = append(res.stageCPU[k], st.cpu[k])
 		}
 		res.tokens = append(res.tokens, st.tokens)
 		res.bodyBytes = append(res.bodyBytes, len(b))
@@ -205,42 +223,60 @@ func measure(c config, mode string) (*result, error) {
 }
 
 type stageTimes struct {
-	d      map[string]time.Duration
+	d      map[string]time.Duration // wall time
+	cpu    map[string]time.Duration // this thread's CPU time (no GC, no waiting for a core)
 	tokens int
+}
+
+// threadCPU is the calling thread's CPU time; measure locks its goroutine
+// to one thread so stage differences are the stage's own work.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}
+
+// stage runs fn and records its wall and thread CPU time under name.
+func (st *stageTimes) stage(name string, fn func()) {
+	c0, t0 := threadCPU(), time.Now()
+	fn()
+	st.d[name], st.cpu[name] = time.Since(t0), threadCPU()-c0
 }
 
 // decide runs what router.prepare runs for a chat request with KV routing:
 // extract the facts, render + encode, hash the blocks.
 func decide(m *tokenizer.Model, h *kvhash.Hasher, raw []byte) (stageTimes, error) {
-	st := stageTimes{d: map[string]time.Duration{}}
-	t0 := time.Now()
-	f := reqfacts.ExtractPath("/v1/chat/completions", raw, "", reqfacts.Options{})
-	st.d["extract"] = time.Since(t0)
+	st := stageTimes{d: map[string]time.Duration{}, cpu: map[string]time.Duration{}}
+	var f reqfacts.Facts
+	st.stage("extract", func() { f = reqfacts.ExtractPath("/v1/chat/completions", raw, "", reqfacts.Options{}) })
 	if f.Problem != "" {
 		return st, fmt.Errorf("extract: %s", f.Problem)
 	}
-	t1 := time.Now()
-	tools := f.Tools
-	if len(tools) > 0 {
-		var err error
-		if tools, err = chattemplate.VLLMToolDicts(tools, true); err != nil {
-			return st, fmt.Errorf("tools: %w", err)
+	var ids []uint32
+	var err error
+	st.stage("tokenize", func() {
+		tools := f.Tools
+		if len(tools) > 0 {
+			if tools, err = chattemplate.VLLMToolDicts(tools, true); err != nil {
+				err = fmt.Errorf("tools: %w", err)
+				return
+			}
 		}
-	}
-	agp := f.AddGenerationPrompt
-	ids, _, err := m.EncodeChat(tokenizer.ChatRequest{
-		Messages: f.Messages, Tools: tools, Documents: f.Documents, AddGenerationPrompt: &agp,
-		ContinueFinalMessage: f.ContinueFinalMessage, ChatTemplateKwargs: f.ChatTemplateKwargs,
-		AddSpecialTokens: f.SpecialTokens(),
-		Limits:           tokenizer.Limits{MaxWordBytes: tokenizer.DefaultMaxWordBytes, Deadline: time.Now().Add(10 * time.Second)},
+		agp := f.AddGenerationPrompt
+		ids, _, err = m.EncodeChat(tokenizer.ChatRequest{
+			Messages: f.Messages, Tools: tools, Documents: f.Documents, AddGenerationPrompt: &agp,
+			ContinueFinalMessage: f.ContinueFinalMessage, ChatTemplateKwargs: f.ChatTemplateKwargs,
+			AddSpecialTokens: f.SpecialTokens(),
+			Limits:           tokenizer.Limits{MaxWordBytes: tokenizer.DefaultMaxWordBytes, Deadline: time.Now().Add(10 * time.Second)},
+		})
 	})
-	st.d["tokenize"] = time.Since(t1)
 	if err != nil {
 		return st, fmt.Errorf("tokenize: %w", err)
 	}
-	t2 := time.Now()
-	hashes := h.AppendHashes(nil, ids, kvhash.Extra{})
-	st.d["hash"] = time.Since(t2)
+	var hashes []uint64
+	st.stage("hash", func() { hashes = h.AppendHashes(nil, ids, kvhash.Extra{}) })
 	if len(hashes) == 0 {
 		return st, fmt.Errorf("no block hashes for %d tokens", len(ids))
 	}
@@ -265,18 +301,22 @@ func pct(ds []time.Duration, p float64) time.Duration {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
 
-func (r *result) print(mode string) {
-	total := make([]time.Duration, len(r.cpu))
-	for _, ds := range r.stages {
-		for i, d := range ds {
-			total[i] += d
+func (r *result) print(name string) {
+	sum := func(m map[string][]time.Duration) []time.Duration {
+		total := make([]time.Duration, len(r.cpu))
+		for _, ds := range m {
+			for i, d := range ds {
+				total[i] += d
+			}
 		}
+		return total
 	}
-	fmt.Printf("\n%s: median %d prompt tokens, %d KB body\n", mode, r.tokens[len(r.tokens)/2], r.bodyBytes[len(r.bodyBytes)/2]>>10)
-	fmt.Printf("| stage | p50 ms | p99 ms |\n|---|---|---|\n")
-	for _, name := range []string{"extract", "tokenize", "hash"} {
-		fmt.Printf("| %s | %s | %s |\n", name, ms(pct(r.stages[name], 0.5)), ms(pct(r.stages[name], 0.99)))
+	fmt.Printf("\n%s: median %d prompt tokens, %d KB body\n", name, r.tokens[len(r.tokens)/2], r.bodyBytes[len(r.bodyBytes)/2]>>10)
+	fmt.Printf("| stage | wall p50 ms | wall p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|\n")
+	for _, s := range []string{"extract", "tokenize", "hash"} {
+		fmt.Printf("| %s | %s | %s | %s | %s |\n", s, ms(pct(r.stages[s], 0.5)), ms(pct(r.stages[s], 0.99)), ms(pct(r.stageCPU[s], 0.5)), ms(pct(r.stageCPU[s], 0.99)))
 	}
-	fmt.Printf("| decision (sum) | %s | %s |\n", ms(pct(total, 0.5)), ms(pct(total, 0.99)))
-	fmt.Printf("| CPU per request | %s | %s |\n", ms(pct(r.cpu, 0.5)), ms(pct(r.cpu, 0.99)))
+	wall, cpu := sum(r.stages), sum(r.stageCPU)
+	fmt.Printf("| decision | %s | %s | %s | %s |\n", ms(pct(wall, 0.5)), ms(pct(wall, 0.99)), ms(pct(cpu, 0.5)), ms(pct(cpu, 0.99)))
+	fmt.Printf("| process CPU per request (GC included) | | | %s | %s |\n", ms(pct(r.cpu, 0.5)), ms(pct(r.cpu, 0.99)))
 }

@@ -148,6 +148,10 @@ type Metrics struct {
 	APIAuthFailures *prometheus.CounterVec // kvgate_api_auth_failures_total{reason}
 	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
 
+	// Tokenizers' conversation prefix cache (convcache.go).
+	convLookups *prometheus.CounterVec
+	convReused  prometheus.Counter
+
 	models    modelLabels
 	rulesMu   sync.Mutex
 	ruleIDs   map[int]bool // rules initialised, so InitRule and DeleteRule are idempotent
@@ -264,6 +268,8 @@ func New(opts Options) *Metrics {
 	m.APIAuthFailures = f.counter("kvgate_api_auth_failures_total", "Management API requests refused: missing, invalid or forbidden (a read token on a mutating call).", "reason")
 	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
+
+	m.initConversationCache(f)
 
 	if !opts.NoProcessCollectors {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -20,6 +20,7 @@ import (
 type prefixCache struct {
 	maxBytes int
 	seed     maphash.Seed
+	observe  func(hit bool, reusedBytes int) // nil: none
 
 	mu      sync.Mutex
 	lru     *list.List // of *prefixEntry, most recent at the front
@@ -119,6 +120,9 @@ func (c *prefixCache) reuse(text string, maxAdded, maxWordBytes int) (*prefixEnt
 		c.stats.ReusedBytes += uint64(bestCut.at)
 	}
 	c.mu.Unlock()
+	if c.observe != nil {
+		c.observe(best != nil, bestCut.at)
+	}
 	return best, bestCut
 }
 

@@ -195,3 +195,37 @@ func TestIncrementalEncodeChatEqualsFull(t *testing.T) {
 		})
 	}
 }
+
+// The pool's models report their cache lookups to the observer the daemon
+// wires to kvgate_tokenize_prefix_lookups_total, and their held bytes.
+func TestPoolConversationCacheObserved(t *testing.T) {
+	dir := t.TempDir()
+	stage(t, dir, "Qwen__Qwen3-0.6B", "qwen3")
+	var hits, misses, reused int
+	pool := NewPool(dir, WithTokenizerOptions(WithConversationObserver(func(hit bool, n int) {
+		if hit {
+			hits++
+		} else {
+			misses++
+		}
+		reused += n
+	})))
+	m, err := pool.Get("Qwen/Qwen3-0.6B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	msgs := []map[string]any{{"role": "system", "content": randomGrowth(r, m.Tokenizer, 9000)}, {"role": "user", "content": "first question"}}
+	for turn := range 3 {
+		if _, _, err := m.EncodeChat(ChatRequest{Messages: slices.Clone(msgs)}); err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": fmt.Sprintf("answer %d", turn)}, map[string]any{"role": "user", "content": "and then?"})
+	}
+	if misses != 1 || hits != 2 || reused < 2*9000 {
+		t.Fatalf("observed %d misses, %d hits, %d reused bytes; want 1, 2, ≥ 18000", misses, hits, reused)
+	}
+	if st := pool.PrefixStats(); st.Entries != 1 || st.Bytes <= 9000 || st.Hits != 2 {
+		t.Fatalf("pool stats %+v: want one entry (each turn supersedes the last) of more than 9000 bytes, 2 hits", st)
+	}
+}

@@ -78,6 +78,7 @@ type options struct {
 	chunkBytes int
 	chunkMin   int
 	convBytes  int
+	convObs    func(hit bool, reusedBytes int)
 }
 
 func defaultOptions() options {
@@ -88,6 +89,13 @@ func defaultOptions() options {
 // growing conversation incremental, in bytes (0 disables it). See
 // docs/tokenizer.md, "Decision cost at long context".
 func WithConversationCache(bytes int) Option { return func(o *options) { o.convBytes = bytes } }
+
+// WithConversationObserver is called after each lookup of the conversation
+// prefix cache (a text long enough to be cached): hit, and the text bytes
+// not encoded again. It must be cheap and must not block.
+func WithConversationObserver(fn func(hit bool, reusedBytes int)) Option {
+	return func(o *options) { o.convObs = fn }
+}
 
 // WithWordCache bounds the per-word BPE cache (entries; 0 disables it).
 func WithWordCache(words int) Option { return func(o *options) { o.wordCache = words } }
@@ -194,6 +202,7 @@ func Parse(data []byte, opts ...Option) (*Tokenizer, error) {
 	t.detectChunking(o)
 	if o.convBytes > 0 && !t.rawTrie.empty() {
 		t.prefixes = newPrefixCache(o.convBytes)
+		t.prefixes.observe = o.convObs
 		for _, a := range t.added { // all of them: an upper bound of the raw-split ones
 			t.maxAdded = max(t.maxAdded, len(a.Content))
 		}
