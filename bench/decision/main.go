@@ -56,7 +56,7 @@ func run() error {
 	flag.Float64Var(&c.seen, "seen", 0.9, "fraction of the prompt seen before in warm mode")
 	flag.IntVar(&c.blockSize, "block-size", 16, "KV block size in tokens")
 	flag.StringVar(&c.modes, "modes", "cold,warm", "modes to run, in order")
-	flag.StringVar(&c.variants, "variants", "before,after", "before: conversation prefix cache off; after: on (the default)")
+	flag.StringVar(&c.variants, "variants", "before,after", "before: tokenizer conversation cache and hash chain cache off; after: both on (the daemon's defaults)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured requests here")
 	flag.Parse()
 	if c.requests < 1 || c.tokens < 1000 || c.seen <= 0 || c.seen >= 1 {
@@ -175,7 +175,11 @@ func measure(c config, mode, variant string) (*result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizer: %w", err)
 	}
-	h, err := kvhash.New(kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: c.blockSize, Seed: kvhash.SeedOf(kvhash.DefaultSHA256Seed)})
+	var hopts []kvhash.Option
+	if variant == "after" {
+		hopts = append(hopts, kvhash.WithChainCache(16<<20)) // as the gateway's rules
+	}
+	h, err := kvhash.New(kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: c.blockSize, Seed: kvhash.SeedOf(kvhash.DefaultSHA256Seed)}, hopts...)
 	if err != nil {
 		return nil, fmt.Errorf("hasher: %w", err)
 	}
