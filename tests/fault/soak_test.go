@@ -195,6 +195,7 @@ type soakSample struct {
 	at         time.Duration // since the load started
 	idle       bool          // taken after the load ended
 	rssKiB     int
+	heapMiB    float64 // go_memstats_heap_inuse_bytes: what RSS holds for live and not yet collected objects
 	goroutines int
 	fds        int
 	inflight   int // kvgate_endpoint_inflight over the rule's endpoints
@@ -220,11 +221,12 @@ func (p soakProbe) read(at time.Duration, idle bool) (soakSample, error) {
 	if s.fds, err = procFDs(p.pid); err != nil {
 		return s, err
 	}
-	m, err := scrape(p.cl, p.api, "go_goroutines", "kvgate_endpoint_inflight")
+	m, err := scrape(p.cl, p.api, "go_goroutines", "kvgate_endpoint_inflight", "go_memstats_heap_inuse_bytes")
 	if err != nil {
 		return s, err
 	}
 	s.goroutines, s.inflight = int(m["go_goroutines"]), int(m["kvgate_endpoint_inflight"])
+	s.heapMiB = m["go_memstats_heap_inuse_bytes"] / (1 << 20)
 	return s, nil
 }
 
@@ -304,7 +306,7 @@ func lastLoadSample(ss []soakSample) (soakSample, bool) {
 // sample, and always the last one).
 func table(ss []soakSample) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%8s %5s %8s %6s %6s %7s %6s %8s\n", "t", "phase", "rss_MiB", "gorout", "fds", "inflght", "open", "done")
+	fmt.Fprintf(&b, "%8s %5s %8s %8s %6s %6s %7s %6s %8s\n", "t", "phase", "rss_MiB", "heap_MiB", "gorout", "fds", "inflght", "open", "done")
 	step := max(1, (len(ss)+39)/40)
 	for i, s := range ss {
 		if i%step != 0 && i != len(ss)-1 {
@@ -314,8 +316,8 @@ func table(ss []soakSample) string {
 		if s.idle {
 			phase = "idle"
 		}
-		fmt.Fprintf(&b, "%8s %5s %8.1f %6d %6d %7d %6d %8d\n", s.at.Round(time.Second), phase,
-			float64(s.rssKiB)/1024, s.goroutines, s.fds, s.inflight, s.open, s.done)
+		fmt.Fprintf(&b, "%8s %5s %8.1f %8.1f %6d %6d %7d %6d %8d\n", s.at.Round(time.Second), phase,
+			float64(s.rssKiB)/1024, s.heapMiB, s.goroutines, s.fds, s.inflight, s.open, s.done)
 	}
 	return b.String()
 }
