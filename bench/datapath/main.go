@@ -15,12 +15,21 @@
 // Everything is bounded by -duration per phase and runs on 127.0.0.1.
 //
 //	go build -o /tmp/dpbench ./bench/datapath && sudo /tmp/dpbench -streams 2000 -rate 20 -duration 15s
+//
+// With -tls the clients speak TLS 1.3 to the proxies (a throw-away CA and
+// certificate): the userspace proxy terminates it with kvgate's own
+// package tlsterm, nginx with bench/datapath/nginx-tls.conf; the backend
+// stays plain HTTP and the sockmap target does not apply (TLS rules take the
+// userspace copy, docs/body-leg.md). Each client finishes its handshake
+// before the measurement starts, so the figures are per chunk of an
+// established TLS stream.
 package main
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -44,8 +53,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvgate/kvgate/internal/testcerts"
 	"github.com/kvgate/kvgate/pkg/datapath"
+	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/splice"
+	"github.com/kvgate/kvgate/pkg/tlsterm"
 )
 
 func main() {
@@ -58,18 +70,29 @@ func main() {
 	duration := flag.Duration("duration", 15*time.Second, "length of each streaming phase")
 	bulk := flag.Int64("bulk", 1<<30, "bytes of the bulk transfer (0 skips it)")
 	only := flag.String("only", "direct,userspace,sockmap,nginx", "targets to run")
-	nginxConf := flag.String("nginx-conf", "bench/datapath/nginx.conf", "nginx config template")
+	nginxConf := flag.String("nginx-conf", "", "nginx config template (default bench/datapath/nginx.conf, or nginx-tls.conf with -tls)")
+	useTLS := flag.Bool("tls", false, "clients speak TLS to the proxies (targets direct, userspace, nginx)")
+	tlsDir := flag.String("tls-dir", "", "proxy: terminate TLS with the tls.crt and tls.key in this directory")
 	flag.Parse()
+	if *nginxConf == "" {
+		*nginxConf = "bench/datapath/nginx.conf"
+		if *useTLS {
+			*nginxConf = "bench/datapath/nginx-tls.conf"
+		}
+	}
 
 	var err error
 	switch *role {
 	case "backend":
 		err = runBackend(*addr)
 	case "proxy":
-		err = runProxy(*addr, *backendAddr, *path)
+		err = runProxy(*addr, *backendAddr, *path, *tlsDir)
 	case "run":
+		if *useTLS && *only == "direct,userspace,sockmap,nginx" {
+			*only = "direct,userspace,nginx"
+		}
 		err = orchestrate(config{streams: *streams, rate: *rate, duration: *duration, bulk: *bulk,
-			targets: strings.Split(*only, ","), nginxConf: *nginxConf})
+			targets: strings.Split(*only, ","), nginxConf: *nginxConf, tls: *useTLS})
 	default:
 		err = fmt.Errorf("unknown role %q", *role)
 	}
@@ -156,7 +179,14 @@ func serveBackend(c net.Conn) {
 
 // --- proxy -----------------------------------------------------------------
 
-func runProxy(addr, backend, path string) error {
+func runProxy(addr, backend, path, tlsDir string) error {
+	var term *tlsterm.Terminator
+	if tlsDir != "" {
+		var err error
+		if term, err = tlsterm.New(tlsterm.Options{Dir: tlsDir}); err != nil {
+			return err
+		}
+	}
 	var leg datapath.BodyLeg
 	switch path {
 	case "userspace":
@@ -191,6 +221,13 @@ func runProxy(addr, backend, path string) error {
 		}
 		go func() {
 			defer c.Close()
+			if term != nil {
+				tc := term.Wrap(c)
+				if term.Handshake(ctx, tc) != nil {
+					return
+				}
+				c = tc
+			}
 			cr := bufio.NewReader(c)
 			for {
 				req, err := http.ReadRequest(cr)
@@ -228,10 +265,11 @@ func forward(ctx context.Context, leg datapath.BodyLeg, c net.Conn, backend stri
 		return false
 	}
 	prefix, _ := br.Peek(br.Buffered())
-	// Chunked and EventStream as kvgate's proxy passes them, so the legs
-	// follow the framing here too (docs/body-leg.md, "Broken responses").
+	// The body's end as kvgate's proxy passes it, so the legs follow the
+	// framing here too (docs/body-leg.md, "Broken responses").
+	end := fullproxy.NewBodyEnd(streamed, resp.ContentLength, strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"))
 	res := leg.Run(ctx, c, bc, prefix, datapath.Options{Silence: time.Minute, Streamed: streamed, ContentLength: resp.ContentLength,
-		Chunked: streamed, EventStream: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")})
+		End: end})
 	return res.Ending == datapath.BackendEOF
 }
 
@@ -244,6 +282,10 @@ type config struct {
 	bulk      int64
 	targets   []string
 	nginxConf string
+	tls       bool
+	// certDir holds the proxies' certificate and clientTLS trusts it (-tls).
+	certDir   string
+	clientTLS *tls.Config
 }
 
 type proc struct {
@@ -295,7 +337,7 @@ func freeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-func startNginx(tmpl, backend string) (*proc, func(), error) {
+func startNginx(tmpl, backend, certDir string) (*proc, func(), error) {
 	dir, err := os.MkdirTemp("", "kvgate-bench-nginx-")
 	if err != nil {
 		return nil, nil, err
@@ -308,7 +350,8 @@ func startNginx(tmpl, backend string) (*proc, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	conf := strings.NewReplacer("@DIR@", dir, "@LISTEN@", listen, "@BACKEND@", backend).Replace(string(b))
+	conf := strings.NewReplacer("@DIR@", dir, "@LISTEN@", listen, "@BACKEND@", backend,
+		"@CERT@", filepath.Join(certDir, tlsterm.CertFile), "@KEY@", filepath.Join(certDir, tlsterm.KeyFile)).Replace(string(b))
 	confPath := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return nil, nil, err
@@ -330,57 +373,114 @@ func startNginx(tmpl, backend string) (*proc, func(), error) {
 	return nil, nil, errors.New("nginx did not start listening")
 }
 
+// benchCerts makes a CA and a certificate for 127.0.0.1 in a temporary
+// directory.
+func benchCerts(cfg *config) (func(), error) {
+	dir, err := os.MkdirTemp("", "kvgate-bench-tls-")
+	if err != nil {
+		return nil, err
+	}
+	ca, err := testcerts.NewCA("bench CA")
+	if err != nil {
+		return nil, err
+	}
+	p, err := ca.Server("bench", "127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Write(dir); err != nil {
+		return nil, err
+	}
+	cfg.certDir = dir
+	cfg.clientTLS = &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13}
+	return func() { os.RemoveAll(dir) }, nil
+}
+
+// target is one thing the benchmark streams through.
+type target struct {
+	name    string
+	addr    string
+	pids    func() []int
+	cleanup func()
+	plain   bool // direct: the backend speaks plain HTTP even with -tls
+}
+
+// startTargets starts the proxies cfg names in front of the backend; the
+// targets started so far are returned with an error, for cleanup.
+func startTargets(cfg config, backend string) ([]target, error) {
+	var targets []target
+	for _, name := range cfg.targets {
+		switch name {
+		case "direct":
+			targets = append(targets, target{name: name, addr: backend, pids: func() []int { return nil }, cleanup: func() {}, plain: true})
+		case "userspace", "sockmap":
+			args := []string{"-role", "proxy", "-backend", backend, "-path", name}
+			if cfg.tls {
+				args = append(args, "-tls-dir", cfg.certDir)
+			}
+			p, err := spawn(args...)
+			if err != nil {
+				return targets, fmt.Errorf("starting %s proxy: %w", name, err)
+			}
+			pid := p.cmd.Process.Pid
+			targets = append(targets, target{name: name, addr: p.addr, pids: func() []int { return []int{pid} }, cleanup: p.stop})
+		case "nginx":
+			p, cleanup, err := startNginx(cfg.nginxConf, backend, cfg.certDir)
+			if err != nil {
+				return targets, fmt.Errorf("starting nginx: %w", err)
+			}
+			master := p.cmd.Process.Pid
+			targets = append(targets, target{name: name, addr: p.addr, pids: func() []int { return append([]int{master}, childrenOf(master)...) }, cleanup: cleanup})
+		default:
+			return targets, fmt.Errorf("unknown target %q", name)
+		}
+	}
+	return targets, nil
+}
+
 func orchestrate(cfg config) error {
+	if cfg.tls {
+		cleanup, err := benchCerts(&cfg)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+	}
 	be, err := spawn("-role", "backend")
 	if err != nil {
 		return err
 	}
 	defer be.stop()
 
-	type target struct {
-		name    string
-		addr    string
-		pids    func() []int
-		cleanup func()
-	}
-	var targets []target
-	for _, name := range cfg.targets {
-		switch name {
-		case "direct":
-			targets = append(targets, target{name: name, addr: be.addr, pids: func() []int { return nil }, cleanup: func() {}})
-		case "userspace", "sockmap":
-			p, err := spawn("-role", "proxy", "-backend", be.addr, "-path", name)
-			if err != nil {
-				return fmt.Errorf("starting %s proxy: %w", name, err)
-			}
-			pid := p.cmd.Process.Pid
-			targets = append(targets, target{name: name, addr: p.addr, pids: func() []int { return []int{pid} }, cleanup: p.stop})
-		case "nginx":
-			p, cleanup, err := startNginx(cfg.nginxConf, be.addr)
-			if err != nil {
-				return fmt.Errorf("starting nginx: %w", err)
-			}
-			master := p.cmd.Process.Pid
-			targets = append(targets, target{name: name, addr: p.addr, pids: func() []int { return append([]int{master}, childrenOf(master)...) }, cleanup: cleanup})
-		default:
-			return fmt.Errorf("unknown target %q", name)
-		}
-	}
+	targets, err := startTargets(cfg, be.addr)
 	defer func() {
 		for _, t := range targets {
 			t.cleanup()
 		}
 	}()
+	if err != nil {
+		return err
+	}
+	clientTLS := func(t target) *tls.Config {
+		if t.plain {
+			return nil
+		}
+		return cfg.clientTLS
+	}
 
 	every := time.Duration(float64(time.Second) / cfg.rate)
 	perStream := int(cfg.duration / every)
-	fmt.Printf("## Streams: %d concurrent SSE streams x %d chunks (one every %s), %s per target, GOMAXPROCS=%d, %d CPUs\n\n",
-		cfg.streams, perStream, every, cfg.duration, runtime.GOMAXPROCS(0), numCPU())
+	mode := "plain HTTP"
+	if cfg.tls {
+		mode = "TLS 1.3 from the clients to the proxies (direct: plain)"
+	}
+	fmt.Printf("## Streams: %d concurrent SSE streams x %d chunks (one every %s), %s per target, %s, GOMAXPROCS=%d, %d CPUs\n\n",
+		cfg.streams, perStream, every, cfg.duration, mode, runtime.GOMAXPROCS(0), numCPU())
 	fmt.Println("| target | chunks | errors | proxy CPU s | kernel threads CPU s | backend CPU s | client CPU s | total CPU s | proxy CPU s / 1M chunks | total CPU s / 1M chunks | p50 ms | p99 ms |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	results := map[string]streamResult{}
 	for _, t := range targets {
-		r := runStreams(t.addr, cfg.streams, perStream, every, be.cmd.Process.Pid, t.pids())
+		r := runStreams(t.addr, clientTLS(t), cfg.streams, perStream, every, be.cmd.Process.Pid, t.pids())
 		results[t.name] = r
 		m := float64(r.chunks) / 1e6
 		fmt.Printf("| %s | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f |\n",
@@ -406,7 +506,7 @@ func orchestrate(cfg config) error {
 		fmt.Println("| target | MiB/s | proxy CPU s | kernel threads CPU s | total CPU s |")
 		fmt.Println("|---|---|---|---|---|")
 		for _, t := range targets {
-			rate, cpu, err := runBulk(t.addr, cfg.bulk, be.cmd.Process.Pid, t.pids())
+			rate, cpu, err := runBulk(t.addr, clientTLS(t), cfg.bulk, be.cmd.Process.Pid, t.pids())
 			if err != nil {
 				fmt.Printf("| %s | error: %v | | | |\n", t.name, err)
 				continue
@@ -522,49 +622,83 @@ type streamResult struct {
 
 // runStreams opens n streams at once and reads every chunk, recording
 // its latency from the backend's send time.
-func runStreams(addr string, n, perStream int, every time.Duration, backendPid int, pids []int) streamResult {
+// dialTarget connects to a target; with tlsCfg it also completes the TLS
+// handshake.
+func dialTarget(addr string, tlsCfg *tls.Config) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil || tlsCfg == nil {
+		return c, err
+	}
+	tc := tls.Client(c, tlsCfg)
+	_ = tc.SetDeadline(time.Now().Add(time.Minute))
+	if err := tc.Handshake(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// readStream asks for one SSE stream of perStream events on c and returns
+// each event's added latency (ms), ending early on a read error.
+func readStream(c net.Conn, perStream int, every time.Duration) ([]float64, error) {
+	c.SetDeadline(time.Now().Add(every*time.Duration(perStream) + time.Minute))
+	fmt.Fprintf(c, "GET /sse?n=%d&every=%d HTTP/1.1\r\nHost: bench\r\n\r\n", perStream, every.Microseconds())
+	br := bufio.NewReaderSize(c, 4096)
+	l := make([]float64, 0, perStream)
+	for len(l) < perStream {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return l, err
+		}
+		if !bytes.HasPrefix(line, []byte("data: {\"t\":")) {
+			continue
+		}
+		now := monoNow()
+		rest := line[len("data: {\"t\":"):]
+		j := bytes.IndexByte(rest, ',')
+		if j < 0 {
+			continue
+		}
+		t, err := strconv.ParseInt(string(rest[:j]), 10, 64)
+		if err != nil {
+			continue
+		}
+		l = append(l, float64(now-t)/1e6)
+	}
+	return l, nil
+}
+
+func runStreams(addr string, tlsCfg *tls.Config, n, perStream int, every time.Duration, backendPid int, pids []int) streamResult {
 	var chunks, errs atomic.Int64
 	lat := make([][]float64, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := 0; i < n; i++ {
 		wg.Add(1)
+		// A TLS client handshakes before the measurement starts; a plain one
+		// connects inside it, as before -tls existed.
+		var early net.Conn
+		var earlyErr error
+		if tlsCfg != nil {
+			early, earlyErr = dialTarget(addr, tlsCfg)
+		}
 		go func() {
 			defer wg.Done()
 			<-start
-			c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+			c, err := early, earlyErr
+			if tlsCfg == nil {
+				c, err = dialTarget(addr, nil)
+			}
 			if err != nil {
 				errs.Add(1)
 				return
 			}
 			defer c.Close()
-			c.SetDeadline(time.Now().Add(every*time.Duration(perStream) + time.Minute))
-			fmt.Fprintf(c, "GET /sse?n=%d&every=%d HTTP/1.1\r\nHost: bench\r\n\r\n", perStream, every.Microseconds())
-			br := bufio.NewReaderSize(c, 4096)
-			got := 0
-			l := make([]float64, 0, perStream)
-			for got < perStream {
-				line, err := br.ReadSlice('\n')
-				if err != nil {
-					errs.Add(1)
-					break
-				}
-				if !bytes.HasPrefix(line, []byte("data: {\"t\":")) {
-					continue
-				}
-				now := monoNow()
-				rest := line[len("data: {\"t\":"):]
-				j := bytes.IndexByte(rest, ',')
-				if j < 0 {
-					continue
-				}
-				t, err := strconv.ParseInt(string(rest[:j]), 10, 64)
-				if err != nil {
-					continue
-				}
-				l = append(l, float64(now-t)/1e6)
-				got++
+			l, err := readStream(c, perStream, every)
+			if err != nil {
+				errs.Add(1)
 			}
+			got := len(l)
 			chunks.Add(int64(got))
 			lat[i] = l
 		}()
@@ -587,8 +721,8 @@ func runStreams(addr string, n, perStream int, every time.Duration, backendPid i
 	return streamResult{chunks: chunks.Load(), errors: errs.Load(), cpu: after.since(before), p50: pct(0.50), p99: pct(0.99)}
 }
 
-func runBulk(addr string, n int64, backendPid int, pids []int) (float64, cpuTimes, error) {
-	c, err := net.Dial("tcp", addr)
+func runBulk(addr string, tlsCfg *tls.Config, n int64, backendPid int, pids []int) (float64, cpuTimes, error) {
+	c, err := dialTarget(addr, tlsCfg)
 	if err != nil {
 		return 0, cpuTimes{}, err
 	}

@@ -147,7 +147,8 @@ VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1: 64-bit integer hashes in events;
 attn_dp_rank (--data-parallel-rank), the legacy replay shape, and
 GET /get_server_info with page_size.
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses
+(OpenAI Responses API), POST /v1/messages (Anthropic Messages API), GET /v1/models,
 GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version,
 and with --debug-state GET /debug/state and POST /debug/match (a benchmark
 oracle's view of the true queue and cache). Every response carries x-engine-id;

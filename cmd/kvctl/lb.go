@@ -309,6 +309,7 @@ func newCreateLBCmd() *cobra.Command {
 		probePort, probeTimeout, probeRetries, probeInterval           int
 		pdDisagg, pdCacheAware, cbEnable, chwblSalt, pdReceipt, asJSON bool
 		wildcardVIP, trustTemplate                                     bool
+		tlsFlags                                                       lbTLSFlags
 	)
 	c := &cobra.Command{
 		Use:     "lb EXTERNAL-IP --tcp=PORT:TARGETPORT --endpoints=IP:WEIGHT,...",
@@ -364,6 +365,9 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 			if cmd.Flags().Changed("kv-hash-seed") {
 				rule.ServiceArguments.KVHashSeed = &kvHashSeed
 			}
+			if err := tlsFlags.apply(&rule.ServiceArguments.ServiceArguments); err != nil {
+				return err
+			}
 			b, err := callAPI(cmd, http.MethodPost, "/netlox/v1/config/loadbalancer", rule)
 			if err != nil {
 				return err
@@ -381,6 +385,7 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 		},
 	}
 	f := c.Flags()
+	addLBTLSFlags(f, &tlsFlags)
 	f.StringVar(&tcp, "tcp", "", "PORT:TARGETPORT: the rule's port and the endpoints' port (required)")
 	f.StringVar(&endpoints, "endpoints", "", "endpoints as IP:WEIGHT,... (IPv6 as [IP]:WEIGHT)")
 	f.StringVar(&mode, "mode", "default", "LB mode: default|onearm|fullnat|dsr|fullproxy|hostonearm; KV and P/D rules need fullproxy")

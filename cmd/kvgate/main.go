@@ -87,6 +87,7 @@ type daemonFlags struct {
 	apiInsecure    bool
 	metricsAddr    string
 	endpointCIDRs  string
+	dataTLS        dataTLSFlags
 }
 
 func newRoot() *cobra.Command {
@@ -124,6 +125,7 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.apiTokenFile, "api-token-file", "", "require Authorization: Bearer tokens from this file: '<name> <admin|read> <token>' per line; mode 0600 or 0400 (reloads)")
 	fl.BoolVar(&f.apiInsecure, "api-insecure", false, "allow a management API beyond loopback without TLS and tokens (logged, and kvgate_api_insecure 1)")
 	fl.StringVar(&f.endpointCIDRs, "endpoint-cidrs", "", "only allow rule endpoints in these comma-separated CIDRs (their KV-event and replay ports too); default: any address")
+	addDataTLSFlags(fl, &f.dataTLS)
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
@@ -221,11 +223,15 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := f.dataTLS.check(); err != nil {
+		return err
+	}
 	gopts := gateway.Options{
 		Settings: settings, TokenizerDir: f.tokenizerDir, StateDir: f.stateDir, Datapath: f.datapath,
 		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
+		TLSCertDir: f.dataTLS.certDir, TLSReloadInterval: f.dataTLS.reloadInterval, TLSHandshakeTimeout: f.dataTLS.handshakeTimeout,
 	}
 	if vips != nil {
 		gopts.VIPs = vips

@@ -546,6 +546,7 @@ func (e *Engine) enqueue(ctx context.Context, r *request) error {
 
 // cancel tells the loop a request's client went away (best effort).
 func (e *Engine) cancel(r *request) {
+	e.metrics.aborted.Inc()
 	select {
 	case e.abort <- r:
 	case <-e.closing:

@@ -37,7 +37,7 @@ func FuzzParseMessages(f *testing.F) {
 	})
 }
 
-// FuzzRequestBodies throws arbitrary bodies at the OpenAI endpoints: every
+// FuzzRequestBodies throws arbitrary bodies at the generation endpoints: every
 // answer must be a well-formed response with x-engine-id, never a panic or
 // a hang.
 func FuzzRequestBodies(f *testing.F) {
@@ -55,7 +55,19 @@ func FuzzRequestBodies(f *testing.F) {
 		f.Add(uint8(0), []byte(s))
 		f.Add(uint8(1), []byte(s))
 	}
-	paths := []string{"/v1/completions", "/v1/chat/completions", "/tokenize"}
+	for _, s := range []string{
+		`{"input":"hello","instructions":"be brief","max_output_tokens":3,"stream":true}`,
+		`{"input":[{"role":"user","content":[{"type":"input_text","text":"x"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}`,
+	} {
+		f.Add(uint8(3), []byte(s))
+	}
+	for _, s := range []string{
+		`{"max_tokens":3,"system":"s","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		`{"max_tokens":3,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]}]}`,
+	} {
+		f.Add(uint8(4), []byte(s))
+	}
+	paths := []string{"/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/responses", "/v1/messages"}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		req := httptest.NewRequest(http.MethodPost, paths[int(which)%len(paths)], bytes.NewReader(body))
 		rec := httptest.NewRecorder()

@@ -29,6 +29,7 @@ type engineMetrics struct {
 	ttft             prometheus.Observer
 
 	decodeLocalPrefills prometheus.Counter
+	aborted             prometheus.Counter
 }
 
 func newEngineMetrics(cfg Config) *engineMetrics {
@@ -66,6 +67,8 @@ func newEngineMetrics(cfg Config) *engineMetrics {
 	})
 	reg.MustRegister(h)
 	m.ttft = h
+	m.aborted = counter("enginesim_requests_aborted_total",
+		"Requests whose client disconnected before their response completed; the engine stopped computing them.")
 	m.decodeLocalPrefills = counter("enginesim_decode_local_prefills_total",
 		"Requests a decode-role engine received without kv_transfer_params and prefilled locally (the P/D hand-off did not happen).")
 

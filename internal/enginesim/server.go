@@ -232,6 +232,8 @@ func (e *Engine) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", e.handleGeneration(e.completionParams))
 	mux.HandleFunc("POST /v1/chat/completions", e.handleGeneration(e.chatParams))
+	mux.HandleFunc("POST /v1/responses", e.handleConversation(kindResponses, e.responsesParams))
+	mux.HandleFunc("POST /v1/messages", e.handleConversation(kindMessages, e.messagesParams))
 	mux.HandleFunc("GET /v1/models", e.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
@@ -421,6 +423,19 @@ func (e *Engine) handleGeneration(parse func(*http.Request) (genParams, *badRequ
 	}
 }
 
+// handleConversation serves /v1/responses and /v1/messages (apis.go):
+// errors take the endpoint's own shape.
+func (e *Engine) handleConversation(kind string, parse func(*http.Request) (genParams, *badRequest)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, b := parse(r)
+		if b != nil {
+			writeAPIError(w, kind, b)
+			return
+		}
+		e.pickRank(w).generate(w, r, p)
+	}
+}
+
 func (e *Engine) completionParams(r *http.Request) (genParams, *badRequest) {
 	var req completionRequest
 	g, lora, b := e.admitGeneration(r, &req)
@@ -604,6 +619,8 @@ type responder struct {
 
 	started      bool
 	tokens       []uint32
+	seq          int    // Responses API event sequence number
+	text         string // streamed text so far (Responses API done events)
 	prefixOffset int
 	readOffset   int
 	cachedTokens int
@@ -662,7 +679,11 @@ func (rs *responder) handle(req *request, out stepOutput) bool {
 		rs.setModelHeaders(out)
 	}
 	rs.tokens = append(rs.tokens, out.tokens...)
+	conversation := rs.p.kind == kindResponses || rs.p.kind == kindMessages
 	if rs.p.stream {
+		if conversation {
+			return rs.handleConversationStream(out)
+		}
 		return rs.handleStream(out)
 	}
 	if !out.finished {
@@ -670,13 +691,16 @@ func (rs *responder) handle(req *request, out stepOutput) bool {
 	}
 	reason := out.finishReason
 	text := rs.e.tok.Decode(rs.tokens)
-	if rs.p.kind == "chatcmpl" {
+	switch {
+	case conversation:
+		rs.writeConversationResponse(reason, text, out.kvTransferParams)
+	case rs.p.kind == "chatcmpl":
 		writeJSON(rs.w, http.StatusOK, chatResponse{
 			ID: rs.id, Object: "chat.completion", Created: rs.created, Model: rs.e.cfg.Model,
 			Choices: []chatChoice{{Message: chatMessageOut{Role: "assistant", Content: text, ToolCalls: []any{}}, FinishReason: &reason}},
 			Usage:   rs.usage(), KVTransferParams: out.kvTransferParams,
 		})
-	} else {
+	default:
 		writeJSON(rs.w, http.StatusOK, completionResponse{
 			ID: rs.id, Object: "text_completion", Created: rs.created, Model: rs.e.cfg.Model,
 			Choices: []completionChoice{{Text: text, FinishReason: &reason}},

@@ -404,7 +404,8 @@ func (s *Server) tellSinkLocked(key config.RuleKey, old, updated *config.Rule) e
 		return nil
 	}
 	var ce *config.ConflictError
-	if errors.As(err, &ce) {
+	var ve *config.ValidationError // a rule the daemon cannot start as given (a TLS rule's missing files)
+	if errors.As(err, &ce) || errors.As(err, &ve) {
 		return err
 	}
 	return &apiError{http.StatusInternalServerError, fmt.Sprintf("rule %s not applied: %v", key, err)}

@@ -135,3 +135,15 @@ func (t *TLS) Reload() {
 		t.ca.check()
 	}
 }
+
+// Certificate is the certificate pair in force, for servers that build their
+// own tls.Config around these reloading files (package tlsterm).
+func (t *TLS) Certificate() *tls.Certificate { return t.cert.get() }
+
+// ClientCAs is the client CA pool in force; nil without ClientCAFile.
+func (t *TLS) ClientCAs() *x509.CertPool {
+	if t.ca == nil {
+		return nil
+	}
+	return t.ca.get()
+}

@@ -29,6 +29,7 @@ type Loop struct {
 	tries    int
 	excluded epset.Set
 	failed   []int
+	rerouted bool // a try already moved off an endpoint that went down
 }
 
 // New returns a loop of at most tries tries (at least one). breaker may be
@@ -95,6 +96,23 @@ func (l *Loop) Died(ep int) {
 		l.breaker.ConnectFailure(ep)
 	}
 }
+
+// Down records that ep went down (its health probe failed) while the try
+// waited for ep's first response byte: ep is excluded, and the breaker is
+// not told (the probe state already keeps ep out of selection). It reports
+// whether the request may be re-routed: once per request, and only while
+// the bound leaves a try; the caller also needs a replayable request.
+func (l *Loop) Down(ep int) (reroute bool) {
+	l.excluded.Add(ep)
+	if l.rerouted || l.tries >= l.max {
+		return false
+	}
+	l.rerouted = true
+	return true
+}
+
+// Rerouted reports whether a try moved off an endpoint that went down.
+func (l *Loop) Rerouted() bool { return l.rerouted }
 
 // OriginError records a 5xx (or an unusable answer) from ep: excluded and
 // fed to the breaker as an origin error.

@@ -137,3 +137,41 @@ func TestNilBreaker(t *testing.T) {
 		t.Fatalf("excluded %v; bound 1 allowed a second try", l.Excluded())
 	}
 }
+
+// TestLoopDown: an endpoint that went down before its first byte is
+// excluded and allows one re-route per loop, only while a try is left; the
+// breaker is not told.
+func TestLoopDown(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		max   int
+		downs []int // endpoints going down, one per try
+		want  []bool
+	}{
+		{name: "one re-route", max: 3, downs: []int{0}, want: []bool{true}},
+		{name: "only once per loop", max: 3, downs: []int{0, 1}, want: []bool{true, false}},
+		{name: "not on the last try", max: 1, downs: []int{0}, want: []bool{false}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := tracker(t)
+			l := New(tt.max, tr, nil)
+			for i, ep := range tt.downs {
+				if !l.Next() {
+					t.Fatalf("try %d refused", i+1)
+				}
+				if got := l.Down(ep); got != tt.want[i] {
+					t.Fatalf("Down(%d) on try %d = %v, want %v", ep, i+1, got, tt.want[i])
+				}
+				if !l.Excluded().Has(ep) {
+					t.Fatalf("ep %d not excluded after Down", ep)
+				}
+				if tr.Breaker(ep) != health.BreakerClosed {
+					t.Fatalf("ep %d: breaker %v after Down, want closed", ep, tr.Breaker(ep))
+				}
+			}
+			if l.Rerouted() != slices.Contains(tt.want, true) {
+				t.Fatalf("Rerouted %v", l.Rerouted())
+			}
+		})
+	}
+}

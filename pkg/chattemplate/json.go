@@ -405,3 +405,19 @@ func writeJSONString(b *strings.Builder, s string, ensureASCII bool) {
 }
 
 func sortStrings(s []string) { sort.Strings(s) }
+
+// PyJSONDumps is Python's json.dumps(v) with its defaults (ensure_ascii=True,
+// separators ", " and ": ", keys in order): what vLLM's Anthropic conversion
+// writes into a tool call's arguments (docs/tokenizer.md, "/v1/messages").
+func PyJSONDumps(v any) (string, error) {
+	return pyJSONDumps(v, jsonOptions{ensureASCII: true, itemSep: ", ", keySep: ": "})
+}
+
+// MarshalJSON encodes a value made of DecodeJSON's types (*Dict, []any,
+// strings, int64, float64, bools, nil) as compact JSON, keeping key order, so
+// a converted conversation can be handed on as a JSON body and decoded again
+// unchanged.
+func MarshalJSON(v any) ([]byte, error) {
+	s, err := pyJSONDumps(v, jsonOptions{itemSep: ",", keySep: ":"})
+	return []byte(s), err
+}

@@ -114,10 +114,14 @@ type ServiceArguments struct {
 	// listens on every interface of the host. Ours (docs/api.md "Addresses").
 	WildcardVIP bool `json:"wildcardVip,omitempty"`
 	// Security is LoxiLB's TLS termination mode: 0 plain, 1 https (TLS to
-	// clients), 2 e2ehttps (TLS to clients and backends). kvgate serves plain
-	// HTTP only so far, so any other value is refused rather than silently
-	// served in the clear (docs/security.md).
+	// clients), 2 e2ehttps (TLS to clients and backends); any other value is
+	// refused rather than silently served in the clear (docs/security.md,
+	// "TLS termination on the data plane").
 	Security int `json:"security,omitempty"`
+	// MTLSFrontend and MTLSBackend are LoxiLB's client-certificate and
+	// backend-verification objects (tls.go).
+	MTLSFrontend *MTLSFrontend `json:"mtls_frontend,omitempty"`
+	MTLSBackend  *MTLSBackend  `json:"mtls_backend,omitempty"`
 
 	KVExactMode   int    `json:"kvExactMode,omitempty"`
 	KVZmqPort     int    `json:"kvZmqPort,omitempty"`
@@ -361,6 +365,7 @@ func (r *Rule) Clone() *Rule {
 		c.Args.KVHashSeed = &s
 	}
 	c.Args.KVLoraAdapters = append([]string(nil), r.Args.KVLoraAdapters...)
+	c.Args.MTLSFrontend, c.Args.MTLSBackend = r.Args.MTLSFrontend.clone(), r.Args.MTLSBackend.clone()
 	if r.Args.KVLoraTaskIDs != nil {
 		c.Args.KVLoraTaskIDs = make(map[string]uint64, len(r.Args.KVLoraTaskIDs))
 		for k, v := range r.Args.KVLoraTaskIDs {

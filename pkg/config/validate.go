@@ -157,8 +157,8 @@ func validateKV(r *Rule, env Settings) error {
 	if err := validateHashSeed(r); err != nil {
 		return err
 	}
-	if a.Security != 0 {
-		return invalid("serviceArguments.security", "%d: TLS termination (1 https, 2 e2ehttps) is not supported yet; allowed values: 0 (plain HTTP)", a.Security)
+	if err := validateTLS(r); err != nil {
+		return err
 	}
 	if err := validateLoraAdapters(r); err != nil {
 		return err
@@ -524,5 +524,5 @@ func CheckUpdate(old, updated *Rule) error {
 	if old.EffectiveEngine() != updated.EffectiveEngine() {
 		return &ConflictError{Msg: fmt.Sprintf("serviceArguments.kvEngineType: cannot change the KV engine type of an existing rule from %q to %q; delete and recreate the rule", old.EffectiveEngine(), updated.EffectiveEngine())}
 	}
-	return nil
+	return checkTLSUpdate(old, updated)
 }

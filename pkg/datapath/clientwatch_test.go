@@ -58,7 +58,7 @@ func TestUserspaceLegNoticesClientLeaving(t *testing.T) {
 			done := make(chan Result, 1)
 			go func() {
 				done <- NewUserspace(32<<10).Run(context.Background(), client, backend, nil,
-					Options{Chunked: true, ContentLength: -1, Silence: 30 * time.Second})
+					Options{End: &endAfter{n: 1 << 20}, ContentLength: -1, Silence: 30 * time.Second})
 			}()
 			buf := make([]byte, 64)
 			if _, err := clientFar.Read(buf); err != nil {
@@ -84,16 +84,17 @@ func TestClientWatchLeavesPipelinedBytes(t *testing.T) {
 	clientFar, client := tcpPair(t)
 	backend, backendFar := tcpPair(t)
 	done := make(chan Result, 1)
+	const body = "2\r\nhi\r\n0\r\n\r\n"
 	go func() {
 		done <- NewUserspace(32<<10).Run(context.Background(), client, backend, nil,
-			Options{Chunked: true, ContentLength: -1, Silence: 30 * time.Second})
+			Options{End: &endAfter{n: len(body)}, ContentLength: -1, Silence: 30 * time.Second})
 	}()
 	const next = "GET /next HTTP/1.1\r\nHost: x\r\n\r\n"
 	if _, err := io.WriteString(clientFar, next); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)
-	if _, err := io.WriteString(backendFar, "2\r\nhi\r\n0\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(backendFar, body); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -26,7 +26,7 @@ type clientWatch struct {
 // leaves those bytes queued for the next request.
 func watchClient(client net.Conn, onGone func()) *clientWatch {
 	w := &clientWatch{client: client, done: make(chan struct{})}
-	sc, ok := client.(syscall.Conn)
+	sc, ok := rawSocket(client).(syscall.Conn)
 	if !ok {
 		close(w.done)
 		return w
@@ -69,4 +69,16 @@ func (w *clientWatch) stop() bool {
 	}
 	_ = w.client.SetReadDeadline(time.Time{})
 	return w.gone.Load()
+}
+
+// rawSocket is the socket under a TLS client (*tls.Conn), whose peek sees
+// the TLS records: a FIN or reset still reads as gone, while any record
+// (the next request, a close_notify alert) reads as alive and ends the
+// watch, leaving the silence bound to end a stream whose client left that
+// way (docs/body-leg.md, "Clients that leave").
+func rawSocket(c net.Conn) net.Conn {
+	if u, ok := c.(interface{ NetConn() net.Conn }); ok {
+		return u.NetConn()
+	}
+	return c
 }

@@ -3,10 +3,12 @@
 //
 // The proxy reads and forwards the response status line and headers itself
 // (it needs the status for the circuit breaker and the time to first byte),
-// then hands the rest of the response to a BodyLeg. A BodyLeg runs until the
-// backend ends the body, the client goes away, or the stream falls silent,
-// and reports what it moved. The userspace copy lives here; the eBPF sockmap
-// splice (package splice) implements the same interface.
+// then hands the rest of the response to a BodyLeg, with a BodyEnd that
+// follows the body's framing (Options.End): the legs move bytes and know no
+// HTTP. A BodyLeg runs until the body ends, the client goes away, or the
+// stream falls silent, and reports what it moved. The userspace copy lives
+// here; the eBPF sockmap splice (package splice) implements the same
+// interface.
 package datapath
 
 import (
@@ -19,9 +21,9 @@ import (
 type Ending int
 
 const (
-	// BackendEOF: the body ended completely: by its own framing (the last
-	// chunk, the last declared byte), or, for a body delimited by the
-	// connection, when the backend closed.
+	// BackendEOF: the body ended completely: by its own framing (as
+	// Options.End tells it), or, for a body delimited by the connection,
+	// when the backend closed.
 	BackendEOF Ending = iota
 	// ClientGone: writing to the client failed or the client closed.
 	ClientGone
@@ -31,10 +33,11 @@ const (
 	Cancelled
 	// BackendError: reading from the backend failed (reset, not a clean EOF).
 	BackendError
-	// BackendBroken: the backend closed before the body's framing ended it
-	// (a chunked body without its last chunk, a Content-Length body short),
-	// or the framing itself was malformed. The client connection must be
-	// closed: it cannot find the end of the body (docs/body-leg.md).
+	// BackendBroken: the backend closed before the body's end (as
+	// Options.End tells it: a body without its last chunk, a body short of
+	// its declared length), or the framing itself was malformed. The client
+	// connection must be closed: it cannot find the end of the body
+	// (docs/body-leg.md).
 	BackendBroken
 )
 
@@ -60,23 +63,23 @@ func (e Ending) String() string {
 type Options struct {
 	// Silence ends the leg when no byte has moved for this long; 0 means no bound.
 	Silence time.Duration
-	// Streamed is true for chunked or text/event-stream bodies; a BodyLeg may
-	// use it (with ContentLength) to decide whether moving the body in the
+	// Streamed is true for bodies that arrive over time without a declared
+	// length (the proxy sets it from the response head); a BodyLeg may use
+	// it (with ContentLength) to decide whether moving the body in the
 	// kernel is worth it.
 	Streamed bool
 	// TokenStream is true when the content type says the body is a stream
 	// of events (text/event-stream, application/x-ndjson): a token stream.
 	// --datapath=auto splices only these; a chunked JSON body is bulk.
 	TokenStream bool
-	// ContentLength is the declared body length, or -1 when unknown.
+	// ContentLength is the declared body length, or -1 when unknown: a size
+	// hint only; End finds the body's end.
 	ContentLength int64
-	// Chunked is true for Transfer-Encoding: chunked bodies: the leg follows
-	// the chunk framing to tell a complete body from a cut one.
-	Chunked bool
-	// EventStream is true for text/event-stream bodies: when the backend
-	// breaks one at an event boundary, the leg sends a final error event
-	// (SSEErrorEvent) before the connection closes.
-	EventStream bool
+	// End follows the body's framing as the leg relays it: where the body
+	// ends, whether the backend broke it, and what to tell the client then.
+	// The proxy makes one per response; nil means the body ends when the
+	// backend closes (see WithEnd).
+	End BodyEnd
 }
 
 // Result reports what a body leg did.
@@ -94,8 +97,9 @@ type Result struct {
 	Err error
 	// Path names the implementation that moved the body: "userspace" or "sockmap".
 	Path string
-	// ErrorEvent is true when the leg ended a broken event stream with
-	// SSEErrorEvent (its bytes are not in Bytes).
+	// ErrorEvent is true when the leg ended a broken body with the bytes of
+	// End.BrokenEnd (an event stream's final error event; they are not in
+	// Bytes).
 	ErrorEvent bool
 }
 
@@ -106,7 +110,7 @@ type Result struct {
 // or duplicated. On return the backend connection is finished with; the
 // client connection is still usable for its next keep-alive request only
 // when the ending is BackendEOF. A leg writes no byte past the body's end
-// and never a terminator of its own.
+// (opts.End) and no byte of framing of its own.
 type BodyLeg interface {
 	Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options) Result
 	// Path names the implementation: "userspace" or "sockmap".

@@ -38,16 +38,13 @@ func (*Userspace) Path() string { return "userspace" }
 // Run implements BodyLeg. Each read from the backend carries a deadline of
 // opts.Silence, so a silent stream ends instead of hanging; a cancelled
 // context unblocks the copy by expiring both connections' deadlines. The
-// body's framing is followed (Framing): the leg ends at the body's last
-// byte, and a backend EOF before it is BackendBroken.
-func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options) Result {
-	return u.Continue(ctx, client, backend, prefix, opts, NewFraming(opts.Chunked, opts.ContentLength))
-}
-
-// Continue is Run for a body another leg started: fr holds the framing of
-// the bytes already relayed (the kernel leg's prefix and pre-splice drain),
-// and prefix the next bytes.
-func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options, fr *Framing) (res Result) {
+// body's end is opts.End's: the leg ends at the body's last byte, and a
+// backend EOF before it is BackendBroken. A leg that started the body
+// itself (the kernel leg's prefix and pre-splice drain) hands it on by
+// passing the same opts.End, already fed.
+func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts Options) (res Result) {
+	opts = opts.WithEnd()
+	fr := opts.End
 	res = Result{Path: u.Path(), LastActivity: time.Now()}
 	defer func() { u.moved.Add(uint64(res.Bytes)) }()
 	// relay writes the part of p that belongs to the body; it reports
@@ -66,18 +63,18 @@ func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, pref
 				return false
 			}
 		}
-		switch {
-		case fr.Err() != nil:
-			res.Ending, res.Err = BackendBroken, fr.Err()
+		switch st := fr.State(); {
+		case st.Err != nil:
+			res.Ending, res.Err = BackendBroken, st.Err
 			return false
-		case fr.Complete():
+		case st.Complete:
 			res.Ending = BackendEOF
 			return false
 		}
 		return true
 	}
-	if (len(prefix) > 0 || fr.Complete()) && !relay(prefix) {
-		u.endBroken(client, &res, fr, opts)
+	if (len(prefix) > 0 || fr.State().Complete) && !relay(prefix) {
+		EndBroken(client, &res, fr)
 		return res
 	}
 
@@ -93,20 +90,20 @@ func (u *Userspace) Continue(ctx context.Context, client, backend net.Conn, pref
 
 	buf := u.buffers.Get().(*[]byte)
 	defer u.buffers.Put(buf)
-	if ending, err, byRead := u.copyBody(ctx, backend, *buf, opts, fr, cw, relay); byRead {
+	if ending, err, byRead := u.copyBody(ctx, backend, *buf, opts, cw, relay); byRead {
 		res.Ending, res.Err = ending, err
 	}
 	stop()
 	// The client keeps no stale deadline for its next request.
 	_ = client.SetWriteDeadline(time.Time{})
-	u.endBroken(client, &res, fr, opts)
+	EndBroken(client, &res, fr)
 	return res
 }
 
 // copyBody reads the backend into relay until the body ends. byRead is
 // false when relay ended the leg (it set the ending itself); otherwise the
 // read's ending is returned.
-func (u *Userspace) copyBody(ctx context.Context, backend net.Conn, buf []byte, opts Options, fr *Framing,
+func (u *Userspace) copyBody(ctx context.Context, backend net.Conn, buf []byte, opts Options,
 	cw *clientWatch, relay func([]byte) bool) (ending Ending, err error, byRead bool) {
 	for {
 		if opts.Silence > 0 {
@@ -121,19 +118,19 @@ func (u *Userspace) copyBody(ctx context.Context, backend net.Conn, buf []byte, 
 			return 0, nil, false
 		}
 		if rerr != nil {
-			ending, err = readEnding(ctx, rerr, fr, cw)
+			ending, err = readEnding(ctx, rerr, opts.End.State(), cw)
 			return ending, err, true
 		}
 	}
 }
 
 // readEnding classifies a backend read error that ended the copy.
-func readEnding(ctx context.Context, rerr error, fr *Framing, cw *clientWatch) (Ending, error) {
+func readEnding(ctx context.Context, rerr error, body BodyState, cw *clientWatch) (Ending, error) {
 	switch {
 	case errors.Is(rerr, os.ErrDeadlineExceeded) && ctx.Err() == nil && cw.stop():
 		return ClientGone, errClientLeft
-	case errors.Is(rerr, io.EOF) && fr.Delimited():
-		return BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", fr.Seen(), io.ErrUnexpectedEOF)
+	case errors.Is(rerr, io.EOF) && body.Delimited:
+		return BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", body.Seen, io.ErrUnexpectedEOF)
 	case errors.Is(rerr, io.EOF):
 		return BackendEOF, nil
 	case ctx.Err() != nil:
@@ -148,23 +145,15 @@ func readEnding(ctx context.Context, rerr error, fr *Framing, cw *clientWatch) (
 // backend was silent.
 var errClientLeft = errors.New("the client closed its connection while the backend was silent")
 
-// endBroken ends a broken event stream with SSEErrorEvent when the body
-// stopped at an event boundary (see EndBroken).
-func (u *Userspace) endBroken(client net.Conn, res *Result, fr *Framing, opts Options) {
-	EndBroken(client, res, opts, fr.AtEventBoundary())
-}
-
 // errorEventBound bounds the write of the final error event.
 const errorEventBound = 2 * time.Second
 
-// EndBroken writes SSEErrorEvent to the client when an event stream ended
-// on the backend's side without its end (BackendBroken, BackendError,
-// Silence) and boundary says a well-formed chunk can follow. Both legs use
-// it; the client connection is closed by the proxy afterwards.
-func EndBroken(client net.Conn, res *Result, opts Options, boundary bool) {
-	if !opts.EventStream || !opts.Chunked || !boundary {
-		return
-	}
+// EndBroken writes end.BrokenEnd to the client when the body ended on the
+// backend's side without its end (BackendBroken, BackendError, Silence) and
+// end has bytes for that (an event stream stopped at an event boundary
+// gets a final error event). Both legs use it; the client connection is
+// closed by the proxy afterwards.
+func EndBroken(client net.Conn, res *Result, end BodyEnd) {
 	var why string
 	switch res.Ending {
 	case BackendBroken:
@@ -176,8 +165,12 @@ func EndBroken(client net.Conn, res *Result, opts Options, boundary bool) {
 	default:
 		return
 	}
+	last := end.BrokenEnd(why)
+	if last == nil {
+		return
+	}
 	_ = client.SetWriteDeadline(time.Now().Add(errorEventBound))
-	if _, err := client.Write(SSEErrorEvent(why)); err == nil {
+	if _, err := client.Write(last); err == nil {
 		res.ErrorEvent = true
 	}
 	_ = client.SetWriteDeadline(time.Time{})

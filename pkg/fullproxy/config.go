@@ -2,6 +2,7 @@ package fullproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"syscall"
@@ -24,7 +25,7 @@ type Limits struct {
 
 	ConnectTimeout        time.Duration // backend dial (3 s)
 	MaxAttempts           int           // routing attempts per request, connect failures included (3)
-	ResponseHeaderTimeout time.Duration // backend time to first response byte (600 s: a long prefill)
+	ResponseHeaderTimeout time.Duration // backend time to first response byte (600 s: a long prompt)
 	StreamSilence         time.Duration // body leg ends after this long without a byte (300 s)
 	WriteTimeout          time.Duration // writing a request to the backend or a head to the client (60 s)
 
@@ -110,7 +111,7 @@ type Config struct {
 	// before the VIP is configured on the host.
 	Addr string
 	// Handler serves every request read from a client: the plain forward
-	// (NewForward) or a handler built on it (package pd's two-leg flow).
+	// (NewForward) or a handler built on the same Exchange calls.
 	// Required.
 	Handler Handler
 	// Leg moves response bodies; nil means the userspace copy.
@@ -124,7 +125,8 @@ type Config struct {
 	// AccessLog, when set, gets one line per request.
 	AccessLog *slog.Logger
 	Logger    *slog.Logger
-	// Dial overrides the backend dialer (tests); nil uses net.Dialer.
+	// Dial overrides the backend dialer: tests, and the TLS dialer of a
+	// security-2 rule (pkg/gateway, tls.go); nil uses net.Dialer.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// DialControl, when set, is the default dialer's net.Dialer.Control: it
 	// runs on each backend socket before connect(). The daemon uses it to tag
@@ -133,4 +135,15 @@ type Config struct {
 	// Guard recovers a panic in one connection's handling (the connection
 	// closes, the proxy keeps serving); nil still recovers, uncounted.
 	Guard *recovery.Guard
+	// TLS, when set, terminates TLS on every accepted connection before the
+	// HTTP/1.1 server reads it (package tlsterm; docs/security.md).
+	TLS TLSTerminator
+}
+
+// TLSTerminator wraps accepted connections in TLS. Wrap does no I/O (it runs
+// in the accept loop); Handshake runs on the connection's own goroutine,
+// bounded by the terminator's handshake timeout, and counts its failures.
+type TLSTerminator interface {
+	Wrap(nc net.Conn) *tls.Conn
+	Handshake(ctx context.Context, tc *tls.Conn) error
 }

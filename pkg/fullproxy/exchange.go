@@ -2,7 +2,7 @@ package fullproxy
 
 // The handler seam. The connection server (server.go) reads a request and
 // hands it to the rule's Handler as an Exchange; every handler (the plain
-// forward in forward.go, package pd's two-leg flow) drives its backends
+// forward in forward.go, or any flow built outside) drives its backends
 // through the same calls, so a request is framed, bounded, accounted and
 // observed the same way whichever flow serves it (docs/dataplane.md).
 
@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/attempt"
@@ -43,6 +44,10 @@ type Exchange struct {
 	Record *Record
 	s      *Server
 	c      *clientConn
+	// watch is the backend wait registered for its endpoint going down
+	// (WatchEndpoint); ReadResponse ends it at the first byte.
+	watch *EndpointWatch
+	head  *HeadWatch // the client and endpoint watch of the current backend wait
 }
 
 // Limits are the proxy's limits.
@@ -87,7 +92,7 @@ func (x *Exchange) Dial(ctx context.Context, addr string) (net.Conn, error) {
 // that went away mid-body one for which ClientGone reports true.
 func (x *Exchange) Forward(bc net.Conn) error {
 	req := x.Req
-	_ = bc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
+	x.armWrite(bc, time.Now().Add(x.s.lim.WriteTimeout))
 	defer bc.SetWriteDeadline(time.Time{})
 	o := x.outgoing(bc, nil, nil)
 	if req.BodyInspected {
@@ -108,7 +113,7 @@ func (x *Exchange) Forward(bc net.Conn) error {
 // the client's: the client's headers minus hop-by-hop ones and those named
 // in drop (lower case), then set, Content-Length, "Connection: close".
 func (x *Exchange) WriteRequest(bc net.Conn, body []byte, set []HeaderField, drop ...string) error {
-	_ = bc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
+	x.armWrite(bc, time.Now().Add(x.s.lim.WriteTimeout))
 	defer bc.SetWriteDeadline(time.Time{})
 	skip := map[string]bool{}
 	for _, d := range drop {
@@ -126,6 +131,11 @@ func (x *Exchange) WriteRequest(bc net.Conn, body []byte, set []HeaderField, dro
 
 func (x *Exchange) outgoing(bc net.Conn, drop map[string]bool, set []HeaderField) http1.Outgoing {
 	req := x.Req
+	if x.c != nil && x.c.tls != nil {
+		// The engine learns the client spoke TLS; a client's own value is
+		// replaced, never trusted (docs/security.md).
+		drop, set = forwardedProto(drop, set)
+	}
 	o := http1.Outgoing{Method: req.Method, Target: req.Target, Header: req.Header, HostFallback: bc.RemoteAddr().String(),
 		Drop: drop, Set: set}
 	if req.RemoteAddr != nil {
@@ -139,7 +149,7 @@ func (x *Exchange) streamBody(bc net.Conn) error {
 	req := x.Req
 	buf := make([]byte, 32<<10)
 	writeChunk := func(p []byte) error {
-		_ = bc.SetWriteDeadline(time.Now().Add(x.s.lim.WriteTimeout))
+		x.armWrite(bc, time.Now().Add(x.s.lim.WriteTimeout))
 		if req.Chunked {
 			return http1.WriteChunk(bc, p)
 		}
@@ -248,10 +258,12 @@ func (r *BackendResponse) Get(name string) string {
 // reads the response head (within WriteTimeout of the first byte). A
 // deadline passing before the first byte gives an error matching
 // os.ErrDeadlineExceeded; a close before it gives ErrNoResponse; a head
-// that does not parse gives a *BadResponseError.
+// that does not parse gives a *BadResponseError. The first byte ends bc's
+// WatchEndpoint registration, so an endpoint going down after it leaves
+// the response alone.
 func (x *Exchange) ReadResponse(bc net.Conn, deadline time.Time) (*BackendResponse, error) {
 	br := bufio.NewReaderSize(bc, 16<<10)
-	_ = bc.SetReadDeadline(deadline)
+	x.armRead(bc, deadline)
 	if _, err := br.Peek(1); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, ErrNoResponse
@@ -259,7 +271,8 @@ func (x *Exchange) ReadResponse(bc net.Conn, deadline time.Time) (*BackendRespon
 		return nil, err
 	}
 	first := time.Now()
-	_ = bc.SetReadDeadline(earliest(deadline, first.Add(x.s.lim.WriteTimeout)))
+	x.answered(bc)
+	x.armRead(bc, earliest(deadline, first.Add(x.s.lim.WriteTimeout)))
 	rh, err := http1.ReadResponseHead(br, x.s.lim.MaxHeaderBytes)
 	if err != nil {
 		return nil, &BadResponseError{FirstByte: first, Err: err}
@@ -375,8 +388,7 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 		Streamed:      r.head.Chunked || r.head.EventStream,
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
-		Chunked:       r.head.Chunked,
-		EventStream:   r.head.EventStream,
+		End:           http1.NewBodyFraming(r.head.Chunked, r.head.ContentLength, r.head.EventStream),
 	})
 }
 
@@ -434,29 +446,59 @@ func (x *Exchange) Failf(status int, code, format string, args ...any) bool {
 // IsTimeout reports whether err is a deadline passing.
 func IsTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
+// clientWatchDelay is how long a wait runs before WatchClient starts
+// peeking at the client: most answers come sooner, and a peek costs a
+// goroutine and three deadline changes per request. It bounds how late a
+// departure is noticed (with the wake-up), well inside the 100 ms goal of
+// docs/dataplane.md ("Hung engines and departed clients").
+const clientWatchDelay = 5 * time.Millisecond
+
 // WatchClient returns a context that also ends when the client closes its
-// connection while the proxy waits on something else (a prefill, an
-// admission park), so a departed client's request stops holding an
-// admission slot. Call stop before the client connection is used again; a
-// pipelined next request that arrives meanwhile stays buffered for it. With
-// a request body still streaming, the client is not watched.
+// connection while the proxy waits on something else (another backend, an
+// admission park, a response head), so a departed client's request stops
+// holding an admission slot or an engine. Call stop before the client
+// connection is used again; a pipelined next request that arrives
+// meanwhile stays buffered for it. With a request body still streaming,
+// the client is not watched. The peek starts after clientWatchDelay.
 func (x *Exchange) WatchClient(parent context.Context) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	if !x.Req.bodyDone {
 		return ctx, cancel
 	}
-	_ = x.c.nc.SetReadDeadline(time.Time{}) // before the goroutine: stop's deadline must win
-	done := make(chan struct{})
-	go func() {
+	var (
+		mu      sync.Mutex
+		started bool
+		stopped bool
+		done    = make(chan struct{})
+	)
+	timer := time.AfterFunc(clientWatchDelay, func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		started = true
+		// Under mu: stop's expired deadline, set under mu too, must win.
+		_ = x.c.nc.SetReadDeadline(time.Time{})
+		mu.Unlock()
 		defer close(done)
 		if _, err := x.c.br.Peek(1); err != nil && !IsTimeout(err) {
 			cancel() // EOF or reset: the client is gone
 		}
-	}()
+	})
 	return ctx, func() {
-		_ = x.c.nc.SetReadDeadline(time.Unix(1, 0))
-		<-done
-		_ = x.c.nc.SetReadDeadline(time.Time{})
+		timer.Stop()
+		mu.Lock()
+		stopped = true
+		peeking := started
+		if peeking {
+			_ = x.c.nc.SetReadDeadline(time.Unix(1, 0))
+		}
+		mu.Unlock()
+		if peeking {
+			<-done
+			_ = x.c.nc.SetReadDeadline(time.Time{})
+		}
 		cancel()
 	}
 }

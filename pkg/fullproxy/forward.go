@@ -2,7 +2,7 @@ package fullproxy
 
 // The plain single-leg forward: route, connect (retrying through an
 // attempt.Loop), send the request, relay the answer. It is a Handler built
-// only on Exchange calls, the same ones package pd's two-leg flow uses.
+// only on Exchange calls, the same ones every other handler uses.
 
 import (
 	"context"
@@ -82,54 +82,117 @@ type forward struct {
 }
 
 func (f *forward) Serve(ctx context.Context, x *Exchange) bool {
-	req, rec := x.Req, x.Record
 	lim := x.Limits()
-	plan := f.router.Plan(ctx, req)
-	loop := x.Attempts(lim.MaxAttempts, f.breaker)
-	var (
-		d       Decision
-		routed  bool // an endpoint was tried
-		dialErr error
-	)
-	for loop.Next() {
-		rec.Attempts = loop.Tries()
-		nd, err := plan.Route(ctx, loop.Excluded())
+	t := &tries{f: f, x: x, plan: f.router.Plan(ctx, x.Req), loop: x.Attempts(lim.MaxAttempts, f.breaker), downEp: -1}
+	for t.loop.Next() {
+		x.Record.Attempts = t.loop.Tries()
+		nd, err := t.plan.Route(ctx, t.loop.Excluded())
 		if err != nil {
-			if routed {
-				plan.Finish(d, false)
-				return x.Failf(502, "backend_unreachable", "no endpoint accepted a connection (tried %v)", rec.ConnectErr)
-			}
-			x.s.log.Debug("no backend", "err", err)
-			return x.Fail(503, "no_healthy_backend", "no eligible endpoint for this request")
+			return t.noEndpoint(err)
 		}
-		if !loop.Admit(nd.Endpoint) {
+		if !t.loop.Admit(nd.Endpoint) {
 			continue // the breaker refuses: another endpoint, this try spent
 		}
-		d, routed = nd, true
-		rec.Decision, rec.Routed = d, true
-		x.IncLoad(d.Endpoint)
-		bc, err := x.Dial(ctx, d.Addr)
-		if err == nil {
-			plan.Finish(d, true)
-			defer x.DecLoad(d.Endpoint)
-			defer bc.Close()
-			stop := CloseOnCancel(ctx, bc)
-			defer stop()
-			return f.exchange(ctx, x, loop, d, bc)
+		t.d, t.routed = nd, true
+		x.Record.Decision, x.Record.Routed = nd, true
+		keep, next := t.try(ctx)
+		if !next {
+			return keep
 		}
-		x.DecLoad(d.Endpoint)
-		x.s.log.Warn("backend connect failed; re-routing without it", "ep", d.Endpoint, "addr", d.Addr, "err", err)
-		loop.ConnectFailed(d.Endpoint)
-		dialErr = err
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	if !routed {
+	return t.exhausted()
+}
+
+// tries is one request's state across the forward's tries.
+type tries struct {
+	f    *forward
+	x    *Exchange
+	plan RoutePlan
+	loop *attempt.Loop
+
+	d        Decision
+	routed   bool // an endpoint was tried
+	finished bool // plan.Finish was called (once per request)
+	dialErr  error
+	downEp   int // the endpoint that went down before it answered (-1: none)
+}
+
+// try serves the request on t.d. next reports that another try may follow:
+// the connect failed, or the endpoint went down before its first response
+// byte and the request is re-routed (docs/dataplane.md, "Hung engines and
+// departed clients").
+func (t *tries) try(ctx context.Context) (keep, next bool) {
+	x, d := t.x, t.d
+	x.IncLoad(d.Endpoint)
+	defer x.DecLoad(d.Endpoint)
+	bc, err := x.Dial(ctx, d.Addr)
+	if err != nil {
+		x.s.log.Warn("backend connect failed; re-routing without it", "ep", d.Endpoint, "addr", d.Addr, "err", err)
+		t.loop.ConnectFailed(d.Endpoint)
+		t.dialErr = err
+		return false, true
+	}
+	defer bc.Close()
+	if !t.finished {
+		t.plan.Finish(d, true)
+		t.finished = true
+	}
+	stop := CloseOnCancel(ctx, bc)
+	defer stop()
+	keep, down := t.f.exchange(ctx, x, t.loop, d, bc)
+	if !down {
+		return keep, false
+	}
+	if t.downEp < 0 {
+		t.downEp = d.Endpoint
+	}
+	if x.Replayable() && t.loop.Down(d.Endpoint) {
+		x.s.log.Info("endpoint went down before it answered; re-routing the request", "ep", d.Endpoint, "addr", d.Addr)
+		return false, true
+	}
+	return t.endpointDown(), false
+}
+
+// endpointDown answers a request whose endpoint went down before its first
+// byte and that cannot be re-routed.
+func (t *tries) endpointDown() bool {
+	return t.x.Failf(503, "endpoint_down", "endpoint %d went down before it answered", t.downEp)
+}
+
+// noEndpoint answers when the router has no endpoint left for the next try.
+func (t *tries) noEndpoint(err error) bool {
+	x := t.x
+	if t.routed && !t.finished {
+		t.plan.Finish(t.d, false)
+		t.finished = true
+	}
+	switch {
+	case t.downEp >= 0:
+		return t.endpointDown()
+	case t.routed:
+		return x.Failf(502, "backend_unreachable", "no endpoint accepted a connection (tried %v)", x.Record.ConnectErr)
+	}
+	x.s.log.Debug("no backend", "err", err)
+	return x.Fail(503, "no_healthy_backend", "no eligible endpoint for this request")
+}
+
+// exhausted answers when the bound on tries is spent.
+func (t *tries) exhausted() bool {
+	x, d := t.x, t.d
+	if !t.routed {
 		return x.Fail(503, "no_healthy_backend", "no eligible endpoint for this request")
 	}
-	plan.Finish(d, false)
-	x.s.log.Info("no endpoint accepted a connection", "ep", d.Endpoint, "addr", d.Addr, "err", dialErr)
+	if !t.finished {
+		t.plan.Finish(d, false)
+		t.finished = true
+	}
+	if t.downEp >= 0 {
+		return t.endpointDown()
+	}
+	x.s.log.Info("no endpoint accepted a connection", "ep", d.Endpoint, "addr", d.Addr, "err", t.dialErr)
 	return x.Failf(502, "backend_unreachable", "connect to endpoint %d failed", d.Endpoint)
 }
 
@@ -140,9 +203,12 @@ const sentAnswerWait = 2 * time.Second
 // exchange sends the request on the connected bc and relays the answer.
 // The endpoint's breaker hears the status of every answer that arrived,
 // malformed heads and broken bodies included (origin errors), once the
-// request ends. Error
-// details name the endpoint by index; addresses go to the log only.
-func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop, d Decision, bc net.Conn) bool {
+// request ends. Until the response head, a client that leaves ends the
+// exchange at once (outcome client_gone), and so does the endpoint going
+// down: down then reports that no byte came, for the caller to re-route or
+// answer. Error details name the endpoint by index; addresses go to the log
+// only.
+func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop, d Decision, bc net.Conn) (keep, down bool) {
 	rec := x.Record
 	lim := x.Limits()
 	log := x.s.log
@@ -157,18 +223,24 @@ func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop,
 			loop.Answered(d.Endpoint, rec.Status)
 		}
 	}()
+	hw := x.WatchHead(ctx, d.Endpoint, bc)
+	defer hw.Stop()
 	sent := time.Now()
 	headWait := lim.ResponseHeaderTimeout
 	sendErr := x.Forward(bc)
+	hw.BodySent()
 	if sendErr != nil {
 		var re *RequestError
 		switch {
 		case errors.As(sendErr, &re): // the client's body broke its framing or limit
+			hw.Stop()
 			_ = bc.Close() // the backend must not take the partial body for a request
-			return x.Fail(re.Status(), re.Code(), re.Detail())
-		case x.ClientGone(sendErr):
+			return x.Fail(re.Status(), re.Code(), re.Detail()), false
+		case x.ClientGone(sendErr) || hw.ClientLeft():
 			rec.Outcome = OutcomeClientGone
-			return false
+			return false, false
+		case hw.EndpointDown():
+			return false, true
 		}
 		// An engine that refuses a streamed body (413) answers and closes
 		// before reading it: its answer is already on the socket, so relay it
@@ -178,22 +250,9 @@ func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop,
 		headWait = min(headWait, sentAnswerWait)
 	}
 	resp, err := x.ReadResponse(bc, time.Now().Add(headWait))
+	hw.Stop()
 	if err != nil {
-		var bad *BadResponseError
-		switch {
-		case errors.As(err, &bad):
-			rec.TTFB = bad.FirstByte.Sub(sent)
-			x.TTFB(d.Endpoint, rec.TTFB)
-			log.Info("backend sent a malformed response head", "ep", d.Endpoint, "addr", d.Addr, "err", bad.Err)
-			return x.Failf(502, "backend_bad_response", "endpoint %d sent a malformed response head: %v", d.Endpoint, bad.Err)
-		case sendErr != nil:
-			log.Info("sending the request to the backend failed", "ep", d.Endpoint, "addr", d.Addr, "err", sendErr)
-			return x.Failf(502, "backend_error", "sending the request to endpoint %d failed", d.Endpoint)
-		case IsTimeout(err):
-			return x.Failf(504, "backend_timeout", "endpoint %d sent no response within %s", d.Endpoint, lim.ResponseHeaderTimeout)
-		}
-		log.Info("backend closed without a response", "ep", d.Endpoint, "addr", d.Addr, "err", err)
-		return x.Failf(502, "backend_error", "endpoint %d closed without a response", d.Endpoint)
+		return f.noHead(x, d, hw, sent, sendErr, err)
 	}
 	rec.TTFB = resp.FirstByte.Sub(sent)
 	x.TTFB(d.Endpoint, rec.TTFB)
@@ -201,6 +260,33 @@ func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop,
 	if x.DecisionHeader() {
 		decision = DecisionHeaderValue(d)
 	}
-	_, keep := x.Relay(ctx, resp, decision, lim.StreamSilence)
-	return keep
+	_, keep = x.Relay(ctx, resp, decision, lim.StreamSilence)
+	return keep, false
+}
+
+// noHead answers a request whose backend sent no usable response head.
+func (f *forward) noHead(x *Exchange, d Decision, hw *HeadWatch, sent time.Time, sendErr, err error) (keep, down bool) {
+	log := x.s.log
+	var bad *BadResponseError
+	switch {
+	case hw.ClientLeft():
+		// First: a head read cut by the departure is not the backend's fault.
+		log.Debug("client left before the response head; backend connection closed", "ep", d.Endpoint)
+		x.Record.Outcome = OutcomeClientGone
+		return false, false
+	case errors.As(err, &bad):
+		x.Record.TTFB = bad.FirstByte.Sub(sent)
+		x.TTFB(d.Endpoint, x.Record.TTFB)
+		log.Info("backend sent a malformed response head", "ep", d.Endpoint, "addr", d.Addr, "err", bad.Err)
+		return x.Failf(502, "backend_bad_response", "endpoint %d sent a malformed response head: %v", d.Endpoint, bad.Err), false
+	case hw.EndpointDown():
+		return false, true
+	case sendErr != nil:
+		log.Info("sending the request to the backend failed", "ep", d.Endpoint, "addr", d.Addr, "err", sendErr)
+		return x.Failf(502, "backend_error", "sending the request to endpoint %d failed", d.Endpoint), false
+	case IsTimeout(err):
+		return x.Failf(504, "backend_timeout", "endpoint %d sent no response within %s", d.Endpoint, x.Limits().ResponseHeaderTimeout), false
+	}
+	log.Info("backend closed without a response", "ep", d.Endpoint, "addr", d.Addr, "err", err)
+	return x.Failf(502, "backend_error", "endpoint %d closed without a response", d.Endpoint), false
 }

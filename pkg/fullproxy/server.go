@@ -35,7 +35,9 @@
 // Errors kvgate answers itself share one body shape,
 // {"error":"<code>","detail":"…"}: bad_request 400, request_header_too_large
 // 431, request_body_too_large 413, request_timeout 408, no_healthy_backend
-// 503, backend_unreachable 502, backend_bad_response 502, backend_timeout 504.
+// 503, backend_unreachable 502, backend_bad_response 502, backend_timeout 504,
+// endpoint_down 503 (the probe marked the endpoint down before it answered;
+// headwait.go).
 //
 // Knobs: see Limits. Observability: see Observer (the daemon wires it to
 // pkg/metrics) and the access log (Config.AccessLog).
@@ -44,6 +46,7 @@ package fullproxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -79,6 +82,10 @@ type Server struct {
 	wg       sync.WaitGroup
 	served   chan struct{}
 	nConns   atomic.Int64
+
+	// waits are the backend waits without a response byte, per endpoint
+	// (headwait.go).
+	waits headWaits
 }
 
 // Listen binds the rule's address (with IP_FREEBIND) and returns a Server;
@@ -152,7 +159,7 @@ func (s *Server) Serve() error {
 			nc.Close()
 			continue
 		}
-		c := &clientConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10)}
+		c := s.newClientConn(nc)
 		if !s.track(c) {
 			nc.Close()
 			continue
@@ -231,11 +238,31 @@ type clientConn struct {
 	nc   net.Conn
 	br   *bufio.Reader
 	idle atomic.Bool
+	// tls is the connection's TLS side on a TLS rule (nc is then tls), nil
+	// on a plain one.
+	tls *tls.Conn
+}
+
+// newClientConn wraps an accepted connection; on a TLS rule the client's
+// bytes are read and written through TLS from here on.
+func (s *Server) newClientConn(nc net.Conn) *clientConn {
+	c := &clientConn{nc: nc}
+	if s.cfg.TLS != nil {
+		c.tls = s.cfg.TLS.Wrap(nc)
+		c.nc = c.tls
+	}
+	c.br = bufio.NewReaderSize(c.nc, 16<<10)
+	return c
 }
 
 func (s *Server) serveConn(c *clientConn) {
 	defer s.untrack(c)
 	defer c.nc.Close()
+	if c.tls != nil {
+		if err := s.cfg.TLS.Handshake(s.ctx, c.tls); err != nil {
+			return
+		}
+	}
 	for first := true; ; first = false {
 		c.idle.Store(true)
 		if s.isDraining() {

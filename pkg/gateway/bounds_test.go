@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"net"
 	"os"
@@ -88,7 +89,7 @@ func TestInspectionBounds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r, st := newRouter(t, tc.trust, tc.maxTokens, tc.gate)
 			before := testutil.ToFloat64(m.KVSkips.WithLabelValues("7", tc.cause))
-			req := &fullproxy.Request{BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: tc.body}
+			req := &fullproxy.Request{Target: apiPath(tc.body), BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: tc.body}
 			sc := r.prepare(st, req)
 			if tc.cause == "" {
 				if sc.selReq.Upstream != selector.ReasonNone || len(sc.selReq.Hashes) == 0 {
@@ -142,7 +143,14 @@ func FuzzPrepare(f *testing.F) {
 		`{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"system","content":[{"type":"text","text":"s"}]},{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
 		`{"model":"Qwen/Qwen3-0.6B","prompt":"` + strings.Repeat("a", 300) + `"}`,
 	} {
-		f.Add([]byte(s), false)
+		f.Add([]byte(s), false, uint8(1))
+	}
+	for path, s := range map[uint8]string{
+		0: `{"model":"Qwen/Qwen3-0.6B","prompt":"hello world, hello world, hello world, hello world"}`,
+		2: `{"model":"Qwen/Qwen3-0.6B","instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"ok"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]}`,
+		3: `{"model":"Qwen/Qwen3-0.6B","max_tokens":4,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"u"},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]}],"tools":[{"name":"f","input_schema":{}}]}`,
+	} {
+		f.Add([]byte(s), true, path)
 	}
 	src, err := filepath.Abs("../tokenizer/testdata/qwen3")
 	if err != nil {
@@ -178,11 +186,25 @@ func FuzzPrepare(f *testing.F) {
 			maxTokens: 256, gate: newInspectGate(1<<20, 1<<10, nil)}
 		states[trust] = st
 	}
-	f.Fuzz(func(t *testing.T, body []byte, trust bool) {
-		req := &fullproxy.Request{BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: body}
+	f.Fuzz(func(t *testing.T, body []byte, trust bool, api uint8) {
+		// The path decides how the body is read (reqfacts.KindFromPath):
+		// every prompt-bearing API gets fuzzed bodies.
+		path := fuzzPaths[int(api)%len(fuzzPaths)]
+		req := &fullproxy.Request{Target: path, BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Body: body}
 		sc := routers[trust].prepare(states[trust], req)
 		if len(sc.selReq.Hashes) > 0 && sc.tokens > 256 {
 			t.Fatalf("hashed %d tokens past the 256-token bound", sc.tokens)
 		}
 	})
 }
+
+// apiPath is the API path a test body is sent to: chat for a body with
+// messages, else completions.
+func apiPath(body []byte) string {
+	if bytes.Contains(body, []byte(`"messages"`)) {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+var fuzzPaths = [...]string{"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"}

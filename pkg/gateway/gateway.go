@@ -76,6 +76,12 @@ type Options struct {
 	// VIPs, when set, puts each rule's VIP on a device while the rule exists
 	// (--vip-dev, package vip); nil leaves addresses to the operator.
 	VIPs VIPPlumber
+	// TLSCertDir holds TLS rules' certificates, <dir>/<vip>_<port>/tls.crt
+	// and tls.key (--tls-cert-dir; docs/security.md). TLSReloadInterval and
+	// TLSHandshakeTimeout: zero takes package tlsterm's defaults.
+	TLSCertDir          string
+	TLSReloadInterval   time.Duration
+	TLSHandshakeTimeout time.Duration
 }
 
 // Gateway is the running daemon minus its flags.
@@ -116,6 +122,8 @@ type ruleRuntime struct {
 	loads  *fullproxy.Loads
 	health *ruleHealth
 	served chan struct{}
+	// stopTLS stops following a TLS rule's certificate files.
+	stopTLS func()
 }
 
 // New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
@@ -247,6 +255,7 @@ func (g *Gateway) Shutdown() {
 				g.log.Warn("shutdown grace exhausted; streams cut", "service", rt.rule.ServiceID, "grace", g.opts.ShutdownGrace)
 			}
 			rt.health.close()
+			rt.stopTLS()
 		})
 	}
 	wg.Wait()
@@ -312,11 +321,28 @@ func (g *Gateway) RuleChanged(old, updated *config.Rule) error {
 	return nil
 }
 
-func (g *Gateway) create(rule *config.Rule) error {
+func (g *Gateway) create(rule *config.Rule) (err error) {
 	id := rule.ServiceID
 	st, err := newRuleState(rule, g.opts.Settings, g.log)
 	if err != nil {
 		return err
+	}
+	term, stopTLS, err := g.ruleTLS(rule)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			stopTLS()
+		}
+	}()
+	backendDial, err := g.backendTLSDial(rule)
+	if err != nil {
+		return err
+	}
+	var clientTLS fullproxy.TLSTerminator
+	if term != nil {
+		clientTLS = term
 	}
 	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks,
 		Observer: ingest.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
@@ -335,7 +361,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{})}
+	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS}
 	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
@@ -350,12 +376,13 @@ func (g *Gateway) create(rule *config.Rule) error {
 		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
 		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
-		Guard: g.guard,
+		Guard: g.guard, TLS: clientTLS, Dial: backendDial,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
 	}
 	rt.server = srv
+	rh.endpointDown = func(ep int) { srv.EndpointDown(ep) }
 	if err := rh.start(rule, sel); err != nil {
 		_ = srv.Close()
 		return err
@@ -376,6 +403,7 @@ func (g *Gateway) create(rule *config.Rule) error {
 	g.rules[id] = rt
 	g.mu.Unlock()
 	g.Metrics.InitRule(id)
+	g.logRuleLeg(rule)
 	for _, e := range rule.Endpoints {
 		g.Metrics.SetAdminDown(id, e.Idx, e.AdminDown)
 	}
@@ -458,6 +486,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 		defer cancel()
 		_ = rt.server.Shutdown(ctx)
 		rt.health.close()
+		rt.stopTLS()
 	})
 	g.Metrics.DeleteRule(rule.ServiceID)
 	g.log.Info("rule removed", "service", rule.ServiceID)

@@ -41,6 +41,11 @@ type ruleHealth struct {
 	// probeUp is told when an endpoint's probe comes back, so the KV
 	// subscriber can check for an engine restart (docs/ingest.md).
 	probeUp func(ep int)
+	// endpointDown is told when the probe marks an endpoint down: the
+	// rule's proxy ends the requests still waiting for that endpoint's
+	// first byte (fullproxy.Server.EndpointDown; docs/dataplane.md, "Hung
+	// engines and departed clients"). Set before start.
+	endpointDown func(ep int)
 
 	mu       sync.Mutex
 	stop     context.CancelFunc
@@ -141,6 +146,9 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 		}
 		if tr.Event == health.EventProbeUp && h.probeUp != nil {
 			h.probeUp(tr.Ep)
+		}
+		if tr.Event == health.EventProbeDown && h.endpointDown != nil {
+			h.endpointDown(tr.Ep)
 		}
 	})
 	var targets []health.Target

@@ -43,6 +43,7 @@ const (
 	causeTemplateCost = "template_limit" // the chat template hit a render bound
 	causeTokenizer    = "tokenizer"      // no usable tokenizer staged for the model
 	causeError        = "error"          // any other render or encode failure
+	causePath         = "path"           // a body sent to a path that is not a prompt-bearing API (text_empty)
 )
 
 // skipCause classifies a tokenize failure for kvgate_kv_skip_total.

@@ -70,7 +70,7 @@ func TestLoraAdapterFacts(t *testing.T) {
 	want := func(lora string) []uint64 { return st.hasher.AppendHashes(nil, ids, kvhash.Extra{LoRAName: lora}) }
 
 	prep := func(model string) *plan {
-		req := &fullproxy.Request{BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1},
+		req := &fullproxy.Request{Target: "/v1/completions", BodyInspected: true, RemoteAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1},
 			Body: fmt.Appendf(nil, `{"model":%q,"prompt":%q}`, model, prompt)}
 		return r.prepare(st, req)
 	}

@@ -185,7 +185,7 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 
 	t0 := time.Now()
 	if req.BodyInspected {
-		sc.facts = reqfacts.Extract(req.Body, req.Get("X-Model"), st.facts)
+		sc.facts = reqfacts.ExtractPath(req.Path(), req.Body, req.Get("X-Model"), st.facts)
 	}
 	f := &sc.facts
 	sr.Model = f.Model
@@ -193,6 +193,16 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 	switch {
 	case !req.BodyInspected:
 		// Above the inspection limit: forwarded unread (text_empty).
+	case f.NotPromptPath:
+		// Not an API whose body kvgate hashes (docs/tokenizer.md,
+		// "Prompt-bearing paths"): forwarded unchanged (text_empty).
+		if len(req.Body) > 0 && r.m != nil {
+			r.m.KVSkip(r.service, causePath)
+		}
+	case f.Unsupported != "":
+		// vLLM serves it, but its ids cannot be computed (an image, a
+		// generated value): tokenize, with the detail as the skip cause.
+		sr.HasText = true
 	case f.Kind == reqfacts.KindUnknown && len(req.Body) > 0 && !isJSONObject(req.Body):
 		// Not OpenAI JSON: there is text, but no model (model_empty).
 		sr.HasText = true
@@ -217,6 +227,9 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 		sr.Upstream = selector.ReasonTokenize
 		sc.attempt = r.sel.Begin(sr)
 		return sc
+	}
+	if f.Unsupported != "" {
+		return skip(f.Unsupported, errors.New(f.Problem))
 	}
 	if cause := r.refuse(st, f); cause != "" {
 		return skip(cause, nil)
@@ -295,7 +308,7 @@ func (r *router) kvHashes(st *ruleState, ids []uint32, f *reqfacts.Facts) ([]uin
 // Jinja is the costliest thing a body can ask of kvgate), or a token-id
 // prompt above LLB_KV_MAX_PROMPT_TOKENS.
 func (r *router) refuse(st *ruleState, f *reqfacts.Facts) string {
-	if f.Kind == reqfacts.KindChat && f.ChatTemplate != "" && !st.rule.Args.TrustRequestChatTemplate {
+	if f.Kind.Chat() && f.ChatTemplate != "" && !st.rule.Args.TrustRequestChatTemplate {
 		return causeUntrusted
 	}
 	if p, ok := f.FirstPrompt(); ok && p.IsTokens && r.maxTokens > 0 && len(p.Tokens) > r.maxTokens {
@@ -365,7 +378,7 @@ func trieText(f *reqfacts.Facts) string {
 		if p, ok := f.FirstPrompt(); ok && !p.IsTokens {
 			return p.Text
 		}
-	case reqfacts.KindChat:
+	case reqfacts.KindChat, reqfacts.KindResponses, reqfacts.KindMessages:
 		for _, m := range f.Messages {
 			if m["role"] == "system" {
 				t, _ := reqfacts.TextContent(m["content"])

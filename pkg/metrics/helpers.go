@@ -31,7 +31,8 @@ func (m *Metrics) scopes() *scoped {
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
-			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration, m.KVSkips}
+			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration, m.KVSkips,
+			m.RuleDatapath, m.TLSHandshakeErrors, m.TLSCertReloads}
 		s.byEPIdx = svcIdx
 		s.bySubscriber = svcEP
 		s.byService = append(append(append([]partialDeleter{}, svcIdx...), svcEP...), svcOnly...)

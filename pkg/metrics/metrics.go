@@ -124,6 +124,11 @@ type Metrics struct {
 	DatapathInfo *prometheus.GaugeVec // kvgate_datapath_info{path}
 	spliced      *splicedBytes        // kvgate_spliced_bytes_total{path}
 
+	// TLS termination and each rule's body leg (docs/security.md, tls.go).
+	RuleDatapath       *prometheus.GaugeVec   // kvgate_rule_datapath_info{service,path,reason}
+	TLSHandshakeErrors *prometheus.CounterVec // kvgate_tls_handshake_errors_total{service,reason}
+	TLSCertReloads     *prometheus.CounterVec // kvgate_tls_cert_reloads_total{service,result}
+
 	// Reliability: recovered panics.
 	Panics *prometheus.CounterVec // kvgate_panics_total{where}
 
@@ -180,7 +185,7 @@ func New(opts Options) *Metrics {
 	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
 	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
 	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
-	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error).", "service", "cause")
+	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error; under reason tokenize, multimodal and unpredictable for Responses and Messages API requests whose ids cannot be computed; under reason text_empty, path: a body sent to a path that is not a prompt-bearing API).", "service", "cause")
 	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
 	m.ParityChecked = f.counter("kvgate_kv_parity_checked_total", "BlockStored events whose hashes kvgate recomputed under the rule's contract (match or mismatch).", "service", "ep_idx")
@@ -233,6 +238,9 @@ func New(opts Options) *Metrics {
 	m.DatapathInfo = f.gauge("kvgate_datapath_info", "Always 1 for the response body path in use (sockmap or userspace).", "path")
 	m.spliced = newSplicedBytes()
 	reg.MustRegister(m.spliced)
+	m.RuleDatapath = f.gauge("kvgate_rule_datapath_info", "Always 1 for the body path a rule's responses take (sockmap or userspace) and why (datapath: the daemon's --datapath choice; tls: TLS rules are copied in userspace).", "service", "path", "reason")
+	m.TLSHandshakeErrors = f.counter("kvgate_tls_handshake_errors_total", "Client TLS handshakes that failed, by reason (timeout, plain_http, oversize, bad_record, client_cert, eof, protocol).", "service", "reason")
+	m.TLSCertReloads = f.counter("kvgate_tls_cert_reloads_total", "Reloads of a TLS rule's certificate, key or client CA files, by result (ok, error: the previous files stay in force).", "service", "result")
 
 	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
 	for _, w := range recovery.Wheres {

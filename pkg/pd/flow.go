@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
+	"github.com/kvgate/kvgate/pkg/reqfacts"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
@@ -203,7 +204,7 @@ var _ fullproxy.Handler = (*Flow)(nil)
 // to the chosen prefill endpoint.
 func (f *Flow) Serve(ctx context.Context, x *fullproxy.Exchange) bool {
 	req := x.Req
-	if req.Method != "POST" || !req.BodyInspected {
+	if req.Method != "POST" || !req.BodyInspected || !orchestrated(req.Path()) {
 		return f.cfg.Plain.Serve(ctx, x)
 	}
 	m, err := parseBody(req.Body)
@@ -215,9 +216,18 @@ func (f *Flow) Serve(ctx context.Context, x *fullproxy.Exchange) bool {
 		return f.cfg.Plain.Serve(ctx, x)
 	}
 	r := &run{f: f, x: x, topo: f.topo.Load(), plan: plan, a: plan.Attempt, body: m, id: newUUID(),
-		prefill: -1, decode: -1, clientID: req.Get("X-Request-Id")}
+		prefill: -1, decode: -1, downEp: -1, clientID: req.Get("X-Request-Id")}
 	defer r.releaseAll()
 	return r.serve(ctx)
+}
+
+// orchestrated reports a path the two-leg flow takes. The Responses and
+// Messages APIs take the plain path (docs/pd.md): the prefill rewrite speaks
+// the completions and chat fields (max_tokens, stream_options), and the
+// NixlConnector proxies the flow follows orchestrate only those two APIs.
+func orchestrated(path string) bool {
+	k := reqfacts.KindFromPath(path)
+	return k != reqfacts.KindResponses && k != reqfacts.KindMessages
 }
 
 // run is one P/D request.
@@ -239,6 +249,10 @@ type run struct {
 	params        []byte
 	cached        int
 	decodeOnly    bool
+	// downEp is the first endpoint that went down before it answered this
+	// request (-1: none): with nothing left to re-route to, the request is
+	// answered 503 endpoint_down.
+	downEp int
 }
 
 func (r *run) obs() Observer { return r.f.obs }
@@ -379,16 +393,7 @@ func (r *run) serve(ctx context.Context) bool {
 		if prefillDeadline.IsZero() {
 			prefillDeadline = time.Now().Add(cfg.PrefillTimeout)
 		}
-		wctx, stopWatch := x.WatchClient(ctx)
-		out := r.prefillLeg(wctx, p, prefillDeadline)
-		stopWatch()
-		if out.kind == legCancelled && ctx.Err() == nil {
-			// The client went away: the prefill was abandoned (its
-			// connection closed, so the engine aborts it).
-			r.f.log.Debug("client gone during the prefill", "prefill_ep", p)
-			x.Record.Outcome = fullproxy.OutcomeClientGone
-			return false
-		}
+		out := r.prefillLeg(ctx, p, prefillDeadline)
 		switch out.kind {
 		case legOK:
 			loop.Answered(p, out.resp.Status)
@@ -402,8 +407,18 @@ func (r *run) serve(ctx context.Context) bool {
 			r.obs().Request(r.plan.Model, "prefill", "timeout")
 			r.f.log.Warn("prefill timed out", "prefill_ep", p, "timeout", cfg.PrefillTimeout)
 			return x.Fail(504, "pd_prefill_timeout", fmt.Sprintf("prefill did not complete within %s", cfg.PrefillTimeout))
+		case legClientGone:
+			// The prefill was abandoned: its connection closed, so the
+			// engine aborts it.
+			r.f.log.Debug("client gone during the prefill", "prefill_ep", p)
+			x.Record.Outcome = fullproxy.OutcomeClientGone
+			return false
 		case legCancelled:
 			return x.Fail(503, "pd_pool_unavailable", "request cancelled (shutting down)")
+		case legDown:
+			if !r.noteDown(loop, p) {
+				return r.endpointDown()
+			}
 		case legConnectFailed:
 			loop.ConnectFailed(p)
 		case legOriginError:
@@ -427,6 +442,26 @@ func (r *run) serve(ctx context.Context) bool {
 		}
 	}
 	return r.fallback(ctx, -1)
+}
+
+// noteDown records that ep went down before its first byte and reports
+// whether the leg may re-route (once per leg, through its attempt loop).
+func (r *run) noteDown(loop *attempt.Loop, ep int) bool {
+	if r.downEp < 0 {
+		r.downEp = ep
+	}
+	return loop.Down(ep)
+}
+
+// endpointDown answers a request whose endpoint went down before it
+// answered, with nothing left to re-route to.
+func (r *run) endpointDown() bool {
+	phase := "decode"
+	if r.topo.prefill.Has(r.downEp) {
+		phase = "prefill"
+	}
+	r.obs().Request(r.plan.Model, phase, "error")
+	return r.x.Fail(503, "endpoint_down", fmt.Sprintf("endpoint %d went down before it answered", r.downEp))
 }
 
 // holdPair holds the admitted prefill endpoint of d and a decode endpoint
@@ -513,6 +548,9 @@ func (r *run) fallback(ctx context.Context, target int) bool {
 	}
 	if !r.f.cfg.DecodeOnlyFallback {
 		r.record(-1)
+		if r.downEp >= 0 {
+			return r.endpointDown()
+		}
 		return r.x.Fail(503, "pd_pool_unavailable", detail)
 	}
 	r.decodeOnly = true
@@ -535,10 +573,12 @@ const (
 	legDied
 	legTimeout
 	legCancelled
+	legClientGone // the client went away before the leg's answer
+	legDown       // the endpoint went down before its first byte
 )
 
 func (k legKind) String() string {
-	return [...]string{"ok", "client_error", "origin_5xx", "connect_failed", "died", "timeout", "cancelled"}[k]
+	return [...]string{"ok", "client_error", "origin_5xx", "connect_failed", "died", "timeout", "cancelled", "client_gone", "endpoint_down"}[k]
 }
 
 type legOutcome struct {
@@ -557,29 +597,25 @@ func (r *run) prefillLeg(ctx context.Context, p int, deadline time.Time) legOutc
 		return legOutcome{kind: legDied, err: err}
 	}
 	start := time.Now()
-	dctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	bc, err := x.Dial(dctx, r.topo.eps[p].addr())
-	if err != nil {
-		switch {
-		case ctx.Err() != nil:
-			return legOutcome{kind: legCancelled, err: err}
-		case dctx.Err() != nil:
-			return legOutcome{kind: legTimeout, err: err}
-		}
-		return legOutcome{kind: legConnectFailed, err: err}
+	bc, out := r.dialPrefill(ctx, p, deadline)
+	if bc == nil {
+		return out
 	}
 	defer bc.Close()
 	stop := fullproxy.CloseOnCancel(ctx, bc)
 	defer stop()
 	_ = bc.SetDeadline(deadline)
+	// The client leaving ends the prefill (head and body) at once; the
+	// endpoint going down ends it until its first byte.
+	hw := x.WatchHead(ctx, p, bc)
+	defer hw.Stop()
 	set := []fullproxy.HeaderField{{Name: "X-Request-Id", Value: r.requestID(p, r.decode)}}
 	if err := x.WriteRequest(bc, pb, set, "accept-encoding"); err != nil {
-		return r.legErr(ctx, err)
+		return legErr(ctx, hw, err)
 	}
 	resp, err := x.ReadResponse(bc, deadline)
 	if err != nil {
-		return r.legErr(ctx, err)
+		return legErr(ctx, hw, err)
 	}
 	x.TTFB(p, resp.FirstByte.Sub(start))
 	b, err := resp.ReadBody(r.f.cfg.MaxPrefillResponse, 0, deadline)
@@ -587,7 +623,7 @@ func (r *run) prefillLeg(ctx context.Context, p int, deadline time.Time) legOutc
 		if errors.Is(err, fullproxy.ErrBodyTooLarge) {
 			return legOutcome{kind: legOriginError, resp: resp, err: err}
 		}
-		return r.legErr(ctx, err)
+		return legErr(ctx, hw, err)
 	}
 	r.obs().Leg("prefill", r.plan.Model, time.Since(start))
 	switch {
@@ -599,8 +635,35 @@ func (r *run) prefillLeg(ctx context.Context, p int, deadline time.Time) legOutc
 	return legOutcome{kind: legOK, resp: resp, body: b}
 }
 
-func (r *run) legErr(ctx context.Context, err error) legOutcome {
+// dialPrefill connects to prefill endpoint p before deadline, watching the
+// client meanwhile; a nil conn comes with the leg's outcome.
+func (r *run) dialPrefill(ctx context.Context, p int, deadline time.Time) (net.Conn, legOutcome) {
+	wctx, stopWatch := r.x.WatchClient(ctx)
+	dctx, cancel := context.WithDeadline(wctx, deadline)
+	defer cancel()
+	bc, err := r.x.Dial(dctx, r.topo.eps[p].addr())
+	// Read the contexts before stopWatch, which cancels wctx (and dctx).
+	cancelled, left, late := ctx.Err() != nil, wctx.Err() != nil, dctx.Err() != nil
+	stopWatch()
 	switch {
+	case err == nil:
+		return bc, legOutcome{}
+	case cancelled:
+		return nil, legOutcome{kind: legCancelled, err: err}
+	case left:
+		return nil, legOutcome{kind: legClientGone, err: err}
+	case late:
+		return nil, legOutcome{kind: legTimeout, err: err}
+	}
+	return nil, legOutcome{kind: legConnectFailed, err: err}
+}
+
+func legErr(ctx context.Context, hw *fullproxy.HeadWatch, err error) legOutcome {
+	switch {
+	case hw.ClientLeft():
+		return legOutcome{kind: legClientGone, err: err}
+	case hw.EndpointDown():
+		return legOutcome{kind: legDown, err: err}
 	case ctx.Err() != nil:
 		return legOutcome{kind: legCancelled, err: err}
 	case fullproxy.IsTimeout(err):
@@ -662,8 +725,28 @@ func (r *run) decodeLeg(ctx context.Context, dec int) bool {
 		dec = -1
 	}
 	r.record(r.prefill)
+	if r.downEp >= 0 {
+		return r.endpointDown()
+	}
 	r.obs().Request(r.plan.Model, "decode", "error")
 	return x.Fail(503, "pd_pool_unavailable", "decode endpoint unreachable")
+}
+
+// decodeUnanswered ends a decode try that got no byte because the client
+// left (outcome client_gone) or dec went down: re-chosen once (retry),
+// else answered 503 endpoint_down.
+func (r *run) decodeUnanswered(loop *attempt.Loop, hw *fullproxy.HeadWatch, dec int) (keep, retry bool) {
+	if hw.ClientLeft() {
+		r.f.log.Debug("client gone before the decode head", "decode_ep", dec)
+		r.x.Record.Outcome = fullproxy.OutcomeClientGone
+		return false, false
+	}
+	r.obs().EndpointDied("decode")
+	if r.noteDown(loop, dec) {
+		r.f.log.Info("decode endpoint went down before it answered; re-choosing", "decode_ep", dec)
+		return false, true
+	}
+	return r.endpointDown(), false
 }
 
 // decodeLegTo runs the plain request on a fixed endpoint (a role-0
@@ -674,6 +757,9 @@ func (r *run) decodeLegTo(ctx context.Context, ep int) bool {
 		return r.x.Fail(503, "pd_pool_unavailable", "no endpoint available")
 	}
 	keep, retry := r.tryDecode(ctx, loop, ep)
+	if retry && r.downEp >= 0 {
+		return r.endpointDown()
+	}
 	if retry {
 		r.obs().Request(r.plan.Model, "decode", "error")
 		return r.x.Fail(503, "pd_pool_unavailable", "endpoint unreachable")
@@ -711,15 +797,23 @@ func (r *run) tryDecode(ctx context.Context, loop *attempt.Loop, dec int) (keep,
 	defer bc.Close()
 	stop := fullproxy.CloseOnCancel(ctx, bc)
 	defer stop()
+	hw := x.WatchHead(ctx, dec, bc)
+	defer hw.Stop()
 	set := []fullproxy.HeaderField{{Name: "X-Request-Id", Value: r.requestID(r.prefill, dec)}}
 	if err := x.WriteRequest(bc, db, set); err != nil {
+		if hw.ClientLeft() || hw.EndpointDown() {
+			return r.decodeUnanswered(loop, hw, dec)
+		}
 		loop.Died(dec)
 		r.obs().EndpointDied("decode")
 		return false, true
 	}
 	firstBy := start.Add(cfg.PrefillTimeout)
 	resp, err := x.ReadResponse(bc, firstBy)
+	hw.Stop()
 	switch {
+	case err != nil && (hw.ClientLeft() || hw.EndpointDown()):
+		return r.decodeUnanswered(loop, hw, dec)
 	case err != nil && fullproxy.IsTimeout(err) && ctx.Err() == nil:
 		r.obs().Timeout("pd_decode_timeout")
 		r.obs().Request(r.plan.Model, "decode", "timeout")

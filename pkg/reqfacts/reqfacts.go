@@ -28,6 +28,7 @@ package reqfacts
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -45,6 +46,12 @@ const (
 	KindCompletion
 	// KindChat: a body with "messages" (/v1/chat/completions).
 	KindChat
+	// KindResponses: an OpenAI Responses API body (/v1/responses), converted
+	// to a chat conversation as vLLM converts it (ConvertResponses).
+	KindResponses
+	// KindMessages: an Anthropic Messages API body (/v1/messages), converted
+	// to a chat conversation as vLLM converts it (ConvertMessages).
+	KindMessages
 )
 
 func (k Kind) String() string {
@@ -53,8 +60,35 @@ func (k Kind) String() string {
 		return "completion"
 	case KindChat:
 		return "chat"
+	case KindResponses:
+		return "responses"
+	case KindMessages:
+		return "messages"
 	}
 	return "unknown"
+}
+
+// Chat reports a kind whose prompt is a conversation rendered by the chat
+// template (chat, responses, messages).
+func (k Kind) Chat() bool {
+	return k == KindChat || k == KindResponses || k == KindMessages
+}
+
+// KindFromPath is the API a request path names: vLLM decides how to read a
+// body by its route, never by the body's shape. Other paths carry no prompt
+// kvgate hashes (KindUnknown). The path excludes the query.
+func KindFromPath(path string) Kind {
+	switch path {
+	case "/v1/chat/completions":
+		return KindChat
+	case "/v1/completions":
+		return KindCompletion
+	case "/v1/responses":
+		return KindResponses
+	case "/v1/messages":
+		return KindMessages
+	}
+	return KindUnknown
 }
 
 // Prompt is one completion prompt: text to tokenize, or token ids used as given.
@@ -107,6 +141,13 @@ type Facts struct {
 	User string
 	// Problem says why a prompt or model could not be taken, for logs.
 	Problem string
+	// NotPromptPath: the request path names no prompt-bearing API
+	// (ExtractPath); the body was read for its model only.
+	NotPromptPath bool
+	// Unsupported is set when vLLM accepts the request but kvgate cannot
+	// compute its ids (an image, a value vLLM generates): the
+	// kvgate_kv_skip_total cause ("multimodal" or "unpredictable").
+	Unsupported string
 }
 
 // FirstPrompt is the prompt a list of prompts routes by (see
@@ -120,10 +161,10 @@ func (f *Facts) FirstPrompt() (p Prompt, ok bool) {
 
 // HasPrompt reports whether the request carries a prompt that can be hashed.
 func (f *Facts) HasPrompt() bool {
-	switch f.Kind {
-	case KindCompletion:
+	switch {
+	case f.Kind == KindCompletion:
 		return len(f.Prompts) > 0
-	case KindChat:
+	case f.Kind.Chat():
 		return len(f.Messages) > 0
 	}
 	return false
@@ -164,10 +205,38 @@ type body struct {
 	User                 json.RawMessage `json:"user"`
 }
 
-// Extract reads the facts of one request. headerModel is the X-Model header
-// value ("" when absent); it wins over the body's model. A body that is not a
-// JSON object gives no model and no prompt: the caller records model_empty.
+// Extract reads the facts of one request, taking its kind from the body's
+// shape ("messages" is chat, "prompt" a completion). headerModel is the
+// X-Model header value ("" when absent); it wins over the body's model. A
+// body that is not a JSON object gives no model and no prompt: the caller
+// records model_empty. The gateway uses ExtractPath, which takes the kind
+// from the request path as vLLM does.
 func Extract(raw []byte, headerModel string, opts Options) Facts {
+	return extract(raw, headerModel, opts, KindUnknown)
+}
+
+// ExtractPath reads the facts of one request to path (without its query):
+// the path decides how the body is read (KindFromPath), so an Anthropic
+// body is never read as OpenAI chat. A path that names no prompt-bearing
+// API yields only the model, with NotPromptPath set.
+func ExtractPath(path string, raw []byte, headerModel string, opts Options) Facts {
+	kind := KindFromPath(path)
+	if kind == KindUnknown {
+		f := extract(raw, headerModel, opts, kindModelOnly)
+		f.NotPromptPath = true
+		f.Problem = fmt.Sprintf("path %q is not a prompt-bearing API", path)
+		return f
+	}
+	return extract(raw, headerModel, opts, kind)
+}
+
+// kindModelOnly asks extract for the model, stream and user only: the body
+// of a path that carries no prompt is not parsed further.
+const kindModelOnly Kind = -1
+
+// extract reads the facts; want is the kind the path names, or KindUnknown
+// to take it from the body's shape.
+func extract(raw []byte, headerModel string, opts Options, want Kind) Facts {
 	f := Facts{AddGenerationPrompt: true}
 	headerModel = strings.TrimSpace(headerModel)
 
@@ -196,6 +265,29 @@ func Extract(raw []byte, headerModel string, opts Options) Facts {
 
 	f.Stream, _ = rawBool(b.Stream)
 	f.User, _ = rawString(b.User)
+	switch want {
+	case kindModelOnly:
+		return f
+	case KindResponses, KindMessages:
+		f.readConversation(trimmed, want)
+	default:
+		f.readOpenAI(&b, want)
+	}
+	if f.Problem != "" {
+		// A rejected prompt or conversation leaves nothing to tokenize: the
+		// kind says so, which keeps the invariant every later stage relies on
+		// (KindCompletion has a prompt, a chat kind a message).
+		f.Kind, f.Prompts, f.Messages = KindUnknown, nil, nil
+	}
+	if f.Model == "" && f.Problem == "" {
+		f.Problem = "no model in the body or the X-Model header"
+	}
+	return f
+}
+
+// readOpenAI reads a completions or chat body; want KindUnknown takes the
+// kind from the body's shape.
+func (f *Facts) readOpenAI(b *body, want Kind) {
 	if s, ok := rawString(b.CacheSalt); ok {
 		f.CacheSalt = s
 	}
@@ -205,28 +297,54 @@ func Extract(raw []byte, headerModel string, opts Options) Facts {
 	if n, ok := rawInt(b.TruncatePromptTokens); ok && n > 0 {
 		f.TruncatePromptTokens = int(min(n, math.MaxInt32))
 	}
-
 	switch {
-	case present(b.Messages):
+	case want == KindChat || (want == KindUnknown && present(b.Messages)):
+		if !present(b.Messages) {
+			f.Problem = "chat body has no messages"
+			return
+		}
 		f.Kind = KindChat
 		f.Messages, f.Problem = parseMessages(b.Messages)
-		f.parseTemplateInputs(&b)
-	case present(b.Prompt):
+		f.parseTemplateInputs(b)
+	case want == KindCompletion || (want == KindUnknown && present(b.Prompt)):
+		if !present(b.Prompt) {
+			f.Problem = "completion body has no prompt"
+			return
+		}
 		f.Kind = KindCompletion
 		f.Prompts, f.Problem = parsePrompt(b.Prompt)
 	default:
 		f.Problem = "body has neither prompt nor messages"
 	}
-	if f.Problem != "" {
-		// A rejected prompt or conversation leaves nothing to tokenize: the
-		// kind says so, which keeps the invariant every later stage relies on
-		// (KindCompletion has a prompt, KindChat a message).
-		f.Kind, f.Prompts, f.Messages = KindUnknown, nil, nil
+}
+
+// readConversation converts a Responses or Messages API body into the chat
+// conversation vLLM renders. The fields only OpenAI's completions and chat
+// APIs have (add_special_tokens, truncate_prompt_tokens, chat_template,
+// documents) are not read: vLLM's request models for these APIs ignore them.
+func (f *Facts) readConversation(raw []byte, kind Kind) {
+	convert := ConvertResponses
+	if kind == KindMessages {
+		convert = ConvertMessages
 	}
-	if f.Model == "" && f.Problem == "" {
-		f.Problem = "no model in the body or the X-Model header"
+	conv, err := convert(raw)
+	switch {
+	case errors.Is(err, ErrMultimodal):
+		f.Kind, f.Unsupported = kind, "multimodal"
+		f.Problem = err.Error()
+		return
+	case errors.Is(err, ErrUnpredictable):
+		f.Kind, f.Unsupported = kind, "unpredictable"
+		f.Problem = err.Error()
+		return
+	case err != nil:
+		f.Problem = err.Error()
+		return
 	}
-	return f
+	f.Kind = kind
+	f.Messages, f.Tools = conv.Messages, conv.Tools
+	f.AddGenerationPrompt, f.ContinueFinalMessage = conv.AddGenerationPrompt, conv.ContinueFinalMessage
+	f.ChatTemplateKwargs, f.CacheSalt = conv.ChatTemplateKwargs, conv.CacheSalt
 }
 
 func (f *Facts) parseTemplateInputs(b *body) {

@@ -77,7 +77,6 @@ func sweepCrashedTestPins() {
 //
 //	/bulk?n=N&seed=S&delay=D         N random bytes, Content-Length, D µs after the head
 //	/sse?chunks=C&seed=S&gap=D       C SSE events, chunked, D between events
-//	                                 (&trailer=1: ends with a 34-byte trailer)
 //	/chunkedjson?chunks=C&seed=S     the same bytes as one chunked application/json burst
 //	/burst?chunks=C&seed=S           C events written at once, then close
 //	/stall?chunks=C                  C events, then silence until the conn dies
@@ -85,9 +84,6 @@ func sweepCrashedTestPins() {
 //	/small?n=N                       N bytes, Content-Length
 //	/gated?chunks=C&split=K&tailgap=D  K events, wait for the gate, the rest
 //	                                   at once (then D µs and one more flush)
-//	/cut?chunks=C&gap=D&mid=M        C events, then (M=1) half a chunk, then
-//	                                 close without the last chunk
-//	/short?n=N&send=M&delay=D        Content-Length N, D µs, M random bytes, close
 type backend struct {
 	gate  chan struct{} // /gated waits here between its two parts
 	ln    net.Listener
@@ -171,30 +167,6 @@ func (b *backend) serve(c *net.TCPConn) {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 	switch path {
-	case "/short":
-		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", param(q, "n", 0))
-		time.Sleep(time.Duration(param(q, "delay", 0)) * time.Microsecond)
-		buf := make([]byte, param(q, "send", 0))
-		fillRandom(r, buf)
-		c.Write(buf)
-	case "/cut":
-		chunks := param(q, "chunks", 10)
-		gap := time.Duration(param(q, "gap", 0)) * time.Microsecond
-		w := bufio.NewWriterSize(c, 64<<10)
-		w.WriteString(sseHead)
-		for i := 0; i < chunks; i++ {
-			w.Write(chunk(sseEvent(r, i)))
-			if err := w.Flush(); err != nil {
-				return
-			}
-			time.Sleep(gap)
-		}
-		if param(q, "mid", 0) == 1 {
-			ev := chunk(sseEvent(r, chunks))
-			w.Write(ev[:len(ev)/2])
-		}
-		w.Flush()
-		time.Sleep(gap)
 	case "/bulk", "/small":
 		n := param(q, "n", 0)
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", n)
@@ -259,11 +231,7 @@ func (b *backend) serve(c *net.TCPConn) {
 			c.SetLinger(0)
 			return
 		}
-		if param(q, "trailer", 0) == 1 { // longer than the tail the verdict keeps, as enginesim's
-			w.WriteString("0\r\nX-Enginesim-Ttft-Us: 14167\r\n\r\n")
-		} else {
-			w.WriteString("0\r\n\r\n")
-		}
+		w.WriteString("0\r\n\r\n")
 		w.Flush()
 	}
 }
@@ -434,11 +402,38 @@ func (p *proxy) forward(ctx context.Context, c net.Conn, req *http.Request) bool
 		return false
 	}
 	prefix, _ := br.Peek(br.Buffered())
-	res := p.leg.Run(ctx, c, bc, prefix, datapath.Options{Silence: p.silence, Streamed: streamed, TokenStream: tokenStream,
-		ContentLength: cl, Chunked: chunked, EventStream: tokenStream})
+	opts := datapath.Options{Silence: p.silence, Streamed: streamed, TokenStream: tokenStream, ContentLength: cl}
+	if cl >= 0 && !chunked {
+		opts.End = &declaredLength{n: cl}
+	}
+	// Chunked bodies end when the backend closes (it serves one request per
+	// connection); the legs following real chunked framing are tested in
+	// package fullproxy, which owns it.
+	res := p.leg.Run(ctx, c, bc, prefix, opts)
 	p.results <- legResult{target: req.RequestURI, prefix: len(prefix), res: res}
 	return res.Ending == datapath.BackendEOF
 }
+
+// declaredLength is the harness's datapath.BodyEnd for a body of n bytes:
+// the legs stop at its last byte, and the kernel leg tells it how many it
+// moved.
+type declaredLength struct {
+	n, seen int64
+}
+
+func (d *declaredLength) Feed(p []byte) int {
+	take := min(int64(len(p)), d.n-d.seen)
+	d.seen += take
+	return int(take)
+}
+
+func (d *declaredLength) Skip(n int64, _ []byte, _ bool) { d.seen += n }
+
+func (d *declaredLength) State() datapath.BodyState {
+	return datapath.BodyState{Complete: d.seen >= d.n, Delimited: true, Seen: d.seen}
+}
+
+func (*declaredLength) BrokenEnd(string) []byte { return nil }
 
 // --- client -----------------------------------------------------------------
 

@@ -70,10 +70,13 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 		return d.user.Run(ctx, client, backend, prefix, opts)
 	}
 	res := datapath.Result{Path: d.Path(), LastActivity: time.Now()}
-	// The framing of the bytes relayed in userspace (prefix and drain) and
-	// their last bytes: with the tail the BPF program keeps, they tell a
-	// complete body from a cut one (docs/body-leg.md, "Broken responses").
-	fr := datapath.NewFraming(opts.Chunked, opts.ContentLength)
+	// The body's end follows the bytes relayed in userspace (prefix and
+	// drain); with their last bytes and the tail the BPF program keeps of
+	// the redirected ones, it tells a complete body from a cut one
+	// (docs/body-leg.md, "Broken responses"). A userspace copy that takes
+	// the body over continues with the same opts.End.
+	opts = opts.WithEnd()
+	fr := opts.End
 	var tail tailBuf
 	// write relays the part of p that belongs to the body; false ends the
 	// leg with res.Ending set.
@@ -83,21 +86,21 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 		res.Bytes += int64(n)
 		d.user.Count(int64(n))
 		tail.add(p[:n])
-		switch {
+		switch st := fr.State(); {
 		case err != nil:
 			res.Ending, res.Err = datapath.ClientGone, err
 			return false
-		case fr.Err() != nil:
-			res.Ending, res.Err = datapath.BackendBroken, fr.Err()
+		case st.Err != nil:
+			res.Ending, res.Err = datapath.BackendBroken, st.Err
 			return false
-		case fr.Complete():
+		case st.Complete:
 			res.Ending = datapath.BackendEOF
 			return false
 		}
 		return true
 	}
-	if (len(prefix) > 0 || fr.Complete()) && !write(prefix) {
-		datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
+	if (len(prefix) > 0 || fr.State().Complete) && !write(prefix) {
+		datapath.EndBroken(client, &res, fr)
 		return res
 	}
 
@@ -112,28 +115,28 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 	for round := 0; ; round++ {
 		n, state, err := drain(brc, *buf)
 		if n > 0 && !write((*buf)[:n]) {
-			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
+			datapath.EndBroken(client, &res, fr)
 			return res
 		}
 		switch state {
 		case drainEmpty:
 		case drainEOF:
 			res.Ending = datapath.BackendEOF
-			if fr.Delimited() {
-				res.Ending, res.Err = datapath.BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", fr.Seen(), io.ErrUnexpectedEOF)
+			if st := fr.State(); st.Delimited {
+				res.Ending, res.Err = datapath.BackendBroken, fmt.Errorf("backend closed after %d body bytes: %w", st.Seen, io.ErrUnexpectedEOF)
 			}
-			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
+			datapath.EndBroken(client, &res, fr)
 			return res
 		case drainError:
 			res.Ending, res.Err = datapath.BackendError, err
-			datapath.EndBroken(client, &res, opts, fr.AtEventBoundary())
+			datapath.EndBroken(client, &res, fr)
 			return res
 		case drainMore:
 			if round < maxDrainRounds {
 				continue
 			}
 			// The backend outruns us: stay in userspace for this body.
-			r := d.user.Continue(ctx, client, backend, nil, opts, fr)
+			r := d.user.Run(ctx, client, backend, nil, opts)
 			r.Bytes += res.Bytes
 			return r
 		}
@@ -153,40 +156,34 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 			level = slog.LevelDebug
 		}
 		d.log.Log(ctx, level, "sockmap attach failed; copying in userspace", "err", err)
-		r := d.user.Continue(ctx, client, backend, nil, opts, fr)
+		r := d.user.Run(ctx, client, backend, nil, opts)
 		r.Bytes += res.Bytes
 		return r
 	}
 	res, kernelTail := d.follow(ctx, s, client, backend, crc, res, opts)
-	d.judgeEnd(client, &res, opts, fr, &tail, kernelTail)
+	judgeEnd(client, &res, fr, &tail, kernelTail)
 	return res
 }
 
 // judgeEnd decides, once a spliced body has ended, whether it ended by its
-// framing, from the bytes relayed in userspace (fr, user) and the tail the
-// BPF program kept of the redirected ones (kernelTail). A backend EOF before
-// the end is BackendBroken; a broken event stream at an event boundary gets
-// the final error event. The kernel cannot stop at the body's end, so bytes
-// a backend sent past it make the tail incomplete too: the client
-// connection is closed rather than left out of step with its responses.
-func (d *Datapath) judgeEnd(client net.Conn, res *datapath.Result, opts datapath.Options, fr *datapath.Framing, user *tailBuf, kernelTail []byte) {
-	var complete, boundary bool
-	switch {
-	case res.KernelBytes == 0:
-		complete, boundary = fr.Complete(), fr.AtEventBoundary()
-	case opts.Chunked:
+// framing: the body's end has followed the bytes relayed in userspace, and
+// is told of the redirected ones by their count and the last bytes of the
+// body (the userspace ones in user, then the tail the BPF program kept,
+// kernelTail). A backend EOF before the end is BackendBroken; a broken body
+// gets end.BrokenEnd (an event stream's final error event). The kernel
+// cannot stop at the body's end, so bytes a backend sent past it make the
+// tail incomplete too: the client connection is closed rather than left out
+// of step with its responses.
+func judgeEnd(client net.Conn, res *datapath.Result, end datapath.BodyEnd, user *tailBuf, kernelTail []byte) {
+	if res.KernelBytes > 0 {
 		t := *user
 		t.add(kernelTail)
-		complete, boundary = datapath.TailEnds(t.bytes(), fr.Seen()+res.KernelBytes <= tailLen)
-	case opts.ContentLength >= 0:
-		complete = res.Bytes >= opts.ContentLength
-	default:
-		complete = true // delimited by the backend's close
+		end.Skip(res.KernelBytes, t.bytes(), end.State().Seen+res.KernelBytes <= tailLen)
 	}
-	if res.Ending == datapath.BackendEOF && fr.Delimited() && !complete {
+	if st := end.State(); res.Ending == datapath.BackendEOF && st.Delimited && !st.Complete {
 		res.Ending, res.Err = datapath.BackendBroken, fmt.Errorf("backend closed after %d body bytes without the body's end: %w", res.Bytes, io.ErrUnexpectedEOF)
 	}
-	datapath.EndBroken(client, res, opts, boundary && !complete)
+	datapath.EndBroken(client, res, end)
 }
 
 // tailLen is the number of a body's last bytes the BPF program keeps

@@ -173,10 +173,11 @@ func TestFaults(t *testing.T) {
 		})
 	}
 
-	// SIGSTOP: the stream on the stopped engine stalls (re-routing it is
-	// not done today); new requests route to the other engine once the
-	// probe marks the stopped one down; after SIGCONT the stalled stream
-	// completes.
+	// SIGSTOP: the stream on the stopped engine stalls (it has received
+	// bytes, so the probe-down leaves it alone; requests still waiting for
+	// their head are re-routed: TestHungEngineAndDepartedClients); new
+	// requests route to the other engine once the probe marks the stopped
+	// one down; after SIGCONT the stalled stream completes.
 	t.Run("sigstop", func(t *testing.T) {
 		g := f.paths[0]
 		s := openStream(t, cl, g.base, "sigstop", 60)

@@ -8,7 +8,9 @@ import (
 )
 
 // ChunkedReader decodes a chunked body (RFC 9112 §7.1), bounding chunk-size
-// lines and trailers.
+// lines and trailers. It reads request bodies and the response bodies a
+// handler buffers; a relayed response body is followed byte by byte by
+// BodyFraming instead (bodyend.go says why the two stay apart).
 type ChunkedReader struct {
 	br        *bufio.Reader
 	remaining int64 // bytes left in the current chunk
@@ -98,15 +100,8 @@ func (c *ChunkedReader) readSize() (int64, error) {
 	}
 	var n int64
 	for _, ch := range line {
-		var d byte
-		switch {
-		case ch >= '0' && ch <= '9':
-			d = ch - '0'
-		case ch >= 'a' && ch <= 'f':
-			d = ch - 'a' + 10
-		case ch >= 'A' && ch <= 'F':
-			d = ch - 'A' + 10
-		default:
+		d := hexVal(ch) // the same digits BodyFraming takes
+		if d < 0 {
 			return 0, badRequest("invalid chunk size")
 		}
 		n = n<<4 | int64(d)

@@ -1,8 +1,10 @@
 // Package http1 is kvgate's HTTP/1.1 wire code, shared by every handler of
 // package fullproxy: reading and validating request heads, decoding chunked
-// bodies under bounds, parsing backend response heads, and writing request
-// heads, response heads and kvgate's own error answers. Nothing outside
-// fullproxy speaks HTTP framing (docs/dataplane.md, "Request path").
+// bodies under bounds, parsing backend response heads, following a relayed
+// response body's framing for the body legs (BodyFraming, the proxy's
+// datapath.BodyEnd), and writing request heads, response heads and kvgate's
+// own error answers. Nothing outside fullproxy speaks HTTP framing
+// (docs/dataplane.md, "Request path"; docs/body-leg.md, "Broken responses").
 package http1
 
 import (

@@ -1,4 +1,4 @@
-package datapath
+package http1
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"net/http/httputil"
 	"regexp"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/datapath"
 )
 
 // sseChunks is two SSE events, one chunk each.
@@ -52,7 +54,7 @@ func TestFraming(t *testing.T) {
 				name += ", byte by byte"
 			}
 			t.Run(name, func(t *testing.T) {
-				f := NewFraming(tc.chunked, tc.length)
+				f := NewBodyFraming(tc.chunked, tc.length, false)
 				n := 0
 				if split {
 					for i := 0; i < len(tc.in); i++ {
@@ -97,8 +99,8 @@ func TestTailEnds(t *testing.T) {
 		{"data: x\r\n\r\n\r\n", false, false},
 		{"ng-trailer: with no chunk line\r\n\r\n", false, true},
 	} {
-		if c, _ := TailEnds([]byte(tc.tail), tc.whole); c != tc.complete {
-			t.Errorf("TailEnds(%q, %v) = %v, want %v", tc.tail, tc.whole, c, tc.complete)
+		if c, _ := tailEnds([]byte(tc.tail), tc.whole); c != tc.complete {
+			t.Errorf("tailEnds(%q, %v) = %v, want %v", tc.tail, tc.whole, c, tc.complete)
 		}
 	}
 }
@@ -108,13 +110,13 @@ func tailCuts(t *testing.T, body string) {
 	t.Helper()
 	for cut := 1; cut <= len(body); cut++ {
 		in := []byte(body[:cut])
-		f := NewFraming(true, -1)
+		f := NewBodyFraming(true, -1, false)
 		f.Feed(in)
 		tail, whole := in, true
 		if len(in) > 32 {
 			tail, whole = in[len(in)-32:], false
 		}
-		complete, boundary := TailEnds(tail, whole)
+		complete, boundary := tailEnds(tail, whole)
 		if complete != f.Complete() {
 			t.Errorf("cut %d (%q): tail says complete=%v, parser %v", cut, tail, complete, f.Complete())
 		}
@@ -125,13 +127,69 @@ func tailCuts(t *testing.T, body string) {
 }
 
 func TestSSEErrorEvent(t *testing.T) {
-	ev := SSEErrorEvent(`cut "here"`)
-	f := NewFraming(true, -1)
+	ev := sseErrorEvent(`cut "here"`)
+	f := NewBodyFraming(true, -1, false)
 	if n := f.Feed(ev); n != len(ev) || f.Err() != nil || !f.AtEventBoundary() {
 		t.Fatalf("the error event is not one well-formed chunk: %q (%v)", ev, f.Err())
 	}
 	if !bytes.Contains(ev, []byte(`"error":{"message":"cut \"here\""`)) {
 		t.Fatalf("event %q", ev)
+	}
+}
+
+// TestBodyEnd: what the body legs ask of a response body through
+// datapath.BodyEnd: its state after bytes fed and after bytes skipped (moved
+// in the kernel, known by their count and tail), and the bytes that end a
+// broken body, which only an event stream stopped at an event boundary has.
+func TestBodyEnd(t *testing.T) {
+	var _ datapath.BodyEnd = (*BodyFraming)(nil)
+	cases := []struct {
+		name        string
+		chunked     bool
+		length      int64
+		eventStream bool
+		feed        string
+		skip        int64  // bytes moved in the kernel, after feed
+		tail        string // the body's last bytes then
+		complete    bool
+		delimited   bool
+		seen        int64
+		brokenEnd   bool
+	}{
+		{"event stream cut at an event boundary", true, -1, true, sseChunks, 0, "", false, true, int64(len(sseChunks)), true},
+		{"event stream cut mid-chunk", true, -1, true, sseChunks[:40], 0, "", false, true, 40, false},
+		{"event stream complete", true, -1, true, sseChunks + "0\r\n\r\n", 0, "", true, true, int64(len(sseChunks)) + 5, false},
+		{"chunked JSON cut between chunks", true, -1, false, sseChunks, 0, "", false, true, int64(len(sseChunks)), false},
+		{"spliced event stream, tail at an event boundary", true, -1, true, sseChunks[:10], 900, sseChunks[len(sseChunks)-32:], false, true, 910, true},
+		{"spliced event stream, tail complete", true, -1, true, sseChunks[:10], 900, sseChunks[len(sseChunks)-27:] + "0\r\n\r\n", true, true, 910, false},
+		{"spliced event stream, tail mid-chunk", true, -1, true, sseChunks[:10], 900, sseChunks[len(sseChunks)-40 : len(sseChunks)-8], false, true, 910, false},
+		{"content-length short", false, 100, false, "0123456789", 0, "", false, true, 10, false},
+		{"content-length, the rest spliced", false, 100, false, "0123456789", 90, "", true, true, 100, false},
+		{"content-length, spliced short", false, 100, false, "0123456789", 80, "", false, true, 90, false},
+		{"until the backend closes", false, -1, true, "data: x\n\n", 20, "", false, false, 29, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := NewBodyFraming(tc.chunked, tc.length, tc.eventStream)
+			f.Feed([]byte(tc.feed))
+			if tc.skip > 0 {
+				f.Skip(tc.skip, []byte(tc.tail), false)
+				if n := f.Feed([]byte("more")); n != 0 {
+					t.Fatalf("Feed after Skip took %d bytes", n)
+				}
+			}
+			st := f.State()
+			if st.Complete != tc.complete || st.Delimited != tc.delimited || st.Seen != tc.seen || st.Err != nil {
+				t.Fatalf("state %+v, want complete %v delimited %v seen %d", st, tc.complete, tc.delimited, tc.seen)
+			}
+			end := f.BrokenEnd("why")
+			if (end != nil) != tc.brokenEnd {
+				t.Fatalf("broken end %q, want one: %v", end, tc.brokenEnd)
+			}
+			if end != nil && !bytes.Equal(end, sseErrorEvent("why")) {
+				t.Fatalf("broken end %q is not the error event", end)
+			}
+		})
 	}
 }
 
@@ -146,13 +204,13 @@ func FuzzFraming(f *testing.F) {
 	f.Add([]byte("3;x=1\r\nabc\r\n0;y\r\nA: b\r\n\r\n"), 1)
 	f.Add([]byte("zz\r\n"), 2)
 	f.Fuzz(func(t *testing.T, in []byte, step int) {
-		whole := NewFraming(true, -1)
+		whole := NewBodyFraming(true, -1, false)
 		n := whole.Feed(in)
 		if n < 0 || n > len(in) {
 			t.Fatalf("accepted %d of %d", n, len(in))
 		}
 		step = 1 + (step&0xff)%64
-		split := NewFraming(true, -1)
+		split := NewBodyFraming(true, -1, false)
 		m := 0
 		for i := 0; i < len(in); i += step {
 			m += split.Feed(in[i:min(len(in), i+step)])
@@ -169,4 +227,31 @@ func FuzzFraming(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkBodyFraming is what a body leg pays to follow an SSE body
+// through the datapath.BodyEnd seam: 4 KiB reads of ~100-byte event chunks,
+// Feed and State per read, as the userspace leg does.
+func BenchmarkBodyFraming(b *testing.B) {
+	body := sseBody(1 << 20)
+	b.SetBytes(int64(len(body)))
+	for range b.N {
+		var end datapath.BodyEnd = NewBodyFraming(true, -1, true)
+		for p := body; len(p) > 0; {
+			n := end.Feed(p[:min(len(p), 4096)])
+			if st := end.State(); st.Err != nil || st.Complete {
+				b.Fatalf("state %+v", st)
+			}
+			p = p[n:]
+		}
+	}
+}
+
+// sseBody is at least n bytes of chunked SSE events, without the last chunk.
+func sseBody(n int) []byte {
+	var body []byte
+	for i := 0; len(body) < n; i++ {
+		body = append(body, chunkOf(fmt.Sprintf(`data: {"i":%d,"t":"%s"}`+"\n\n", i, bytes.Repeat([]byte("x"), 64)))...)
+	}
+	return body
 }

@@ -1,24 +1,31 @@
-package datapath
+package http1
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+
+	"github.com/kvgate/kvgate/pkg/datapath"
 )
 
-// Framing follows a response body's HTTP/1.1 framing as its bytes pass, so
-// a body leg can tell a complete body from one the backend cut short: a
-// chunked body must end with its last chunk ("0\r\n", trailers, "\r\n"), a
-// Content-Length body with its last declared byte. A body with neither ends
-// when the backend closes. See docs/body-leg.md, "Broken responses".
+// BodyFraming follows a response body's HTTP/1.1 framing as its bytes pass
+// through a body leg, so the leg can tell a complete body from one the
+// backend cut short: a chunked body must end with its last chunk ("0\r\n",
+// trailers, "\r\n"), a Content-Length body with its last declared byte. A
+// body with neither ends when the backend closes. It is the proxy's
+// datapath.BodyEnd (docs/body-leg.md, "Broken responses").
 //
 // It keeps O(1) state: the position in the chunk grammar, the bytes left in
 // the current chunk, and the last two data bytes (for the SSE event
-// boundary).
-type Framing struct {
-	chunked bool
-	length  int64 // declared length, or -1
-	seen    int64 // body bytes accepted
+// boundary). ChunkedReader decodes request bodies and buffered response
+// bodies instead: it reads whole lines from a bufio.Reader and, like
+// net/http, takes a bare LF as a line end, while BodyFraming checks every
+// byte a client will parse, so the two stay apart.
+type BodyFraming struct {
+	chunked     bool
+	eventStream bool  // text/event-stream: a break at an event boundary gets an error event
+	length      int64 // declared length, or -1
+	seen        int64 // body bytes accepted (fed and skipped)
 
 	st      chunkState
 	left    uint64 // data bytes left in the current chunk
@@ -27,6 +34,11 @@ type Framing struct {
 	last    [2]byte
 	nData   int64 // data bytes seen (to know last is filled)
 	err     error
+
+	// skipped: part of the body moved in the kernel; judged says what its
+	// tail showed (see Skip).
+	skipped bool
+	judged  struct{ complete, boundary bool }
 }
 
 type chunkState uint8
@@ -52,21 +64,22 @@ const maxLine = 4096
 // ErrBadFraming reports a chunked body that does not follow RFC 9112 §7.1.
 var ErrBadFraming = errors.New("malformed chunked framing")
 
-// NewFraming tracks a body: chunked, or of the declared length (-1: until
-// the backend closes).
-func NewFraming(chunked bool, contentLength int64) *Framing {
+// NewBodyFraming tracks a body: chunked, or of the declared length (-1:
+// until the backend closes); eventStream for a text/event-stream body.
+func NewBodyFraming(chunked bool, contentLength int64, eventStream bool) *BodyFraming {
 	if chunked {
 		contentLength = -1
 	}
-	return &Framing{chunked: chunked, length: contentLength}
+	return &BodyFraming{chunked: chunked, length: contentLength, eventStream: eventStream}
 }
 
 // Feed accepts the next bytes of the body and returns how many belong to
 // it: fewer than len(p) once the body is complete (bytes past its end are
-// not the client's) or the framing broke (Err then says how).
-func (f *Framing) Feed(p []byte) int {
+// not the client's) or the framing broke (Err then says how). It
+// implements datapath.BodyEnd.
+func (f *BodyFraming) Feed(p []byte) int {
 	switch {
-	case f.err != nil || f.Complete():
+	case f.err != nil || f.skipped || f.Complete():
 		return 0
 	case !f.chunked:
 		n := int64(len(p))
@@ -105,7 +118,7 @@ func (f *Framing) Feed(p []byte) int {
 }
 
 // step moves the chunk grammar past one byte outside chunk data.
-func (f *Framing) step(c byte) {
+func (f *BodyFraming) step(c byte) {
 	switch f.st {
 	case csSize:
 		f.sizeByte(c)
@@ -159,7 +172,7 @@ func (f *Framing) step(c byte) {
 }
 
 // sizeByte takes one byte of a chunk-size line's hex size.
-func (f *Framing) sizeByte(c byte) {
+func (f *BodyFraming) sizeByte(c byte) {
 	switch v := hexVal(c); {
 	case v >= 0:
 		if f.digits++; f.digits > 15 {
@@ -182,7 +195,7 @@ func (f *Framing) sizeByte(c byte) {
 
 // lineByte takes one byte of an extension or trailer line: CR moves to
 // next, a bare LF is malformed, anything else stays in the line.
-func (f *Framing) lineByte(c byte, next chunkState, bareLF string) {
+func (f *BodyFraming) lineByte(c byte, next chunkState, bareLF string) {
 	switch c {
 	case '\r':
 		f.st = next
@@ -192,7 +205,7 @@ func (f *Framing) lineByte(c byte, next chunkState, bareLF string) {
 }
 
 // expect checks that c is want, failing the framing with why otherwise.
-func (f *Framing) expect(c, want byte, why string) bool {
+func (f *BodyFraming) expect(c, want byte, why string) bool {
 	if c != want {
 		f.fail(why)
 		return false
@@ -200,7 +213,7 @@ func (f *Framing) expect(c, want byte, why string) bool {
 	return true
 }
 
-func (f *Framing) data(p []byte) {
+func (f *BodyFraming) data(p []byte) {
 	if len(p) >= 2 {
 		f.last = [2]byte{p[len(p)-2], p[len(p)-1]}
 	} else if len(p) == 1 {
@@ -209,7 +222,7 @@ func (f *Framing) data(p []byte) {
 	f.nData += int64(len(p))
 }
 
-func (f *Framing) fail(why string) { f.err = fmt.Errorf("%w: %s", ErrBadFraming, why) }
+func (f *BodyFraming) fail(why string) { f.err = fmt.Errorf("%w: %s", ErrBadFraming, why) }
 
 func hexVal(c byte) int {
 	switch {
@@ -226,7 +239,10 @@ func hexVal(c byte) int {
 // Complete reports whether the body has ended by its own framing. A body
 // delimited by the connection's close is never complete by framing: its
 // end is the backend's EOF.
-func (f *Framing) Complete() bool {
+func (f *BodyFraming) Complete() bool {
+	if f.chunked && f.skipped {
+		return f.judged.complete
+	}
 	if f.chunked {
 		return f.st == csDone
 	}
@@ -235,30 +251,60 @@ func (f *Framing) Complete() bool {
 
 // Delimited reports whether the body carries its own end (chunked or a
 // declared length), so that an EOF before it is a broken response.
-func (f *Framing) Delimited() bool { return f.chunked || f.length >= 0 }
+func (f *BodyFraming) Delimited() bool { return f.chunked || f.length >= 0 }
 
 // Err is the framing error that stopped Feed, if any.
-func (f *Framing) Err() error { return f.err }
+func (f *BodyFraming) Err() error { return f.err }
 
 // Seen is the number of body bytes accepted.
-func (f *Framing) Seen() int64 { return f.seen }
+func (f *BodyFraming) Seen() int64 { return f.seen }
 
 // AtEventBoundary reports whether the body stopped between two chunks whose
 // data so far ended a server-sent event ("\n\n"), so a well-formed chunk
 // carrying one more event can follow.
-func (f *Framing) AtEventBoundary() bool {
+func (f *BodyFraming) AtEventBoundary() bool {
+	if f.skipped {
+		return f.chunked && f.judged.boundary
+	}
 	return f.chunked && f.err == nil && f.st == csSize && f.digits == 0 &&
 		(f.nData == 0 || f.last == [2]byte{'\n', '\n'})
 }
 
-// TailEnds judges a chunked body from its last bytes alone, for the kernel
+// Skip implements datapath.BodyEnd: n body bytes moved in the kernel. A
+// Content-Length body counts them; a chunked body is judged from its last
+// bytes alone (tailEnds), as the kernel leg sees only what the BPF program
+// kept of the stream's end.
+func (f *BodyFraming) Skip(n int64, tail []byte, whole bool) {
+	f.seen += n
+	f.skipped = true
+	if f.chunked {
+		f.judged.complete, f.judged.boundary = tailEnds(tail, whole)
+	}
+}
+
+// State implements datapath.BodyEnd.
+func (f *BodyFraming) State() datapath.BodyState {
+	return datapath.BodyState{Complete: f.Complete(), Delimited: f.Delimited(), Seen: f.seen, Err: f.err}
+}
+
+// BrokenEnd implements datapath.BodyEnd: an event stream the backend broke
+// at an event boundary ends with one more well-formed chunk, an error event
+// carrying why (sseErrorEvent); anywhere else nothing can follow cleanly.
+func (f *BodyFraming) BrokenEnd(why string) []byte {
+	if !f.eventStream || f.Complete() || !f.AtEventBoundary() {
+		return nil
+	}
+	return sseErrorEvent(why)
+}
+
+// tailEnds judges a chunked body from its last bytes alone, for the kernel
 // leg, which sees only what the BPF program kept of the stream's end
 // (whole: tail is the entire body). complete: the tail ends with a last
 // chunk, trailers and the final CRLF. boundary: the tail ends a chunk whose
 // data ended a server-sent event. The judgement can be fooled by chunk data
 // that itself ends in "\r\n0\r\n", which no SSE or JSON body does; see
 // docs/body-leg.md.
-func TailEnds(tail []byte, whole bool) (complete, boundary bool) {
+func tailEnds(tail []byte, whole bool) (complete, boundary bool) {
 	boundary = bytes.HasSuffix(tail, []byte("\n\n\r\n"))
 	if !bytes.HasSuffix(tail, []byte("\r\n")) || len(tail) < 5 {
 		return false, boundary
@@ -307,11 +353,11 @@ func isLastChunkLine(l []byte) bool {
 	return true
 }
 
-// SSEErrorEvent is the chunk a leg sends to an SSE client when the backend
+// sseErrorEvent is the chunk a leg sends to an SSE client when the backend
 // broke the stream at an event boundary: OpenAI's SDKs raise an APIError
 // carrying this message on a data event with an "error" member, instead of
 // a bare socket error (docs/body-leg.md, "Broken responses").
-func SSEErrorEvent(message string) []byte {
+func sseErrorEvent(message string) []byte {
 	ev := fmt.Sprintf(`data: {"error":{"message":%q,"type":"server_error","param":null,"code":"backend_broken"}}`+"\n\n", message)
 	return fmt.Appendf(nil, "%x\r\n%s\r\n", len(ev), ev)
 }
