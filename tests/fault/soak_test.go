@@ -210,9 +210,9 @@ type soakSample struct {
 
 // soakProbe reads one sample of the daemon.
 type soakProbe struct {
-	pid  int
-	api  string
-	cl   *http.Client
+	pid    int
+	api    string
+	cl     *http.Client
 	open   *atomic.Int64
 	done   *atomic.Int64
 	failed *atomic.Int64
@@ -332,8 +332,10 @@ func table(ss []soakSample) string {
 	return b.String()
 }
 
-// checkRSSFlat fails when RSS grew between the 20 % mark of the load and
-// its end by more than the bound above, and logs both values.
+// checkRSSFlat fails when RSS, at any sample from the 20 % mark of the
+// load to its end, exceeds the value at the mark by more than the bound
+// above (the highest sample, not only the last: the heap's swings make RSS
+// dip and rise again), and logs the values.
 func checkRSSFlat(t *testing.T, dp string, c soakConfig, ss []soakSample) {
 	t.Helper()
 	mark, ok1 := loadSampleAt(ss, c.load/5)
@@ -341,27 +343,34 @@ func checkRSSFlat(t *testing.T, dp string, c soakConfig, ss []soakSample) {
 	if !ok1 || !ok2 || end.at <= mark.at {
 		t.Fatalf("%s: too few load samples to compare RSS (%d samples, period %s)", dp, len(ss), c.sample)
 	}
+	peak := mark
+	for _, s := range ss {
+		if !s.idle && s.at >= mark.at && s.rssKiB > peak.rssKiB {
+			peak = s
+		}
+	}
 	limit := mark.rssKiB + int(float64(mark.rssKiB)*soakRSSGrowthFraction) + soakRSSMarginKiB
-	t.Logf("%s: RSS %.1f MiB at %s (20%% mark), %.1f MiB at %s (end of load), %+.1f%%; bound %.1f MiB",
-		dp, float64(mark.rssKiB)/1024, mark.at.Round(time.Second), float64(end.rssKiB)/1024, end.at.Round(time.Second),
-		100*float64(end.rssKiB-mark.rssKiB)/float64(mark.rssKiB), float64(limit)/1024)
-	if end.rssKiB > limit {
+	mib := func(kib int) float64 { return float64(kib) / 1024 }
+	t.Logf("%s: RSS %.1f MiB at %s (20%% mark), %.1f MiB at %s (end of load), highest %.1f MiB at %s (%+.1f%%); bound %.1f MiB",
+		dp, mib(mark.rssKiB), mark.at.Round(time.Second), mib(end.rssKiB), end.at.Round(time.Second),
+		mib(peak.rssKiB), peak.at.Round(time.Second), 100*float64(peak.rssKiB-mark.rssKiB)/float64(mark.rssKiB), mib(limit))
+	if peak.rssKiB > limit {
 		t.Fatalf("%s: RSS grew from %d KiB to %d KiB during the load (bound %d KiB: +%.0f%% + %d MiB)\n%s",
-			dp, mark.rssKiB, end.rssKiB, limit, 100*soakRSSGrowthFraction, soakRSSMarginKiB>>10, table(ss))
+			dp, mark.rssKiB, peak.rssKiB, limit, 100*soakRSSGrowthFraction, soakRSSMarginKiB>>10, table(ss))
 	}
 }
 
 // soakLoad is the test's clients: each keeps one stream open at a time,
 // on a fresh connection, until its count or the deadline is reached.
 type soakLoad struct {
-	cl       *http.Client
-	base     string
-	bound    time.Duration
-	open     atomic.Int64 // streams open now
-	done     atomic.Int64 // streams completed with [DONE]
-	failed   atomic.Int64
-	errMu    sync.Mutex
-	errs     map[string]int // failures by class, at most maxErrClasses classes
+	cl     *http.Client
+	base   string
+	bound  time.Duration
+	open   atomic.Int64 // streams open now
+	done   atomic.Int64 // streams completed with [DONE]
+	failed atomic.Int64
+	errMu  sync.Mutex
+	errs   map[string]int // failures by class, at most maxErrClasses classes
 }
 
 // maxErrClasses bounds the failure classes kept; the rest count as "other".
@@ -475,10 +484,11 @@ func TestSoak(t *testing.T) {
 // soakRuleArgs is the suite's KV rule with a probe that tolerates a starved
 // machine: the fault tests probe every second with a 1 s timeout and no
 // retry to see a dead engine fast, but on the shared 2-core machine at a
-// load average of 20 an engine's /health answer can take longer than that,
-// and both endpoints probed down answer every stream 503
-// no_healthy_backend (seen in the first 2,000-stream run). Here an engine
-// is marked down after 3 probes of 5 s fail.
+// load average of 20 an engine's /health answer can take longer than that:
+// with that probe, the first 2,000-stream run had 177 of 97,206 streams
+// answered 503 no_healthy_backend while probes flapped, and none with this
+// one (docs/body-leg.md, "Fault suite"). Here an engine is marked down
+// after 3 probes of 5 s fail.
 func soakRuleArgs() map[string]any {
 	a := map[string]any{"probeInterval": 5, "probeTimeout": 5, "probeRetries": 3}
 	for k, v := range kvArgs {
