@@ -36,6 +36,10 @@ func applyEnv(cfg *enginesim.Config) error {
 	if v, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
 		cfg.PythonHashSeed, cfg.HashSeedSet = v, true
 	}
+	// vLLM: --api-key takes precedence over VLLM_API_KEY.
+	if v := os.Getenv("VLLM_API_KEY"); v != "" && len(cfg.APIKeys) == 0 {
+		cfg.APIKeys = []string{v}
+	}
 	if v, ok := os.LookupEnv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"); ok {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil {
@@ -136,7 +140,8 @@ the older per-request model:
   inter-token time = 1 / --decode-tokens-per-s
 Profiles: ` + profileList() + `
 
-Environment: PYTHONHASHSEED (the NONE_HASH seed, exactly as vLLM reads it; unset
+Environment: VLLM_API_KEY (--api-key when the flag is not given), PYTHONHASHSEED
+(the NONE_HASH seed, exactly as vLLM reads it; unset
 means "vllm-none-hash" for sha256*, a random seed for xxhash*) and
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1: 64-bit integer hashes in events;
 0: raw digest bytes, as vLLM).
@@ -218,12 +223,15 @@ Example (three engines on separate loopback addresses, same ports):
 	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")
 	f.StringVar(&cfg.ID, "id", "", `engine id for the x-engine-id header (default "<host>:<port>")`)
 	f.StringVar(&cfg.Model, "model", def.Model, "served model name")
+	f.StringArrayVar(&cfg.APIKeys, "api-key", nil, "vLLM's --api-key: paths under /v1, /v2, /inference and /cohere answer 401 without Authorization: Bearer KEY; /health and /metrics stay open (repeat the flag for several keys; default $VLLM_API_KEY)")
 	f.StringSliceVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapter names served on the model, name[,name] (vLLM's name=path is accepted; the path is ignored): requests naming one hash with its lora_name")
 	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")
 	f.IntVar(&cfg.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")
 	f.IntVar(&cfg.HashBlockSize, "hash-block-size", 0, "hash block size when --block-size is a multiple of it (hybrid models, prefix_match_unit): events carry every k-th hash of the finer chain (0 = --block-size)")
 	f.StringVar(&cfg.HashAlgo, "prefix-caching-hash-algo", def.HashAlgo, "block hash: sha256_cbor, xxhash_cbor, sha256 (pickle) or xxhash (pickle)")
 	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", 0, "KV cache capacity in blocks, block 0 reserved as in vLLM (default: the profile's, 8192 with simple)")
+	f.IntVar(&cfg.NumCPUBlocks, "num-cpu-blocks", 0, "CPU offload tier in blocks, as vLLM's OffloadingConnector num_cpu_blocks: full blocks are also stored in CPU memory and reload from it (0 = off; vLLM engine only)")
+	f.Float64Var(&cfg.CPUReloadUsPerToken, "cpu-reload-us-per-token", def.CPUReloadUsPerToken, "cost of reloading one token's KV from the CPU tier, microseconds (any timing model)")
 	f.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", `ZMQ PUB endpoint to bind (default "tcp://<host>:5557"; "none" disables events)`)
 	f.StringVar(&cfg.ReplayEndpoint, "kv-events-replay-endpoint", "", `ZMQ ROUTER for replay (default: PUB port + 1000 on the PUB host; "none" disables)`)
 	f.StringVar(&cfg.EventLayout, "event-layout", def.EventLayout, "KV-event payload layout: map (vLLM >= 0.26) or array (the last array layout, before 0.26)")

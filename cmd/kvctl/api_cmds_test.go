@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -207,6 +209,21 @@ func TestKvctlAgainstRunningAPI(t *testing.T) {
 	run(0, "create", "lb", "0.0.0.0", "--tcp=81:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy", "--wildcard-vip")
 	if s := getAll(t, ts.URL); !strings.Contains(s, `"wildcardVip":true`) {
 		t.Errorf("--wildcard-vip not posted: %s", s)
+	}
+	keyFile := filepath.Join(t.TempDir(), "engine-key")
+	if err := os.WriteFile(keyFile, []byte("sk-engine\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(0, "create", "lb", "10.10.10.6", "--tcp=80:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy", "--backend-token-file", keyFile)
+	if s := getAll(t, ts.URL); !strings.Contains(s, `"backendTokenFile":"`+keyFile+`"`) || strings.Contains(s, "sk-engine") {
+		t.Errorf("--backend-token-file not posted (or the key shown): %s", s)
+	}
+	if err := os.Chmod(keyFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if msg := run(1, "create", "lb", "10.10.10.6", "--tcp=80:8000", "--endpoints=192.0.2.1:1", "--mode=fullproxy", "--backend-token-file", keyFile); !strings.Contains(msg, "API error 400") ||
+		!strings.Contains(msg, "serviceArguments.backendTokenFile") || !strings.Contains(msg, "has mode 0644") {
+		t.Errorf("a loose backend token file: %s", msg)
 	}
 	run(0, "delete", "lb", "--all")
 	if s := getAll(t, ts.URL); strings.TrimSpace(s) != `{"lbAttr":[]}` {

@@ -309,6 +309,7 @@ func newCreateLBCmd() *cobra.Command {
 		probePort, probeTimeout, probeRetries, probeInterval           int
 		pdDisagg, pdCacheAware, cbEnable, chwblSalt, pdReceipt, asJSON bool
 		wildcardVIP, trustTemplate                                     bool
+		backendTokenFile                                               string
 		tlsFlags                                                       lbTLSFlags
 	)
 	c := &cobra.Command{
@@ -365,6 +366,7 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 			if cmd.Flags().Changed("kv-hash-seed") {
 				rule.ServiceArguments.KVHashSeed = &kvHashSeed
 			}
+			rule.ServiceArguments.BackendTokenFile = backendTokenFile
 			if err := tlsFlags.apply(&rule.ServiceArguments.ServiceArguments); err != nil {
 				return err
 			}
@@ -425,6 +427,7 @@ Example (the rule of docs/api.md, a vLLM P/D pool with KV-aware prefill selectio
 	f.IntVar(&probeTimeout, "probetimeout", 0, "probe timeout in seconds (0 = 2)")
 	f.IntVar(&probeRetries, "proberetries", 0, "consecutive failures that mark an endpoint down (0 = 2)")
 	f.IntVar(&probeInterval, "probeinterval", 0, "seconds between probes (0 = 5)")
+	f.StringVar(&backendTokenFile, "backend-token-file", "", "backendTokenFile: absolute path, on kvgate's host and in its --backend-token-dir, of a mode-0600 file holding the engines' key (vLLM --api-key), sent on kvgate's own probes, scrapes and preflight calls, never on clients' requests")
 	f.BoolVarP(&asJSON, "json", "j", false, "print the API's JSON answer")
 	return c
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -36,18 +37,23 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LLB_KV_HASH_DEBUG=1          log every computed block hash (parity forensics)
   LLB_KV_MIN_MATCH_TOKENS      shallow guard in tokens, 0-4096, 0 disables (16)
   LLB_KV_LOADGUARD             mode 1: skip tier 1.5 when the prefill load spread is too wide (off)
+  LLB_PD_SESSION_HASH          mode 1: route unpinned conversations by a bounded-load hash of their key, alike on every replica (off)
   LLB_KV_REPLAY_PORT_OFFSET    KV replay port = PUB port + offset, 0 disables (1000)
   LLB_KV_MAX_PROMPT_TOKENS     longer prompts are not KV-routed (reason tokenize), 1-16777216 (262144)
   LLB_KV_MAX_FRAME_BYTES       largest ZMTP frame/message from a KV peer, 4096-1073741824 (67108864)
+  LLB_KV_AUDIT_SAMPLE          1 in N streams the sockmap would splice is read for the usage audit, 0 = none (64)
   LOXILB_KV_TRTLLM_POLL_MIN_MS TensorRT-LLM drain poll interval while events flow, 1-10000 ms (5)
   LOXILB_KV_TRTLLM_POLL_MAX_MS TensorRT-LLM drain poll interval while idle, 1-10000 ms (20)
-  LOXILB_KV_LB_MODE            off|hard|soft|adaptive|adaptive-soft load blend (hard)
+  LOXILB_KV_LB_MODE            off|hard|soft|adaptive|adaptive-soft|cost load blend (hard)
   LOXILB_KV_UNIFIED_MODE       legacy switch, read only when LOXILB_KV_LB_MODE is unset
   LOXILB_KV_MEAN_LOAD_FACTOR   CHWBL cap factor (1+eps)*100, 100-1000 (175)
   LOXILB_KV_LOAD_PENALTY       soft-mode lambda, 1-100000 (32)
   LOXILB_KV_SPILL_RELIEF       auto|on|off (auto: on for mode 3, off for mode 1)
   LOXILB_KV_COLDSTART_SEED_N   every Nth hit seeds a cold endpoint, 0 disables (16)
   LOXILB_KV_COLDSTART_MIN_BLOCKS  fewer blocks than this is cold (16)
+  LOXILB_KV_PROVISIONAL_WEIGHT credit of a routed, not yet reported block, percent 0-100, 0 off (90)
+  LOXILB_KV_COST_WORK_WEIGHT   cost mode: percent of a request's uncached prefill charged as fleet work, 0-1000 (300)
+  LOXILB_KV_PROVISIONAL_TTL_MS how long a predicted block waits for its BlockStored, 100-600000 ms (10000)
   LOXILB_KV_MAX_BLOCKS         per-endpoint inventory cap, 1000-100000000 (1000000)
   LOXILB_KV_ZERO_HIT_N         zero-hit watchdog threshold (50)
   LOXILB_KV_SCORE              leading|overlap block scoring (leading)
@@ -87,7 +93,11 @@ type daemonFlags struct {
 	apiInsecure    bool
 	metricsAddr    string
 	endpointCIDRs  string
-	dataTLS        dataTLSFlags
+	rulesFile      string
+	rulesFileEvery time.Duration
+	// backendTokenDir confines rules' backendTokenFile (backendtoken.go).
+	backendTokenDir string
+	dataTLS         dataTLSFlags
 }
 
 func newRoot() *cobra.Command {
@@ -125,9 +135,12 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	fl.StringVar(&f.apiTokenFile, "api-token-file", "", "require Authorization: Bearer tokens from this file: '<name> <admin|read> <token>' per line; mode 0600 or 0400 (reloads)")
 	fl.BoolVar(&f.apiInsecure, "api-insecure", false, "allow a management API beyond loopback without TLS and tokens (logged, and kvgate_api_insecure 1)")
 	fl.StringVar(&f.endpointCIDRs, "endpoint-cidrs", "", "only allow rule endpoints in these comma-separated CIDRs (their KV-event and replay ports too); default: any address")
+	fl.StringVar(&f.backendTokenDir, "backend-token-dir", defaultBackendTokenDir, "the only directory a rule's backendTokenFile may be in (the engines' keys; kvgate reads them as its own user); / allows any path")
 	addDataTLSFlags(fl, &f.dataTLS)
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
+	fl.StringVar(&f.rulesFile, "rules-file", "", "reconcile rules with this YAML or JSON file (a ConfigMap every replica mounts) at start and whenever it changes; endpoints carry fixed ep_idx, and REST changes to its rules answer 409 (docs/replicas.md)")
+	fl.DurationVar(&f.rulesFileEvery, "rules-file-interval", 2*time.Second, "how often --rules-file is checked for changes (100ms-5m)")
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
 	fl.StringVar(&f.datapath, "datapath", "auto", "response body path: auto|sockmap|userspace (sockmap: eBPF splice, needs root/CAP_BPF; auto picks what the benchmark favours for token streams, see docs/body-leg.md)")
 	fl.StringVar(&f.bpfPinDir, "bpf-pin-dir", splice.DefaultPinDir, "where the sockmap path pins its maps and programs (one subdirectory per instance, derived from --api)")
@@ -231,7 +244,16 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
+		RulesFile: f.rulesFile, RulesFileInterval: f.rulesFileEvery,
 		TLSCertDir: f.dataTLS.certDir, TLSReloadInterval: f.dataTLS.reloadInterval, TLSHandshakeTimeout: f.dataTLS.handshakeTimeout,
+	}
+	if f.rulesFile != "" {
+		// Replicas load one file: start the round-robin cursors at a random
+		// point so replicas do not pick endpoints in step (docs/replicas.md).
+		gopts.CursorStart = rand.Uint64()
+	}
+	if gopts.BackendTokenDir, err = backendTokenDir(f.backendTokenDir); err != nil {
+		return err
 	}
 	if vips != nil {
 		gopts.VIPs = vips

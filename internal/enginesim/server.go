@@ -35,6 +35,7 @@ type Engine struct {
 	cfg        Config
 	hasher     *groupHasher
 	pool       *blockPool
+	cpu        *cpuTier // nil unless NumCPUBlocks > 0
 	metrics    *engineMetrics
 	pub        *publisher
 	layout     kvevents.Layout
@@ -101,6 +102,7 @@ func New(cfg Config) (*Engine, error) {
 	if e.pool, err = newBlockPool(cfg.NumGPUBlocks); err != nil {
 		return nil, fmt.Errorf("enginesim: %w", err)
 	}
+	e.cpu = newCPUTier(cfg.NumCPUBlocks)
 	if cfg.Engine == EngineTRTLLM {
 		e.drain = newTRTDrain(cfg.EventBufferMaxSize, cfg.NumGPUBlocks, cfg.MaxModelLen)
 	}
@@ -254,8 +256,13 @@ func (e *Engine) routes() http.Handler {
 		mux.HandleFunc("GET /debug/state", e.handleDebugState)
 		mux.HandleFunc("POST /debug/match", e.handleDebugMatch)
 	}
+	keys := newAPIKeys(e.cfg.APIKeys)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-engine-id", e.cfg.ID)
+		if keys.refuses(r) {
+			writeUnauthorized(w)
+			return
+		}
 		r.Body = http.MaxBytesReader(w, r.Body, e.cfg.MaxRequestBytes)
 		if h, pattern := mux.Handler(r); pattern == "" {
 			// The mux's own 404/405: answer in vLLM's JSON error shape.

@@ -115,6 +115,9 @@ type Options struct {
 	// EndpointCIDRs, when set, are the only ranges rule endpoints may be in
 	// (--endpoint-cidrs).
 	EndpointCIDRs []netip.Prefix
+	// BackendTokenDir, when set, is the only directory a rule's
+	// backendTokenFile may be in (--backend-token-dir); "" allows any path.
+	BackendTokenDir string
 	// Middleware wraps the whole API handler when serving: authentication
 	// and audit (package apiauth). nil serves it bare.
 	Middleware func(http.Handler) http.Handler
@@ -211,6 +214,11 @@ func (s *Server) restoreCheckLocked(r *config.Rule) error {
 	if err := config.CheckAddresses(c, s.listenersLocked(c.Key())); err != nil {
 		return err
 	}
+	if c.Args.BackendTokenFile != "" {
+		if err := inBackendTokenDir(c.Args.BackendTokenFile, s.opts.BackendTokenDir); err != nil {
+			return err
+		}
+	}
 	return config.CheckEndpointCIDRs(c, s.opts.EndpointCIDRs)
 }
 
@@ -301,6 +309,9 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 	if err := config.Validate(r, s.opts.Settings); err != nil {
 		return 0, err
 	}
+	if err := s.checkBackendTokenFile(r); err != nil {
+		return 0, err
+	}
 	r.Args.ExternalIP = r.Key().ExternalIP
 	r.Args.Protocol = r.Key().Protocol
 	for i := range r.Endpoints {
@@ -308,9 +319,13 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 			r.Endpoints[i].IP = ip.String()
 		}
 	}
+	r.Owner = "" // a REST rule; only ReconcileFile installs owned rules
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := r.Key()
+	if err := s.ownedLocked(key); err != nil {
+		return 0, err
+	}
 	if err := config.CheckAddresses(r, s.listenersLocked(key)); err != nil {
 		return 0, err
 	}
@@ -478,6 +493,9 @@ func (s *Server) Delete(key config.RuleKey) error {
 	if !ok {
 		return ruleNotFound(key)
 	}
+	if err := s.ownedLocked(key); err != nil {
+		return err
+	}
 	return s.commitLocked(key, old, nil)
 }
 
@@ -485,6 +503,13 @@ func (s *Server) Delete(key config.RuleKey) error {
 func (s *Server) DeleteAll() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// All or nothing: a table that holds file-owned rules is refused before
+	// any rule goes.
+	for _, r := range s.sortedLocked() {
+		if err := s.ownedLocked(r.Key()); err != nil {
+			return err
+		}
+	}
 	for _, r := range s.sortedLocked() {
 		if err := s.commitLocked(r.Key(), r, nil); err != nil {
 			return err
@@ -500,6 +525,9 @@ func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
 	old, ok := s.rules[key]
 	if !ok {
 		return ruleNotFound(key)
+	}
+	if err := s.ownedLocked(key); err != nil {
+		return err
 	}
 	updated := old.Clone()
 	found := false

@@ -9,8 +9,13 @@
 // the file and its mode. The file is re-read when it changes; a change that
 // does not parse keeps the tokens in force and is logged.
 //
+// A rule's backendTokenFile (BackendToken, backendtoken.go) is the other
+// kind of secret file here: the key the rule's engines require, held to the
+// same mode rules, reloaded on change and sent only on kvgate's own calls to
+// the engines.
+//
 // Knobs (cmd/kvgate flags): --api-token-file, --api-tls-cert, --api-tls-key,
-// --api-client-ca, --api-insecure. Metrics (through Observer):
+// --api-client-ca, --api-insecure; rule field backendTokenFile. Metrics (through Observer):
 // kvgate_api_auth_failures_total{reason}, kvgate_api_reloads_total{file,result}.
 // docs/security.md has the threat model.
 package apiauth

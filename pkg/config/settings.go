@@ -28,6 +28,10 @@ type Settings struct {
 	// LLB_KV_LOADGUARD: mode 1 only; skip Tier 1.5 when the prefill load spread
 	// exceeds pd_balance_abs_threshold.
 	LoadGuard bool
+	// LLB_PD_SESSION_HASH: a P/D conversation no replica-local pin covers
+	// routes by a bounded-load rendezvous hash of its session key, so every
+	// replica picks the same pair (docs/replicas.md). Default off.
+	SessionHash bool
 
 	// LOXILB_KV_LB_MODE (or the legacy LOXILB_KV_UNIFIED_MODE). Default hard.
 	LBMode selector.LBMode
@@ -47,6 +51,20 @@ type Settings struct {
 	ZeroHitN int
 	// LOXILB_KV_SCORE: leading (alias prefix; the leading run, default) or overlap.
 	Score selector.ScoreMode
+	// LLB_KV_TIER_WEIGHTS: what the leading-run score credits a block on each
+	// offload tier with, relative to one on the GPU. Default
+	// GPU=1.0,CPU=0.8,STORAGE=0.25 (docs/selection.md, "Offload tiers in the score").
+	TierWeights inventory.TierWeights
+	// LOXILB_KV_PROVISIONAL_WEIGHT: credit of a predicted (routed, not yet
+	// reported) block in percent of a stored one, 0-100; 0 turns
+	// provisional blocks off. Default 90 (docs/selection.md).
+	ProvisionalWeight int
+	// LOXILB_KV_COST_WORK_WEIGHT: the cost mode's charge for the prefill work
+	// a choice adds to the fleet, percent 0-1000. Default 300.
+	CostWorkWeight int
+	// LOXILB_KV_PROVISIONAL_TTL_MS: how long a predicted block waits for its
+	// BlockStored, 100-600000 ms. Default 10000.
+	ProvisionalTTL time.Duration
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
 	// LLB_KV_MAX_PROMPT_TOKENS: a prompt with more tokens is not routed by
@@ -58,6 +76,12 @@ type Settings struct {
 	// event-drain poll interval, 1-10000 ms each. Defaults 5 / 20; when min >
 	// max both revert to the defaults, as the reference does.
 	TRTLLMPollMin, TRTLLMPollMax time.Duration
+
+	// LLB_KV_AUDIT_SAMPLE: 1 in N streamed responses that would be spliced
+	// in the kernel is copied in userspace instead, so the per-request usage
+	// audit reads its usage (docs/parity.md); 0 = none, 0-1000000.
+	// Default 64.
+	AuditSample int
 
 	// LLB_PD_PREFILL_TIMEOUT_SEC: prefill leg and decode first-byte bound, 1-99999 s. Default 30.
 	PrefillTimeout time.Duration
@@ -90,13 +114,18 @@ func DefaultSettings() Settings {
 		ColdStartSeedN:     selector.DefaultColdStartSeedN,
 		ColdStartMinBlocks: selector.DefaultColdStartMinBlocks,
 		MaxBlocks:          inventory.DefaultMaxBlocks,
+		TierWeights:        inventory.DefaultTierWeights(),
 		ZeroHitN:           selector.DefaultZeroHitN,
 		Score:              selector.ScorePrefix,
+		ProvisionalWeight:  inventory.DefaultProvisionalWeight,
+		CostWorkWeight:     selector.DefaultCostWorkWeight,
+		ProvisionalTTL:     inventory.DefaultProvisionalTTL,
 		ReplayPortOffset:   1000,
 		MaxPromptTokens:    262144,
 		MaxFrameBytes:      64 << 20,
 		TRTLLMPollMin:      5 * time.Millisecond,
 		TRTLLMPollMax:      20 * time.Millisecond,
+		AuditSample:        64,
 		PrefillTimeout:     30 * time.Second,
 		DecodeSilence:      120 * time.Second,
 		OriginErrThreshold: 3,
@@ -146,6 +175,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.boolean("LLB_KV_HASH_DEBUG", &s.HashDebug)
 	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, selector.MaxMinMatchTokens)
 	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
+	p.boolean("LLB_PD_SESSION_HASH", &s.SessionHash)
 
 	if _, ok := p.get("LOXILB_KV_LB_MODE"); ok {
 		parsed(&p, "LOXILB_KV_LB_MODE", &s.LBMode, selector.ParseLBMode)
@@ -163,6 +193,12 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, inventory.MinMaxBlocks, inventory.MaxMaxBlocks)
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	parsed(&p, "LOXILB_KV_SCORE", &s.Score, selector.ParseScoreMode)
+	parsed(&p, "LLB_KV_TIER_WEIGHTS", &s.TierWeights, inventory.ParseTierWeights)
+	p.integer("LOXILB_KV_PROVISIONAL_WEIGHT", &s.ProvisionalWeight, 0, 100)
+	p.integer("LOXILB_KV_COST_WORK_WEIGHT", &s.CostWorkWeight, 0, selector.MaxCostWorkWeight)
+	provTTL := int(s.ProvisionalTTL / time.Millisecond)
+	p.integer("LOXILB_KV_PROVISIONAL_TTL_MS", &provTTL, 100, int(inventory.MaxProvisionalTTL/time.Millisecond))
+	s.ProvisionalTTL = time.Duration(provTTL) * time.Millisecond
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
 	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
 	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)
@@ -173,6 +209,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 		pollMin, pollMax = 5, 20
 	}
 	s.TRTLLMPollMin, s.TRTLLMPollMax = time.Duration(pollMin)*time.Millisecond, time.Duration(pollMax)*time.Millisecond
+	p.integer("LLB_KV_AUDIT_SAMPLE", &s.AuditSample, 0, 1_000_000)
 
 	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)
 	p.seconds("LLB_PD_DECODE_SILENCE_SEC", &s.DecodeSilence, 1, 99999)

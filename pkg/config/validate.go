@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"path/filepath"
 	"strings"
 )
 
@@ -56,7 +57,41 @@ func Validate(r *Rule, env Settings) error {
 	if err := validatePD(&r.Args); err != nil {
 		return err
 	}
+	if err := validateBackendTokenFile(&r.Args); err != nil {
+		return err
+	}
 	return validateTopology(r)
+}
+
+// MaxBackendTokenPathLen bounds backendTokenFile (PATH_MAX).
+const MaxBackendTokenPathLen = 4096
+
+// validateBackendTokenFile checks the path's shape only; the file itself
+// (its mode, owner and token) is checked where the filesystem is, by the
+// API when the rule is posted (docs/security.md).
+func validateBackendTokenFile(a *ServiceArguments) error {
+	p := a.BackendTokenFile
+	if p == "" {
+		return nil
+	}
+	if len(p) > MaxBackendTokenPathLen {
+		return invalid("serviceArguments.backendTokenFile", "longer than %d bytes", MaxBackendTokenPathLen)
+	}
+	// The path is logged and shown by GET: control characters would forge
+	// log lines.
+	if i := strings.IndexFunc(p, func(c rune) bool { return c < 0x20 || c == 0x7f }); i >= 0 {
+		return invalid("serviceArguments.backendTokenFile", "byte %d is a control character; give the file's absolute path", i)
+	}
+	if !filepath.IsAbs(p) {
+		return invalid("serviceArguments.backendTokenFile", "%q is not an absolute path; kvgate's working directory is not the operator's", p)
+	}
+	// A security 2 rule says the path to its engines is encrypted, but
+	// kvgate's own calls to them (scrape, preflight) are still plain HTTP:
+	// they would put the key on the wire in the clear.
+	if a.Security == SecurityE2EHTTPS {
+		return invalid("serviceArguments.backendTokenFile", "not with security 2: kvgate's own calls to the engines (metrics scrape, preflight) are plain HTTP and would carry the key in the clear")
+	}
+	return nil
 }
 
 // validateService checks the LoxiLB service fields: address, port,

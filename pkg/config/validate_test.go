@@ -34,6 +34,12 @@ func TestValidateRejects(t *testing.T) {
 		{"kvExactMode 4", func(r *Rule) { r.Args.KVExactMode = 4 }, "kvExactMode", "0 off, 1 P/D, 3 single pool"},
 		{"kvExactMode -1", func(r *Rule) { r.Args.KVExactMode = -1 }, "kvExactMode", "allowed values"},
 		{"kvExactMode 2 reserved", func(r *Rule) { r.Args.KVExactMode = 2 }, "kvExactMode", "reserved"},
+		{"backendTokenFile relative", func(r *Rule) { r.Args.BackendTokenFile = "engine-key" }, "serviceArguments.backendTokenFile", "not an absolute path"},
+		{"backendTokenFile control character", func(r *Rule) { r.Args.BackendTokenFile = "/etc/kvgate/key\n" }, "serviceArguments.backendTokenFile", "control character"},
+		{"backendTokenFile on a security 2 rule", func(r *Rule) {
+			r.Args.BackendTokenFile, r.Args.Security, r.Args.ProbeType = "/etc/kvgate/backend-tokens/k", SecurityE2EHTTPS, ProbeTCP
+		}, "serviceArguments.backendTokenFile", "not with security 2"},
+		{"backendTokenFile too long", func(r *Rule) { r.Args.BackendTokenFile = "/" + strings.Repeat("k", MaxBackendTokenPathLen) }, "serviceArguments.backendTokenFile", "longer than 4096"},
 		{"security 3", func(r *Rule) { r.Args.Security = 3 }, "serviceArguments.security", "0 plain HTTP, 1 https"},
 		{"security -1", func(r *Rule) { r.Args.Security = -1 }, "serviceArguments.security", "allowed values"},
 		{"kv needs mode 4", func(r *Rule) { r.Args.Mode = 0 }, "kvExactMode", "mode 4"},
@@ -213,6 +219,10 @@ func TestValidateAccepts(t *testing.T) {
 			r.Args.KVLoraAdapters = append(r.Args.KVLoraAdapters, "sql-lora=Qwen/Qwen3-0.6B")
 		}, DefaultSettings()},
 		{"lora longest name", func(r *Rule) { r.Args.KVLoraAdapters = []string{strings.Repeat("a", MaxLoraAdapterLen)} }, DefaultSettings()},
+		{"backendTokenFile", func(r *Rule) { r.Args.BackendTokenFile = "/etc/kvgate/engine-key" }, DefaultSettings()},
+		{"backendTokenFile on a plain rule", func(r *Rule) {
+			*r = Rule{Args: ServiceArguments{ExternalIP: "10.0.0.1", Port: 80, BackendTokenFile: "/run/secrets/vllm-key"}, Endpoints: []Endpoint{{IP: "10.0.0.2", TargetPort: 80, Weight: 1}}}
+		}, DefaultSettings()},
 		{"ipv6", func(r *Rule) { r.Args.ExternalIP = "fd00::1"; r.Endpoints[0].IP = "fd00::2" }, DefaultSettings()},
 		{"256 endpoints", func(r *Rule) {
 			r.Args.KVExactMode = 3

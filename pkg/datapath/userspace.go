@@ -49,11 +49,19 @@ func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []
 	defer func() { u.moved.Add(uint64(res.Bytes)) }()
 	// relay writes the part of p that belongs to the body; it reports
 	// false when the leg is over (client gone, body complete, bad framing).
+	firstBody := opts.FirstBody
 	relay := func(p []byte) bool {
 		n := fr.Feed(p)
+		if n > 0 && firstBody != nil {
+			firstBody()
+			firstBody = nil
+		}
 		if n > 0 {
 			w, err := client.Write(p[:n])
 			res.Bytes += int64(w)
+			if opts.Tap != nil && w > 0 {
+				opts.Tap(p[:w])
+			}
 			res.LastActivity = time.Now()
 			if err != nil {
 				res.Ending, res.Err = ClientGone, err

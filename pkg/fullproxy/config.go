@@ -132,12 +132,20 @@ type Config struct {
 	// runs on each backend socket before connect(). The daemon uses it to tag
 	// backend sockets for the BPF load map (splice.Datapath.TagBackend).
 	DialControl func(network, address string, c syscall.RawConn) error
+	// BodyAuditor, when set, may tap relayed response bodies (the
+	// per-request usage audit, docs/parity.md); nil taps none.
+	BodyAuditor BodyAuditor
 	// Guard recovers a panic in one connection's handling (the connection
 	// closes, the proxy keeps serving); nil still recovers, uncounted.
 	Guard *recovery.Guard
 	// TLS, when set, terminates TLS on every accepted connection before the
 	// HTTP/1.1 server reads it (package tlsterm; docs/security.md).
 	TLS TLSTerminator
+	// Pool, when set, keeps idle backend connections for the plain
+	// forward's next requests, within these bounds (pool.go). The daemon
+	// sets it on security-2 rules, whose connections cost a TLS handshake;
+	// nil opens one connection per request with "Connection: close".
+	Pool *PoolOptions
 }
 
 // TLSTerminator wraps accepted connections in TLS. Wrap does no I/O (it runs

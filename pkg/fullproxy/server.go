@@ -61,6 +61,7 @@ import (
 	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/fullproxy/internal/http1"
+	"github.com/kvgate/kvgate/pkg/tlsterm"
 )
 
 // Server is one rule's listener and its connections.
@@ -86,6 +87,10 @@ type Server struct {
 	// waits are the backend waits without a response byte, per endpoint
 	// (headwait.go).
 	waits headWaits
+	// pool keeps idle backend connections (nil: none; pool.go), and poolObs
+	// hears how each request got its connection (nil: nobody).
+	pool    *backendPool
+	poolObs PoolObserver
 }
 
 // Listen binds the rule's address (with IP_FREEBIND) and returns a Server;
@@ -122,6 +127,10 @@ func newServer(cfg Config, ln net.Listener) *Server {
 	if s.dial == nil {
 		d := &net.Dialer{Timeout: s.lim.ConnectTimeout, Control: cfg.DialControl}
 		s.dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+	}
+	if cfg.Pool != nil {
+		s.pool = newBackendPool(*cfg.Pool)
+		s.poolObs, _ = s.obs.(PoolObserver)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
@@ -207,6 +216,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	_ = s.ln.Close()
+	// Idle engine connections close now; those of requests still running
+	// close when their requests end (the pool is closed to them).
+	s.closeIdleBackends()
 
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
@@ -260,6 +272,7 @@ func (s *Server) serveConn(c *clientConn) {
 	defer c.nc.Close()
 	if c.tls != nil {
 		if err := s.cfg.TLS.Handshake(s.ctx, c.tls); err != nil {
+			answerPlainHTTP(err)
 			return
 		}
 	}
@@ -390,4 +403,18 @@ func (s *Server) writeHead(client net.Conn, head []byte) error {
 	}
 	_ = client.SetWriteDeadline(time.Time{})
 	return nil
+}
+
+// answerPlainHTTP answers a client that spoke plain HTTP to a TLS port with
+// a 400 in kvgate's error shape, as Go's own HTTPS server does, on the raw
+// connection the failed handshake reports (docs/security.md, threat model:
+// other clients of a TLS rule); any other handshake error gets no answer.
+func answerPlainHTTP(err error) {
+	var re tls.RecordHeaderError
+	if !errors.Is(err, tlsterm.ErrPlainHTTP) || !errors.As(err, &re) || re.Conn == nil {
+		return
+	}
+	head, body := http1.ErrorResponse(400, "bad_request", "this port speaks HTTPS; the client sent a plain HTTP request", false)
+	_ = re.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = re.Conn.Write(append(head, body...))
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
+	"github.com/kvgate/kvgate/pkg/rulesfile"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
@@ -70,18 +71,38 @@ type Options struct {
 	// EndpointCIDRs restricts rule endpoints to these ranges (--endpoint-cidrs;
 	// empty: any address).
 	EndpointCIDRs []netip.Prefix
+	// BackendTokenDir confines rules' backendTokenFile to one directory
+	// (--backend-token-dir; empty: any path).
+	BackendTokenDir string
 	// APIMiddleware wraps the management API (authentication and audit,
 	// package apiauth); nil serves it bare.
 	APIMiddleware func(http.Handler) http.Handler
 	// VIPs, when set, puts each rule's VIP on a device while the rule exists
 	// (--vip-dev, package vip); nil leaves addresses to the operator.
 	VIPs VIPPlumber
+	// RulesFile is the declarative rule source every replica loads
+	// (--rules-file, package rulesfile); "" means REST only.
+	RulesFile string
+	// RulesFileInterval is how often RulesFile is checked (0: 2 s).
+	RulesFileInterval time.Duration
+	// LocalLoadOnly turns the shared load view off (sharedload.go): the
+	// selector counts this process's in-flight requests only. Code only,
+	// for the routing benchmark's comparison.
+	LocalLoadOnly bool
+	// CursorStart is where every rule's round-robin cursors start; replicas
+	// of one fleet pass different values (cmd/kvgate: random with
+	// --rules-file) so their round-robin picks are not in step.
+	CursorStart uint64
 	// TLSCertDir holds TLS rules' certificates, <dir>/<vip>_<port>/tls.crt
 	// and tls.key (--tls-cert-dir; docs/security.md). TLSReloadInterval and
 	// TLSHandshakeTimeout: zero takes package tlsterm's defaults.
 	TLSCertDir          string
 	TLSReloadInterval   time.Duration
 	TLSHandshakeTimeout time.Duration
+	// BackendPool bounds the idle engine connections a security-2 rule keeps
+	// (zero fields: fullproxy.DefaultPoolOptions; docs/security.md, "Engine
+	// connection pool").
+	BackendPool fullproxy.PoolOptions
 }
 
 // Gateway is the running daemon minus its flags.
@@ -101,11 +122,16 @@ type Gateway struct {
 	access  *slog.Logger
 	store   *state.Store
 	status  *status.Collector
+
+	// auditLog rate-limits the usage audit's mismatch warnings (usageaudit.go).
+	auditLog *slog.Logger
 	// guard recovers, logs and counts (kvgate_panics_total) a panic in any
 	// goroutine the daemon starts, so one bad input cannot end the process.
 	guard *recovery.Guard
 	// inspect bounds the request bodies tokenized at once (inspect.go).
 	inspect *inspectGate
+	// rulesFile reconciles the table with --rules-file (rulesfile.go); nil without one.
+	rulesFile *rulesfile.Watcher
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -114,16 +140,21 @@ type Gateway struct {
 }
 
 type ruleRuntime struct {
-	rule   *config.Rule
-	index  *inventory.Index
-	sel    *selector.Selector
-	router *router
-	server *fullproxy.Server
-	loads  *fullproxy.Loads
-	health *ruleHealth
-	served chan struct{}
+	rule  *config.Rule
+	index *inventory.Index
+	// overlay holds the blocks routed but not yet reported (nil when
+	// LOXILB_KV_PROVISIONAL_WEIGHT is 0); the subscribers write through it.
+	overlay *inventory.Overlay
+	sel     *selector.Selector
+	router  *router
+	server  *fullproxy.Server
+	loads   *fullproxy.Loads
+	health  *ruleHealth
+	served  chan struct{}
 	// stopTLS stops following a TLS rule's certificate files.
 	stopTLS func()
+	// audit is the rule's per-request usage audit (usageaudit.go).
+	audit *usageAuditor
 }
 
 // New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
@@ -140,6 +171,7 @@ func New(opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	selOpts.CursorStart = opts.CursorStart
 	g.selOpts = selOpts
 	mode, err := datapath.ParseMode(opts.Datapath)
 	if err != nil {
@@ -175,6 +207,7 @@ func New(opts Options) (*Gateway, error) {
 	// Tokenizer warnings are rate-limited: each unknown model in a request
 	// would otherwise log two WARN lines.
 	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
+	g.auditLog = slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
 	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, g.guard)
 	defer func() {
@@ -194,7 +227,7 @@ func New(opts Options) (*Gateway, error) {
 
 	g.status = g.newStatus()
 	apiOpts := api.Options{Settings: opts.Settings, Sink: g, Inventory: g, Health: g, Gatherer: g.Metrics.Registry, Status: g.status, Readiness: g.ready, Preflight: g, Middleware: opts.APIMiddleware, EndpointCIDRs: opts.EndpointCIDRs, Log: g.log,
-		Guard: g.guard}
+		Guard: g.guard, BackendTokenDir: opts.BackendTokenDir}
 	if opts.StateDir != "" {
 		st, err := state.Open(opts.StateDir, g.log)
 		if err != nil {
@@ -213,6 +246,9 @@ func New(opts Options) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: restore rules: %w", err)
 		}
 	}
+	if err := g.openRulesFile(); err != nil {
+		return nil, err
+	}
 	built = true
 	return g, nil
 }
@@ -224,6 +260,9 @@ func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	g.guard.Go(recovery.API, func() { apiErr <- g.API.Serve(ctx, apiLn) })
 	g.guard.Go(recovery.Poller, func() { g.status.Run(ctx) })
+	if g.rulesFile != nil {
+		g.guard.Go(recovery.Poller, func() { g.rulesFile.Run(ctx) })
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -344,7 +383,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if term != nil {
 		clientTLS = term
 	}
-	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks,
+	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks, TierWeights: g.opts.Settings.TierWeights,
 		Observer: ingest.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
 	if err != nil {
 		return fmt.Errorf("service %d: inventory: %w", id, err)
@@ -354,19 +393,30 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return err
 	}
-	scores := newTimedScorer(idx)
+	overlay, err := g.newOverlay(idx)
+	if err != nil {
+		return fmt.Errorf("service %d: %w", id, err)
+	}
+	var scorer selector.Scorer = idx
+	if overlay != nil {
+		scorer = overlay
+	}
+	scores := newTimedScorer(scorer)
+	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Loads: rh.loads(loads), Engine: rh, States: rh, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS}
-	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
+	rt := &ruleRuntime{rule: rule, index: idx, overlay: overlay, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS}
+	rt.router = &router{service: id, sel: sel, scores: scores, overlay: overlay, costs: costs, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
 	rt.router.state.Store(st)
-	handler, err := rh.handler(rule, rt.router)
+	audit := newUsageAuditor(id, rt.router, g.Metrics, g.auditLog, g.opts.Settings.AuditSample)
+	rt.audit = audit
+	handler, err := rh.handler(rule, rt.router, audit)
 	if err != nil {
 		return err
 	}
@@ -376,7 +426,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
 		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
-		Guard: g.guard, TLS: clientTLS, Dial: backendDial,
+		Guard: g.guard, TLS: clientTLS, Dial: backendDial, Pool: g.backendPool(rule), BodyAuditor: audit,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
@@ -415,6 +465,30 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	return nil
 }
 
+// newOverlay puts the provisional overlay over a rule's index, or returns
+// nil when LOXILB_KV_PROVISIONAL_WEIGHT is 0 (docs/selection.md,
+// "Provisional blocks").
+func (g *Gateway) newOverlay(idx *inventory.Index) (*inventory.Overlay, error) {
+	st := g.opts.Settings
+	if st.ProvisionalWeight <= 0 {
+		return nil, nil
+	}
+	ov, err := inventory.NewOverlay(idx, inventory.ProvisionalOptions{Weight: st.ProvisionalWeight, TTL: st.ProvisionalTTL})
+	if err != nil {
+		return nil, fmt.Errorf("provisional blocks: %w", err)
+	}
+	return ov, nil
+}
+
+// sink is where the rule's KV events land: the overlay (which confirms its
+// predictions and passes every event to the index), else the index.
+func (rt *ruleRuntime) sink() ingest.Sink {
+	if rt.overlay != nil {
+		return rt.overlay
+	}
+	return rt.index
+}
+
 func (g *Gateway) update(old, updated *config.Rule) error {
 	g.mu.Lock()
 	rt, ok := g.rules[updated.ServiceID]
@@ -445,13 +519,14 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
 		for _, e := range old.Endpoints {
-			_ = rt.index.ClearEndpoint(e.Idx)
+			_ = rt.sink().ClearEndpoint(e.Idx)
 		}
 	}
 	for _, e := range old.Endpoints {
 		if _, stays := updated.EndpointByKey(e.Key()); !stays {
+			rt.server.DropIdleBackends(e.Idx) // an index kept with a new address must not reuse the old one's connections
 			rt.sel.DropEndpoint(e.Idx)
-			_ = rt.index.ClearEndpoint(e.Idx)
+			_ = rt.sink().ClearEndpoint(e.Idx)
 			g.Metrics.DeleteEndpoint(updated.ServiceID, e.Idx)
 		}
 		if _, kept := updated.Endpoint(e.Idx); !kept && g.slots != nil {
@@ -461,6 +536,9 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	g.registerEndpoints(updated)
 	for _, e := range updated.Endpoints {
 		g.Metrics.SetAdminDown(updated.ServiceID, e.Idx, e.AdminDown)
+		if e.AdminDown {
+			rt.server.DropIdleBackends(e.Idx)
+		}
 	}
 	g.mu.Lock()
 	rt.rule = updated
@@ -537,8 +615,8 @@ func (g *Gateway) reconcile() {
 		for _, e := range r.KVEndpoints() {
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
-				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
-				Parity: rt.router.state.Load().parity,
+				ReplayPort: r.Args.KVReplayPort, Inventory: rt.sink(), Granularity: rt.router.state.Load().gran,
+				Parity: rt.router.state.Load().parity, Token: rt.health.token,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

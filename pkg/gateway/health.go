@@ -41,6 +41,12 @@ type ruleHealth struct {
 	// probeUp is told when an endpoint's probe comes back, so the KV
 	// subscriber can check for an engine restart (docs/ingest.md).
 	probeUp func(ep int)
+	// shared is the single-pool rule's shared load view (sharedload.go);
+	// nil for P/D rules, whose admission controller counts their load.
+	shared atomic.Pointer[sharedLoads]
+	// token is the rule's backendTokenFile token, for its probes, scrapes
+	// and KV subscribers.
+	token *ruleToken
 	// endpointDown is told when the probe marks an endpoint down: the
 	// rule's proxy ends the requests still waiting for that endpoint's
 	// first byte (fullproxy.Server.EndpointDown; docs/dataplane.md, "Hung
@@ -56,7 +62,9 @@ type ruleHealth struct {
 // newRuleHealth builds the tracker (and, for a P/D rule, the admission
 // controller); start begins probing once the selector exists.
 func newRuleHealth(rule *config.Rule, s config.Settings, total *admission.TotalGate, m *metrics.Metrics, log *slog.Logger) (*ruleHealth, error) {
-	h := &ruleHealth{service: rule.ServiceID, pdRule: rule.PDDisagg(), settings: s, m: m, log: log}
+	h := &ruleHealth{service: rule.ServiceID, pdRule: rule.PDDisagg(), settings: s, m: m, log: log,
+		token: &ruleToken{log: log.With("service", rule.ServiceID)}}
+	h.token.follow(rule.Args.BackendTokenFile)
 	if h.pdRule {
 		a, err := admission.New(admission.Config{
 			ServiceID: uint32(rule.ServiceID), MaxInflightPerEP: s.MaxInflightPerEP, QueueDepthPerEP: s.QueueDepthPerEP,
@@ -84,7 +92,7 @@ func (h *ruleHealth) newTracker(rule *config.Rule) (*health.Tracker, error) {
 	bc.FailureThreshold = rule.CircuitBreakerThreshold()
 	bc.OriginErrThreshold = h.settings.OriginErrThreshold
 	t, err := health.NewTracker(health.TrackerConfig{ServiceID: uint32(rule.ServiceID), Endpoints: eps, Breaker: bc,
-		ProbeRetries: rule.ProbeRetries(), Observer: healthObserver{h.m}, Logger: h.log})
+		ProbeRetries: rule.ProbeRetries(), Observer: healthObserver{h.m}, Logger: h.log, OnEngineLoad: h.engineLoadScraped})
 	if err != nil {
 		return nil, err
 	}
@@ -100,11 +108,28 @@ func (h *ruleHealth) newTracker(rule *config.Rule) (*health.Tracker, error) {
 // loads is the selector's L_i: the admission controller's count for P/D
 // rules (prefill admission to the end of the decode stream), else the
 // proxy's.
-func (h *ruleHealth) loads(proxy *fullproxy.Loads) selector.LoadSource {
+func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly bool) selector.LoadSource {
 	if h.admission != nil {
 		return h.admission
 	}
-	return proxy
+	if localOnly {
+		return proxy
+	}
+	shared := newSharedLoads(proxy, h, sharedStaleAfter(rule.ProbeInterval(), rule.ProbeTimeout()))
+	h.shared.Store(shared)
+	return shared
+}
+
+// engineLoadScraped is the trackers' OnEngineLoad hook.
+func (h *ruleHealth) engineLoadScraped(ep int) {
+	if s := h.shared.Load(); s != nil {
+		s.scraped(ep)
+	}
+}
+
+// EngineLoad is the current tracker's scraped engine load (sharedload.go).
+func (h *ruleHealth) EngineLoad(ep int) (int, time.Time, bool) {
+	return h.tracker.Load().EngineLoad(ep)
 }
 
 // States implements selector.StateSource.
@@ -130,8 +155,8 @@ func (h *ruleHealth) start(rule *config.Rule, sel *selector.Selector) error {
 }
 
 func probeKey(rule *config.Rule) string {
-	k := fmt.Sprintf("%s|%d|%s|%v|%v|%d|", rule.ProbeType(), rule.Args.ProbePort, rule.ProbePath(), rule.ProbeTimeout(),
-		rule.ProbeInterval(), rule.ProbeRetries())
+	k := fmt.Sprintf("%s|%d|%s|%v|%v|%d|%q|", rule.ProbeType(), rule.Args.ProbePort, rule.ProbePath(), rule.ProbeTimeout(),
+		rule.ProbeInterval(), rule.ProbeRetries(), rule.Args.BackendTokenFile)
 	for _, e := range rule.Endpoints {
 		k += fmt.Sprintf("%d=%s:%d,", e.Idx, e.IP, e.TargetPort)
 	}
@@ -158,6 +183,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
 		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
+		Token: h.token,
 	}, targets, h.log)
 	if err != nil {
 		return fmt.Errorf("service %d: %w", rule.ServiceID, err)
@@ -189,9 +215,13 @@ func (h *ruleHealth) stopProber() {
 // update applies a rule update: a new tracker when the endpoints or probe
 // settings changed, else the admin states; the P/D flow's topology.
 func (h *ruleHealth) update(rule *config.Rule) error {
+	h.token.follow(rule.Args.BackendTokenFile)
 	h.mu.Lock()
 	same := h.probeKey == probeKey(rule)
 	h.mu.Unlock()
+	if s := h.shared.Load(); s != nil {
+		s.staleAfter.Store(int64(sharedStaleAfter(rule.ProbeInterval(), rule.ProbeTimeout())))
+	}
 	if same {
 		t := h.tracker.Load()
 		for _, e := range rule.Endpoints {
@@ -203,6 +233,15 @@ func (h *ruleHealth) update(rule *config.Rule) error {
 			return err
 		}
 		h.tracker.Store(t)
+		// The new tracker starts every endpoint healthy and reports only
+		// transitions: without this, an endpoint that was down keeps
+		// kvgate_endpoint_probe_up 0 while it is selected again (after a
+		// backendTokenFile or probe-setting change).
+		if h.m != nil {
+			for _, e := range rule.Endpoints {
+				h.m.SetProbe(h.service, e.Idx, true, false)
+			}
+		}
 		if err := h.restart(rule, t); err != nil {
 			return err
 		}

@@ -26,6 +26,11 @@ func (o *proxyObserver) ConnectFailed(_ string, ep int) {
 	}
 }
 
+// BackendConn implements fullproxy.PoolObserver.
+func (o *proxyObserver) BackendConn(_ string, _ int, result string) {
+	o.m.BackendConn(o.service, result)
+}
+
 func (o *proxyObserver) TTFB(_ string, _ int, d time.Duration) { o.m.ObserveTTFB(o.service, d) }
 
 func (o *proxyObserver) Inflight(_ string, ep, n int) { o.m.SetInflight(o.service, ep, n) }
@@ -98,6 +103,9 @@ func (o subscriberObserver) RecvError(ep ingest.EndpointRef) {
 func (o subscriberObserver) Blocks(ep ingest.EndpointRef, blocks int) {
 	o.m.SetKVBlocks(int(ep.Service), ep.EPIdx, blocks)
 }
+func (o subscriberObserver) OtherMediaBlocks(ep ingest.EndpointRef, blocks int) {
+	o.m.SetKVBlocksOtherMedium(int(ep.Service), ep.EPIdx, blocks)
+}
 func (o subscriberObserver) CapEvicted(ep ingest.EndpointRef, n int) {
 	o.m.InvCapEvicted(int(ep.Service), ep.EPIdx, n)
 }
@@ -167,3 +175,6 @@ func (o healthObserver) AdmissionShed(id uint32)        { o.m.PDInc(o.m.PDAdmiss
 func (o healthObserver) AdmissionQueued(id uint32)      { o.m.PDInc(o.m.PDAdmissionQueued, int(id)) }
 func (o healthObserver) AdmissionParkTimeout(id uint32) { o.m.PDInc(o.m.PDParkTimeouts, int(id)) }
 func (o healthObserver) ScrapeFailed(uint32, int)       {}
+func (o healthObserver) EngineFigures(id uint32, ep int, gpuBlocks, waiting int64) {
+	o.m.SetEngineFigures(int(id), ep, gpuBlocks, waiting)
+}

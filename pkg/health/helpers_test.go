@@ -87,7 +87,8 @@ func (o *countObs) ProbeTransition(_ uint32, _ int, up bool) {
 	}
 	o.mu.Unlock()
 }
-func (o *countObs) ScrapeFailed(uint32, int) { o.mu.Lock(); o.scrapeF++; o.mu.Unlock() }
+func (o *countObs) ScrapeFailed(uint32, int)                { o.mu.Lock(); o.scrapeF++; o.mu.Unlock() }
+func (o *countObs) EngineFigures(uint32, int, int64, int64) {}
 
 func (o *countObs) get(f func(*countObs) int) int {
 	o.mu.Lock()

@@ -45,7 +45,22 @@ type ProbeConfig struct {
 	MetricsPath string // default /metrics, on the target port
 	// Guard recovers a panic in one target's probe loop; nil still recovers.
 	Guard *recovery.Guard
+	// Token, when set, is the rule's backendTokenFile: its token goes as
+	// Authorization: Bearer on the http probe and the scrape (never on
+	// clients' requests; docs/security.md).
+	Token TokenSource
 }
+
+// TokenSource supplies the bearer token kvgate sends to a rule's engines
+// (*apiauth.BackendToken follows the rule's backendTokenFile). token is ""
+// when none is in force; err is the last failure to load one.
+type TokenSource interface {
+	Token() (token string, err error)
+}
+
+// ReasonEngineWantsToken explains a 401 from an engine called without a token:
+// the rule needs backendTokenFile.
+const ReasonEngineWantsToken = "engine requires a token (backendTokenFile)"
 
 // Target is one endpoint to probe.
 type Target struct {
@@ -95,6 +110,10 @@ type Prober struct {
 
 	mu      sync.Mutex
 	missing map[string]bool // "<ep>/<family>" already logged as missing
+	// lastErr is each target's last probe and scrape failure as logged
+	// ("probe/<ep>", "scrape/<ep>"), so a failing endpoint logs its reason
+	// once, and again only when it changes.
+	lastErr map[string]string
 }
 
 // NewProber validates cfg and prepares the probes of targets.
@@ -121,7 +140,7 @@ func NewProber(t *Tracker, cfg ProbeConfig, targets []Target, log *slog.Logger) 
 		ResponseHeaderTimeout: cfg.Timeout,
 		DisableCompression:    true,
 	}
-	return &Prober{tracker: t, cfg: cfg, targets: targets, log: log, missing: map[string]bool{},
+	return &Prober{tracker: t, cfg: cfg, targets: targets, log: log, missing: map[string]bool{}, lastErr: map[string]string{},
 		client: &http.Client{Transport: tr, Timeout: cfg.Timeout,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
 }
@@ -156,17 +175,27 @@ func (p *Prober) loop(ctx context.Context, tg Target) {
 // Once runs one probe (and scrape) of tg and applies the results.
 func (p *Prober) Once(ctx context.Context, tg Target) {
 	if p.cfg.Type != ProbeNone {
-		ok := p.Probe(ctx, tg) == nil
+		err := p.Probe(ctx, tg)
 		if ctx.Err() != nil {
 			return // shutting down: not the endpoint's fault
 		}
-		p.tracker.ProbeResult(tg.Ep, ok)
+		p.noteFailure("probe", tg.Ep, err)
+		if err != nil {
+			p.tracker.setProbeError(tg.Ep, err.Error())
+		} else {
+			p.tracker.setProbeError(tg.Ep, "")
+		}
+		p.tracker.ProbeResult(tg.Ep, err == nil)
 	}
 	if p.cfg.Scrape {
-		if err := p.Scrape(ctx, tg); err != nil && ctx.Err() == nil {
-			p.tracker.obs.ScrapeFailed(p.tracker.serviceID, tg.Ep)
-			p.log.Debug("engine metrics scrape failed", "service", p.tracker.serviceID, "ep_idx", tg.Ep, "err", err)
+		err := p.Scrape(ctx, tg)
+		if ctx.Err() != nil {
+			return
 		}
+		if err != nil {
+			p.tracker.obs.ScrapeFailed(p.tracker.serviceID, tg.Ep)
+		}
+		p.noteFailure("scrape", tg.Ep, err)
 	}
 }
 
@@ -199,6 +228,7 @@ func (p *Prober) Probe(ctx context.Context, tg Target) error {
 	if err != nil {
 		return fmt.Errorf("http probe %s: %w", addr, err)
 	}
+	sent := p.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("http probe %s: %w", addr, err)
@@ -206,9 +236,63 @@ func (p *Prober) Probe(ctx context.Context, tg Target) error {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxProbeBody))
 	resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("http probe %s%s: status %d", addr, p.cfg.Path, resp.StatusCode)
+		return fmt.Errorf("http probe %s%s: status %s", addr, p.cfg.Path, p.explainStatus(resp.StatusCode, sent))
 	}
 	return nil
+}
+
+// authorize adds the rule's backend token to one of kvgate's own requests;
+// it reports whether a token was sent.
+func (p *Prober) authorize(req *http.Request) bool {
+	if p.cfg.Token == nil {
+		return false
+	}
+	tok, _ := p.cfg.Token.Token()
+	if tok == "" {
+		return false
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	return true
+}
+
+// explainStatus spells a refused status so the log says what to fix: a 401
+// without a token means the rule needs backendTokenFile; with one, the
+// engine's key is not the file's (a rotation half done).
+func (p *Prober) explainStatus(code int, sent bool) string {
+	if code != http.StatusUnauthorized && code != http.StatusForbidden {
+		return strconv.Itoa(code)
+	}
+	if sent {
+		return strconv.Itoa(code) + ": engine refused the token of backendTokenFile (is it the engine's current key?)"
+	}
+	msg := strconv.Itoa(code) + ": " + ReasonEngineWantsToken
+	if p.cfg.Token != nil {
+		if _, err := p.cfg.Token.Token(); err != nil {
+			msg += "; no token in force: " + err.Error()
+		}
+	}
+	return msg
+}
+
+// noteFailure logs a target's probe or scrape failure when its reason
+// changes, so an endpoint that keeps failing logs once, not every interval.
+func (p *Prober) noteFailure(kind string, ep int, err error) {
+	key := kind + "/" + strconv.Itoa(ep)
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	p.mu.Lock()
+	changed := p.lastErr[key] != msg
+	if msg == "" {
+		delete(p.lastErr, key)
+	} else {
+		p.lastErr[key] = msg
+	}
+	p.mu.Unlock()
+	if changed && err != nil {
+		p.log.Warn("endpoint "+kind+" failed", "service", p.tracker.serviceID, "ep_idx", ep, "err", msg)
+	}
 }
 
 // Scrape reads tg's engine /metrics into the Tracker. A missing family
@@ -221,6 +305,7 @@ func (p *Prober) Scrape(ctx context.Context, tg Target) error {
 	if err != nil {
 		return fmt.Errorf("scrape %s: %w", addr, err)
 	}
+	sent := p.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("scrape %s: %w", addr, err)
@@ -228,7 +313,7 @@ func (p *Prober) Scrape(ctx context.Context, tg Target) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxProbeBody))
-		return fmt.Errorf("scrape %s: status %d", addr, resp.StatusCode)
+		return fmt.Errorf("scrape %s%s: status %s", addr, p.cfg.MetricsPath, p.explainStatus(resp.StatusCode, sent))
 	}
 	m, err := ParseEngineMetrics(resp.Body)
 	if err != nil {
@@ -236,7 +321,10 @@ func (p *Prober) Scrape(ctx context.Context, tg Target) error {
 	}
 	p.noteMissing(tg.Ep, FamilyWaiting, m.Waiting < 0)
 	p.noteMissing(tg.Ep, FamilyCacheConfig+" "+labelGPUBlocks, m.GPUBlocks < 0)
-	p.tracker.SetEngineFigures(tg.Ep, m.GPUBlocks, m.Waiting, p.tracker.clock.Now())
+	now := p.tracker.clock.Now()
+	p.tracker.SetEngineFigures(tg.Ep, m.GPUBlocks, m.Waiting, now)
+	p.tracker.SetEngineLoad(tg.Ep, m.Running, m.Waiting, now)
+	p.tracker.obs.EngineFigures(p.tracker.serviceID, tg.Ep, m.GPUBlocks, m.Waiting)
 	return nil
 }
 

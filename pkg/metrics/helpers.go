@@ -32,7 +32,7 @@ func (m *Metrics) scopes() *scoped {
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
 			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration, m.KVSkips,
-			m.RuleDatapath, m.TLSHandshakeErrors, m.TLSCertReloads}
+			m.RuleDatapath, m.TLSHandshakeErrors, m.TLSCertReloads, m.BackendConns}
 		s.byEPIdx = svcIdx
 		s.bySubscriber = svcEP
 		s.byService = append(append(append([]partialDeleter{}, svcIdx...), svcEP...), svcOnly...)
@@ -289,6 +289,23 @@ func (m *Metrics) SetCircuitBreaker(service, epIdx, state int, flipped bool) {
 	m.CBState.WithLabelValues(s, e).Set(float64(state))
 	if flipped {
 		m.PDCBFlips.WithLabelValues(s, e).Inc()
+	}
+}
+
+// SetEngineFigures publishes one engine scrape: kvgate_endpoint_capacity_blocks
+// and kvgate_endpoint_engine_waiting. A negative value (the family was
+// missing) drops the series, so a stale figure is not shown as current.
+func (m *Metrics) SetEngineFigures(service, epIdx int, gpuBlocks, waiting int64) {
+	s, e := itoa(service), itoa(epIdx)
+	for _, f := range []struct {
+		g *prometheus.GaugeVec
+		v int64
+	}{{m.EngineCapacity, gpuBlocks}, {m.EngineQueued, waiting}} {
+		if f.v < 0 {
+			f.g.DeleteLabelValues(s, e)
+			continue
+		}
+		f.g.WithLabelValues(s, e).Set(float64(f.v))
 	}
 }
 

@@ -75,6 +75,10 @@ type Metrics struct {
 	ParityUnchecked *prometheus.CounterVec // kvgate_kv_parity_unchecked_total{service,ep_idx,cause}
 	ParityMismatch  *prometheus.CounterVec // kvgate_kv_parity_mismatch_total{service,ep_idx,reason}
 	ParityState     *prometheus.GaugeVec   // kvgate_kv_parity_state{service,ep_idx}
+	// Per-request usage audit (docs/parity.md; audit.go).
+	UsageAudits          *prometheus.CounterVec   // kvgate_kv_usage_audit_total{model,result}
+	PromptTokensMismatch *prometheus.CounterVec   // kvgate_kv_prompt_tokens_mismatch_total{model}
+	CachedTokensError    *prometheus.HistogramVec // kvgate_kv_cached_tokens_error_tokens{model}
 
 	// Proxy (docs/dataplane.md).
 	TTFB             *prometheus.HistogramVec // loxilb_proxy_http_ttfb_seconds{service}
@@ -129,6 +133,10 @@ type Metrics struct {
 	TLSHandshakeErrors *prometheus.CounterVec // kvgate_tls_handshake_errors_total{service,reason}
 	TLSCertReloads     *prometheus.CounterVec // kvgate_tls_cert_reloads_total{service,result}
 
+	// BackendConns: how requests of a rule with an engine connection pool
+	// got their connection (docs/security.md, "Engine connection pool").
+	BackendConns *prometheus.CounterVec // kvgate_backend_connections_total{service,result}
+
 	// Reliability: recovered panics.
 	Panics *prometheus.CounterVec // kvgate_panics_total{where}
 
@@ -143,6 +151,8 @@ type Metrics struct {
 	APIInsecure     prometheus.Gauge       // kvgate_api_insecure
 	APIAuthFailures *prometheus.CounterVec // kvgate_api_auth_failures_total{reason}
 	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
+	// Active-active replicas (replicas.go).
+	Replicas ReplicaMetrics
 
 	models    modelLabels
 	rulesMu   sync.Mutex
@@ -176,7 +186,7 @@ func New(opts Options) *Metrics {
 	m.Tier1TrieHits = f.counter("kvgate_tier1_trie_hits_total", "Requests routed by Tier-1 trie affinity (pd_cache_aware_mode).", "service")
 
 	m.KVBlocks = f.gauge("loxilb_pd_kv_blocks", "Blocks in the endpoint's mirrored KV inventory (GPU medium).", "service", "ep_idx")
-	m.KVBlocksOtherMedium = f.gauge("kvgate_kv_blocks_other_medium", "Blocks the endpoint reported on a non-GPU medium (not scored).", "service", "ep_idx")
+	m.KVBlocksOtherMedium = f.gauge("kvgate_kv_blocks_other_medium", "Blocks the endpoint reported on a non-GPU medium; those on a CPU or STORAGE tier extend the leading-run score (LLB_KV_TIER_WEIGHTS).", "service", "ep_idx")
 	m.EPInfo = f.gauge("loxilb_pd_ep_info", "Always 1: joins ep_idx to the endpoint IP (ep) and its ip:port (addr).", "service", "ep_idx", "ep", "addr")
 	m.SubscriberConnected = f.gauge("loxilb_kv_subscriber_connected", "1 when every rank of the endpoint's KV-event subscriber is connected; ep holds the ep_idx.", "service", "ep")
 	m.SubscriberReconnects = f.counter("loxilb_kv_subscriber_reconnect_total", "Successful KV-event socket rebuilds after receive errors.", "service", "ep")
@@ -192,6 +202,7 @@ func New(opts Options) *Metrics {
 	m.ParityUnchecked = f.counter("kvgate_kv_parity_unchecked_total", "BlockStored events the parity check could not verify (cause no_token_ids, parent_unknown, sampled_out).", "service", "ep_idx", "cause")
 	m.ParityMismatch = f.counter("kvgate_kv_parity_mismatch_total", "BlockStored events whose hashes differ from kvgate's, by what differs (reason seed, algo, block_size, granularity, lora, unknown).", "service", "ep_idx", "reason")
 	m.ParityState = f.gauge("kvgate_kv_parity_state", "Live parity of the endpoint's block hashes: -1 after 3 consecutive mismatches, 1 after a match with no mismatch for 60 s, 0 otherwise.", "service", "ep_idx")
+	m.registerUsageAudit(f)
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
 
 	m.TTFB = f.histogram("loxilb_proxy_http_ttfb_seconds", "Time from forwarding the request to the backend's first response byte.", ttfbBuckets, "service")
@@ -240,6 +251,7 @@ func New(opts Options) *Metrics {
 	reg.MustRegister(m.spliced)
 	m.RuleDatapath = f.gauge("kvgate_rule_datapath_info", "Always 1 for the body path a rule's responses take (sockmap or userspace) and why (datapath: the daemon's --datapath choice; tls: TLS rules are copied in userspace).", "service", "path", "reason")
 	m.TLSHandshakeErrors = f.counter("kvgate_tls_handshake_errors_total", "Client TLS handshakes that failed, by reason (timeout, plain_http, oversize, bad_record, client_cert, eof, protocol).", "service", "reason")
+	m.BackendConns = f.counter("kvgate_backend_connections_total", "Engine connections taken by requests of a rule with a connection pool (security 2), by result (reused: an idle pooled one; dialed: a new one; stale: a pooled one the engine had closed, replaced by a new one).", "service", "result")
 	m.TLSCertReloads = f.counter("kvgate_tls_cert_reloads_total", "Reloads of a TLS rule's certificate, key or client CA files, by result (ok, error: the previous files stay in force).", "service", "result")
 
 	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
@@ -258,6 +270,7 @@ func New(opts Options) *Metrics {
 	reg.MustRegister(m.APIInsecure)
 	m.APIAuthFailures = f.counter("kvgate_api_auth_failures_total", "Management API requests refused: missing, invalid or forbidden (a read token on a mutating call).", "reason")
 	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
+	m.Replicas = newReplicaMetrics(f)
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
 
 	if !opts.NoProcessCollectors {

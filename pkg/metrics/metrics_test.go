@@ -214,3 +214,29 @@ func TestTwoInstancesIndependent(t *testing.T) {
 		t.Fatal("registries share state")
 	}
 }
+
+// TestSetEngineFigures: a scrape publishes both figures; a family the
+// engine no longer exposes drops its series instead of showing a stale value.
+func TestSetEngineFigures(t *testing.T) {
+	m := New(Options{NoProcessCollectors: true})
+	tests := []struct {
+		blocks, waiting int64
+		wantSeries      int // series of the two gauges together
+	}{
+		{27000, 3, 2},
+		{27000, -1, 1},
+		{-1, -1, 0},
+		{512, 0, 2},
+	}
+	for _, tc := range tests {
+		m.SetEngineFigures(4, 1, tc.blocks, tc.waiting)
+		if n := testutil.CollectAndCount(m.EngineCapacity) + testutil.CollectAndCount(m.EngineQueued); n != tc.wantSeries {
+			t.Fatalf("blocks %d waiting %d: %d series, want %d", tc.blocks, tc.waiting, n, tc.wantSeries)
+		}
+		if tc.blocks >= 0 {
+			if v := testutil.ToFloat64(m.EngineCapacity.WithLabelValues("4", "1")); v != float64(tc.blocks) {
+				t.Fatalf("capacity %v, want %d", v, tc.blocks)
+			}
+		}
+	}
+}

@@ -8,8 +8,10 @@
 // (the engine's metric families and vllm:cache_config_info against the rule),
 // kv_events (the KV-event port and kvgate's subscriber), tokenizer (staged for
 // every served model, and equal to the engine's /tokenize), parity (the live
-// self-check of docs/parity.md) and probe (a unique prompt twice through the
-// rule's VIP). The run is read-only apart from the two probe requests.
+// self-check of docs/parity.md), probe (a unique prompt twice through the
+// rule's VIP) and usage (the repeat reported prompt_tokens_details, which
+// the per-request usage audit reads). The run is read-only apart from the
+// two probe requests.
 //
 // Knobs: none. Metrics: none; the checks read kvgate's own.
 package preflight
@@ -30,8 +32,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/apiauth"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
+	"github.com/kvgate/kvgate/pkg/usageaudit"
 )
 
 // Results of a check and of the whole run.
@@ -50,6 +55,10 @@ const (
 	CheckTokenizer = "tokenizer"
 	CheckParity    = "parity"
 	CheckProbe     = "probe"
+	// CheckUsage: the probe's repeat (a cache hit) reported
+	// usage.prompt_tokens_details.cached_tokens, which the per-request usage
+	// audit needs (docs/parity.md).
+	CheckUsage = "usage"
 )
 
 // Check is one row of the report. EPIdx is -1 for a rule-wide row.
@@ -96,6 +105,12 @@ type Runner struct {
 	probeClient *http.Client
 	// InventoryWait bounds the wait for the probe's BlockStored events.
 	InventoryWait time.Duration
+
+	// token is the rule's backendTokenFile token for one run (Run works on
+	// a copy of the Runner), sent on every engine call and probe request;
+	// tokenErr is why it could not be read.
+	token    string
+	tokenErr error
 }
 
 // New returns a Runner reading src.
@@ -116,9 +131,32 @@ type endpointFacts struct {
 }
 
 // Run runs every check against rule; probe=false skips the probe requests.
+// The rule's backendTokenFile is read afresh: its token goes as a bearer
+// token on the engine calls and on the probe requests through the VIP,
+// which kvgate relays with the client's own Authorization, as it does any
+// client's.
 func (r *Runner) Run(ctx context.Context, rule *config.Rule, probe bool) Report {
+	return r.forRule(rule).run(ctx, rule, probe)
+}
+
+// forRule is a copy of r carrying rule's backend token, so concurrent runs
+// for different rules share nothing mutable.
+func (r *Runner) forRule(rule *config.Rule) *Runner {
+	run := *r
+	run.token, run.tokenErr = "", nil
+	if path := rule.Args.BackendTokenFile; path != "" {
+		run.token, run.tokenErr = apiauth.LoadBackendTokenFile(path)
+	}
+	return &run
+}
+
+func (r *Runner) run(ctx context.Context, rule *config.Rule, probe bool) Report {
 	var rep Report
 	add := func(c Check) { rep.Checks = append(rep.Checks, c) }
+	if r.tokenErr != nil {
+		add(Check{ID: CheckHealth, EPIdx: -1, Result: Warn, Detail: "backendTokenFile: " + r.tokenErr.Error() + "; the engine calls go without a token",
+			Fix: "fix the file (mode 0600, owned by kvgate's user or root, the token on its first non-empty line)"})
+	}
 	facts := make([]*endpointFacts, 0, len(rule.Endpoints))
 	for _, e := range rule.Endpoints {
 		f := &endpointFacts{ep: e}
@@ -149,13 +187,17 @@ func (r *Runner) Run(ctx context.Context, rule *config.Rule, probe bool) Report 
 	// after them: its first request is the BlockStored the parity check
 	// needs on an engine that had no traffic yet.
 	probeRow := Check{ID: CheckProbe, EPIdx: -1, Result: Skip, Detail: "probe disabled (probe=0 / --no-probe)"}
+	var usageRow *Check
 	if probe {
-		probeRow = r.probe(ctx, rule, facts, kv)
+		probeRow, usageRow = r.probe(ctx, rule, facts, kv)
 	}
 	for _, c := range r.checkParity(ctx, rule, facts, kv) {
 		add(c)
 	}
 	add(probeRow)
+	if usageRow != nil {
+		add(*usageRow)
+	}
 	rep.Result = Pass
 	for _, c := range rep.Checks {
 		if c.Result == Fail {
@@ -170,6 +212,7 @@ func (r *Runner) get(ctx context.Context, url string) (int, []byte, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	r.authorize(req)
 	return r.do(req)
 }
 
@@ -187,6 +230,7 @@ func (r *Runner) postWith(ctx context.Context, client *http.Client, url string, 
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	r.authorize(req)
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, nil, err
@@ -194,6 +238,12 @@ func (r *Runner) postWith(ctx context.Context, client *http.Client, url string, 
 	defer resp.Body.Close()
 	out, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	return resp, out, err
+}
+
+func (r *Runner) authorize(req *http.Request) {
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
 }
 
 func (r *Runner) do(req *http.Request) (int, []byte, error) {
@@ -216,14 +266,14 @@ func (r *Runner) checkHealth(ctx context.Context, f *endpointFacts) Check {
 	base := baseURL(f.ep)
 	code, _, err := r.get(ctx, base+"/health")
 	if err != nil || code != http.StatusOK {
-		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/health: %s", base, httpErr(code, err))
-		c.Fix = "start the engine, or correct the endpoint's address and port in the rule"
+		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/health: %s", base, r.httpErr(code, err))
+		c.Fix = fixFor(code, "start the engine, or correct the endpoint's address and port in the rule")
 		return c
 	}
 	code, body, err := r.get(ctx, base+"/v1/models")
 	if err != nil || code != http.StatusOK {
-		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/v1/models: %s", base, httpErr(code, err))
-		c.Fix = "the endpoint must serve vLLM's OpenAI API"
+		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/v1/models: %s", base, r.httpErr(code, err))
+		c.Fix = fixFor(code, "the endpoint must serve vLLM's OpenAI API")
 		return c
 	}
 	var list struct {
@@ -252,11 +302,32 @@ func (r *Runner) checkHealth(ctx context.Context, f *endpointFacts) Check {
 	return c
 }
 
-func httpErr(code int, err error) string {
+// httpErr spells a failed call; a 401 or 403 says what to fix about the
+// rule's backendTokenFile.
+func (r *Runner) httpErr(code int, err error) string {
 	if err != nil {
 		return err.Error()
 	}
-	return "HTTP " + strconv.Itoa(code)
+	s := "HTTP " + strconv.Itoa(code)
+	if code != http.StatusUnauthorized && code != http.StatusForbidden {
+		return s
+	}
+	switch {
+	case r.tokenErr != nil:
+		return s + ": " + health.ReasonEngineWantsToken + "; no token in force: " + r.tokenErr.Error()
+	case r.token == "":
+		return s + ": " + health.ReasonEngineWantsToken
+	}
+	return s + ": engine refused the token of backendTokenFile (is it the engine's current key?)"
+}
+
+// fixFor is the fix of a failed engine call: the token's when the engine
+// refused kvgate's credentials, else otherwise.
+func fixFor(code int, otherwise string) string {
+	if code == http.StatusUnauthorized || code == http.StatusForbidden {
+		return "put the engine's key (vLLM's --api-key) alone in a file of mode 0600 and name it in the rule's backendTokenFile (docs/security.md)"
+	}
+	return otherwise
 }
 
 // Metric families of the spec's §6.4; the lazy ones appear after the first request.
@@ -280,7 +351,7 @@ func (r *Runner) checkMetrics(ctx context.Context, rule *config.Rule, f *endpoin
 	base := baseURL(f.ep)
 	code, body, err := r.get(ctx, base+"/metrics")
 	if err != nil || code != http.StatusOK {
-		c.Result, c.Detail, c.Fix = Fail, fmt.Sprintf("GET %s/metrics: %s", base, httpErr(code, err)), "expose vLLM's Prometheus /metrics on the serving port"
+		c.Result, c.Detail, c.Fix = Fail, fmt.Sprintf("GET %s/metrics: %s", base, r.httpErr(code, err)), fixFor(code, "expose vLLM's Prometheus /metrics on the serving port")
 		return c
 	}
 	fams := parseFamilies(body)
@@ -341,7 +412,7 @@ func (r *Runner) checkServerInfo(ctx context.Context, rule *config.Rule, f *endp
 	code, body, err := r.get(ctx, base+path)
 	if err != nil || code != http.StatusOK {
 		c.Result = Warn
-		c.Detail = fmt.Sprintf("GET %s%s: %s; the engine's block size could not be compared with kvBlockSize=%d", base, path, httpErr(code, err), rule.BlockSize())
+		c.Detail = fmt.Sprintf("GET %s%s: %s; the engine's block size could not be compared with kvBlockSize=%d", base, path, r.httpErr(code, err), rule.BlockSize())
 		c.Fix = "serve " + path + " (a current " + rule.EffectiveEngine() + " does) so the preflight can read the block size"
 		return c
 	}
@@ -515,7 +586,7 @@ func (r *Runner) checkTokenizer(ctx context.Context, f *endpointFacts, model str
 			code = resp.StatusCode
 		}
 		c.Result = Warn
-		c.Detail = fmt.Sprintf("model %s: tokenizer staged at %s; the engine's /tokenize is not available (%s), so its ids were not compared", model, path, httpErr(code, err))
+		c.Detail = fmt.Sprintf("model %s: tokenizer staged at %s; the engine's /tokenize is not available (%s), so its ids were not compared", model, path, r.httpErr(code, err))
 		c.Fix = "serve vLLM's /tokenize to let the preflight compare tokenizers"
 		return c
 	}
@@ -599,7 +670,7 @@ func (r *Runner) checkParity(ctx context.Context, rule *config.Rule, facts []*en
 // probe is check 6: a unique prompt of at least 3 blocks through the VIP,
 // then the same prompt again, which must be a tier-1.5 hit on the engine that
 // stored the first one's blocks under the hashes kvgate predicted.
-func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpointFacts, kv map[int]bool) Check {
+func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpointFacts, kv map[int]bool) (Check, *Check) {
 	c := Check{ID: CheckProbe, EPIdx: -1}
 	model := ""
 	for _, f := range facts {
@@ -610,12 +681,12 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	if model == "" {
 		c.Result, c.Detail = Skip, "no healthy KV endpoint to probe"
-		return c
+		return c, nil
 	}
 	prompt, want, err := r.probePrompt(rule, model)
 	if err != nil {
 		c.Result, c.Detail, c.Fix = Fail, "kvgate cannot hash the probe prompt: "+err.Error(), "fix the tokenizer and hash-contract rows above"
-		return c
+		return c, nil
 	}
 	vip := "http://" + net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port)) + "/v1/completions"
 	body := map[string]any{"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
@@ -625,8 +696,8 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 		if resp != nil {
 			code = resp.StatusCode
 		}
-		c.Result, c.Detail, c.Fix = Fail, "first probe request through "+vip+": "+httpErr(code, err), "check the rule's VIP and the endpoints' health"
-		return c
+		c.Result, c.Detail, c.Fix = Fail, "first probe request through "+vip+": "+r.httpErr(code, err), "check the rule's VIP and the endpoints' health"
+		return c, nil
 	}
 	// The first request's BlockStored events must carry the predicted hashes.
 	ep, stored := r.waitStored(ctx, rule, facts, kv, want)
@@ -634,7 +705,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 		c.Result = Fail
 		c.Detail = fmt.Sprintf("no engine announced the %d block hashes kvgate predicted for the probe (best: %d; waited up to %v)", len(want), stored, r.InventoryWait)
 		c.Fix = "kvgate and the engines hash differently: see the parity and metrics rows"
-		return c
+		return c, nil
 	}
 	c.EPIdx = ep
 	var target config.Endpoint
@@ -645,18 +716,41 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	hits0 := r.src.Tier15Hits(rule.ServiceID, ep)
 	eng0, engOK := r.engineCounter(ctx, target, "vllm:prefix_cache_hits_total")
-	resp, _, err = r.postWith(ctx, r.probeClient, vip, body)
+	resp, repeat, err := r.postWith(ctx, r.probeClient, vip, body)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		code := 0
 		if resp != nil {
 			code = resp.StatusCode
 		}
-		c.Result, c.Detail = Fail, "second probe request: "+httpErr(code, err)
-		return c
+		c.Result, c.Detail = Fail, "second probe request: "+r.httpErr(code, err)
+		return c, nil
 	}
 	hits := r.src.Tier15Hits(rule.ServiceID, ep) - hits0
 	eng1, ok1 := r.engineCounter(ctx, target, "vllm:prefix_cache_hits_total")
-	return judgeRepeat(c, len(want), hits, resp.Header.Get("x-kvgate-decision"), engOK && ok1, eng1-eng0)
+	usage := checkUsageDetails(ep, repeat)
+	return judgeRepeat(c, len(want), hits, resp.Header.Get("x-kvgate-decision"), engOK && ok1, eng1-eng0), &usage
+}
+
+// checkUsageDetails reads the usage of the probe's repeat. It was a cache
+// hit, so an engine that reports prompt_tokens_details sends cached_tokens
+// here (vLLM leaves the field out of a response with no hit even when
+// enabled); without it the usage audit cannot compare cached tokens.
+func checkUsageDetails(ep int, body []byte) Check {
+	c := Check{ID: CheckUsage, EPIdx: ep}
+	u, ok := usageaudit.ParseJSON(body)
+	switch {
+	case !ok:
+		c.Result, c.Detail = Warn, "the probe's repeat carried no usage.prompt_tokens: the per-request usage audit skips this engine's responses"
+		c.Fix = "serve OpenAI-compatible usage in completion responses"
+	case !u.HasCached:
+		c.Result = Warn
+		c.Detail = fmt.Sprintf("the probe's repeat (a cache hit) reported prompt_tokens=%d but no prompt_tokens_details.cached_tokens: "+
+			"the usage audit cannot compare cached tokens (counted as no_details)", u.PromptTokens)
+		c.Fix = "start vLLM with --enable-prompt-tokens-details"
+	default:
+		c.Result, c.Detail = Pass, fmt.Sprintf("usage reports prompt_tokens=%d, cached_tokens=%d", u.PromptTokens, u.CachedTokens)
+	}
+	return c
 }
 
 // judgeRepeat decides the probe from the repeat's three proofs of delivery.

@@ -42,6 +42,13 @@ type Options struct {
 	// Health reports an endpoint's probe state; known false means no verdict
 	// yet (then kvgate_endpoint_probe_up decides, if set). May be nil.
 	Health func(service, ep int) (up, known bool)
+	// ProbeError is why an endpoint's last probe failed ("" none), shown in
+	// its endpoint_down problem. May be nil.
+	ProbeError func(service, ep int) string
+	// PromptMismatches is a rule's running count of responses whose
+	// prompt_tokens differed from kvgate's own count (the per-request usage
+	// audit, docs/parity.md); nil: no audit.
+	PromptMismatches func(service int) uint64
 	// Interval between samples; 0 means 5 s.
 	Interval time.Duration
 	// Window is how many samples the rates and histories span; 0 means 60.
@@ -73,6 +80,8 @@ type sample struct {
 	misses map[missKey]float64 // loxilb_pd_kv_tier15_miss_reason_total
 	reqs   map[epKey]float64   // kvgate_requests_total, every outcome
 	gauges map[string]map[epKey]float64
+	// mismatches: Options.PromptMismatches per rule.
+	mismatches map[int]float64
 }
 
 type epKey struct{ service, ep int }
@@ -166,7 +175,12 @@ func (c *Collector) Sample() {
 // read gathers the registry once.
 func (c *Collector) read(now time.Time) sample {
 	s := sample{at: now, hits: map[epKey]float64{}, misses: map[missKey]float64{}, reqs: map[epKey]float64{},
-		gauges: map[string]map[epKey]float64{}}
+		gauges: map[string]map[epKey]float64{}, mismatches: map[int]float64{}}
+	if c.opts.PromptMismatches != nil {
+		for _, r := range c.opts.Rules() {
+			s.mismatches[r.ServiceID] = float64(c.opts.PromptMismatches(r.ServiceID))
+		}
+	}
 	for _, n := range gaugeNames() {
 		s.gauges[n] = map[epKey]float64{}
 	}
@@ -247,6 +261,8 @@ type Endpoint struct {
 	Role  string `json:"role"`
 	// Health is "up", "down" or "unknown" (no probe result yet).
 	Health string `json:"health"`
+	// ProbeError is why the last probe failed, while it fails.
+	ProbeError string `json:"probe_error,omitempty"`
 	// Breaker is "closed", "open" or "half-open".
 	Breaker    string      `json:"breaker"`
 	Admin      string      `json:"admin"`
@@ -273,7 +289,7 @@ type Subscriber struct {
 type Problem struct {
 	ServiceID int    `json:"service_id"`
 	EPIdx     *int   `json:"ep_idx,omitempty"`
-	Kind      string `json:"kind"` // parity_broken, subscriber_down, blocks_no_hits, endpoint_down, breaker_open
+	Kind      string `json:"kind"` // parity_broken, prompt_tokens_mismatch, subscriber_down, blocks_no_hits, endpoint_down, breaker_open
 	Detail    string `json:"detail"`
 }
 
@@ -358,6 +374,11 @@ func (c *Collector) rule(r *config.Rule, first, last *sample, subByEP map[epKey]
 	case parityOK:
 		out.Parity = "ok"
 	}
+	if d := last.mismatches[id] - first.mismatches[id]; d > 0 {
+		*problems = append(*problems, Problem{ServiceID: id, Kind: "prompt_tokens_mismatch",
+			Detail: strconv.FormatFloat(d, 'f', 0, 64) + " responses counted a different number of prompt tokens than kvgate: " +
+				"the tokenizer or chat template staged for kvgate differs from the engine's (kvgate_kv_prompt_tokens_mismatch_total; kvctl preflight)"})
+	}
 	return out
 }
 
@@ -372,6 +393,9 @@ func (c *Collector) fillEndpoint(ep *Endpoint, k epKey, first, last *sample) int
 		if up, known := c.opts.Health(k.service, k.ep); known {
 			ep.Health = map[bool]string{true: "up", false: "down"}[up]
 		}
+	}
+	if c.opts.ProbeError != nil {
+		ep.ProbeError = c.opts.ProbeError(k.service, k.ep)
 	}
 	switch last.gauges[mBreaker][k] {
 	case 1:
@@ -407,7 +431,11 @@ func endpointProblems(id int, adminDown bool, ep *Endpoint, problems *[]Problem)
 	switch {
 	case adminDown:
 	case ep.Health == "down":
-		add("endpoint_down", "the health probe fails for "+ep.Addr)
+		detail := "the health probe fails for " + ep.Addr
+		if ep.ProbeError != "" {
+			detail += ": " + ep.ProbeError
+		}
+		add("endpoint_down", detail)
 	case ep.Breaker == "open":
 		add("breaker_open", "the circuit breaker excludes "+ep.Addr)
 	}

@@ -82,6 +82,7 @@ type engineSpec struct {
 	blockSize         int               // --block-size (SGLang's page size); 0: 16
 	dpSize            int               // --dp-size (SGLang attention-DP ranks on the events port + rank)
 	loraTaskIDs       map[string]uint64 // --lora-task-ids (TensorRT-LLM)
+	apiKey            string            // --api-key ("": none)
 }
 
 // startEngines starts one engine per spec on <block>.11, .12, …, all
@@ -109,6 +110,9 @@ func startEngines(t *testing.T, block string, specs []engineSpec) ([]*enginesim.
 				ReplayEndpoint:    fmt.Sprintf("tcp://%s:%d", host, port+1000),
 				PrefillUsPerToken: us, TTFTFloor: time.Millisecond, DecodeTokensPerS: dts,
 				Logger: quietLogger(),
+			}
+			if s.apiKey != "" {
+				cfg.APIKeys = []string{s.apiKey}
 			}
 			if s.engine == enginesim.EngineTRTLLM {
 				cfg.KVEventsEndpoint, cfg.ReplayEndpoint = "none", "none" // drained over HTTP

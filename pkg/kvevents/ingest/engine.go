@@ -106,7 +106,7 @@ func readSGLangPageSize(ctx context.Context, t Target, opts Options, log *slog.L
 	client := &http.Client{Timeout: opts.DrainTimeout}
 	delay := opts.RebuildDelay
 	for ctx.Err() == nil {
-		size, done, err := getPageSize(ctx, client, url)
+		size, done, err := getPageSize(ctx, client, url, t)
 		if done {
 			if size > 0 {
 				if _, ok, _ := t.Granularity.observe(t.EPIdx, size); !ok {
@@ -126,11 +126,12 @@ func readSGLangPageSize(ctx context.Context, t Target, opts Options, log *slog.L
 
 // getPageSize reads page_size from /get_server_info; done is false when it
 // should be asked again.
-func getPageSize(ctx context.Context, client *http.Client, url string) (size int, done bool, err error) {
+func getPageSize(ctx context.Context, client *http.Client, url string, t Target) (size int, done bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return 0, true, err
 	}
+	t.authorize(req)
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, false, err

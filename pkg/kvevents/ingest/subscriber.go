@@ -9,6 +9,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"sync"
@@ -50,6 +51,26 @@ type Target struct {
 	// Parity, when set, is the rule's live parity self-check: the ranks
 	// check their BlockStored events against the rule's contract.
 	Parity *Parity
+	// Token, when set, is the rule's backendTokenFile token, sent as
+	// Authorization: Bearer on kvgate's HTTP calls to the engine (SGLang's
+	// /get_server_info, TensorRT-LLM's drain and /server_info). It must be
+	// one value for the rule's life: targets are compared.
+	Token TokenSource
+}
+
+// TokenSource supplies the bearer token for a target's HTTP calls ("" none).
+type TokenSource interface {
+	Token() (token string, err error)
+}
+
+// authorize adds t's token, if any, to one of kvgate's requests to the engine.
+func (t Target) authorize(req *http.Request) {
+	if t.Token == nil {
+		return
+	}
+	if tok, _ := t.Token.Token(); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
 }
 
 // Key is the target's stable identity: service and ip:port, never its position.
@@ -401,7 +422,7 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 	}
 	e.obs.EndpointInfo(e.ref)
 	e.obs.Connected(e.ref, false)
-	e.obs.Blocks(e.ref, t.Inventory.Blocks(t.EPIdx))
+	reportBlocks(e.obs, e.ref, t.Inventory, t.EPIdx)
 	if t.Engine == EngineTRTLLM {
 		p := newDrainPoller(e, t, opts)
 		e.obs.RankConnected(e.ref, 0, false)
@@ -467,7 +488,7 @@ func (e *endpointSub) stop(forget bool) {
 		if err := e.target.Inventory.ClearEndpoint(e.target.EPIdx); err != nil {
 			e.log.Warn("kv subscriber: clearing inventory of removed endpoint failed", "err", err)
 		}
-		e.obs.Blocks(e.ref, e.target.Inventory.Blocks(e.target.EPIdx))
+		reportBlocks(e.obs, e.ref, e.target.Inventory, e.target.EPIdx)
 		if e.target.Granularity != nil {
 			e.target.Granularity.forget(e.target.EPIdx)
 		}
@@ -853,7 +874,7 @@ func (r *rankSub) apply(seq uint64, payload []byte) int {
 	r.seq.Applied(seq)
 	r.lastDigest = maphash.Bytes(r.digestSeed, payload)
 	r.noteSeq()
-	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
+	reportBlocks(r.ep.obs, r.ep.ref, r.ingest.Inventory, r.ingest.EPIdx)
 	return res.Stored
 }
 
@@ -862,7 +883,7 @@ func (r *rankSub) clear(reason ClearReason) {
 		r.log.Warn("kv subscriber: clear failed", "err", err)
 	}
 	r.ep.obs.Cleared(r.ep.ref, r.rank, reason)
-	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
+	reportBlocks(r.ep.obs, r.ep.ref, r.ingest.Inventory, r.ingest.EPIdx)
 }
 
 // replayUsable reports whether a replay may be attempted now, logging once

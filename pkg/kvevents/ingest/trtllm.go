@@ -75,6 +75,7 @@ func (p *drainPoller) readServerInfo(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	p.ep.target.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		p.log.Debug("kv drain: /server_info unreadable", "err", err)
@@ -184,6 +185,7 @@ func (p *drainPoller) poll(ctx context.Context) (n int, err error) {
 	if err != nil {
 		return 0, fmt.Errorf("drain request: %w", err)
 	}
+	p.ep.target.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("drain: %w", err)
@@ -266,7 +268,7 @@ func (p *drainPoller) apply(evs []trtllm.Event) {
 				"tokens_per_block", res.BlockSize, "kvBlockSize", p.ingest.Granularity.HashBlockSize())
 		}
 	}
-	p.ep.obs.Blocks(p.ep.ref, p.ingest.Inventory.Blocks(p.ingest.EPIdx))
+	reportBlocks(p.ep.obs, p.ep.ref, p.ingest.Inventory, p.ingest.EPIdx)
 }
 
 func (p *drainPoller) warnLost(rank int, last, got int64) {
@@ -291,7 +293,7 @@ func (p *drainPoller) clearAll(reason ClearReason) {
 	p.ep.obs.Cleared(p.ep.ref, 0, reason)
 	clear(p.last)
 	p.knownAll = false
-	p.ep.obs.Blocks(p.ep.ref, p.ingest.Inventory.Blocks(p.ingest.EPIdx))
+	reportBlocks(p.ep.obs, p.ep.ref, p.ingest.Inventory, p.ingest.EPIdx)
 }
 
 // applyTRTLLM applies one drained event on its attention-DP rank.
