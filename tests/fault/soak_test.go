@@ -48,10 +48,25 @@ const (
 // GOGC=100, and the scavenger returns pages lazily) plus allocator noise,
 // which is a few MiB whatever the stream count; a leak of even 200 bytes
 // per stream crosses the bound in a 10-minute run (≈ 100,000 streams).
+// A run shorter than soakWarmLoad (CI's 20 s) measures from a 20 % mark
+// before the heap has reached its working set (seen: +11 to +23 MiB at 200
+// streams by the end of a 20 s run), so its margin is soakShortRSSMarginKiB:
+// that check catches only gross leaks (about 15 KiB per stream over CI's
+// ~3,200 streams); the benchmark's 10-minute run is the flatness measure.
 const (
 	soakRSSGrowthFraction = 0.10
 	soakRSSMarginKiB      = 16 << 10
+	soakShortRSSMarginKiB = 48 << 10
+	soakWarmLoad          = 2 * time.Minute
 )
+
+// rssMarginKiB is the absolute part of the RSS bound for this run.
+func (c soakConfig) rssMarginKiB() int {
+	if c.load < soakWarmLoad {
+		return soakShortRSSMarginKiB
+	}
+	return soakRSSMarginKiB
+}
 
 // envInt reads a KVGATE_SOAK_* knob within [lo, hi], or def when unset.
 func envInt(t *testing.T, name string, def, lo, hi int) int {
@@ -348,14 +363,14 @@ func checkRSSFlat(t *testing.T, dp string, c soakConfig, ss []soakSample) {
 	if !ok1 || !ok2 || !ok3 || end.at <= c.load/5 {
 		t.Fatalf("%s: too few load samples to compare RSS (%d samples, period %s)", dp, len(ss), c.sample)
 	}
-	limit := mark.rssKiB + int(float64(mark.rssKiB)*soakRSSGrowthFraction) + soakRSSMarginKiB
+	limit := mark.rssKiB + int(float64(mark.rssKiB)*soakRSSGrowthFraction) + c.rssMarginKiB()
 	mib := func(kib int) float64 { return float64(kib) / 1024 }
 	t.Logf("%s: RSS %.1f MiB by %s (20%% mark), %.1f MiB by %s (end of load), %+.1f%%; bound %.1f MiB",
 		dp, mib(mark.rssKiB), (c.load / 5).Round(time.Second), mib(last.rssKiB), end.at.Round(time.Second),
 		100*float64(last.rssKiB-mark.rssKiB)/float64(mark.rssKiB), mib(limit))
 	if last.rssKiB > limit {
 		t.Fatalf("%s: RSS grew from %d KiB to %d KiB during the load (bound %d KiB: +%.0f%% + %d MiB)\n%s",
-			dp, mark.rssKiB, last.rssKiB, limit, 100*soakRSSGrowthFraction, soakRSSMarginKiB>>10, table(ss))
+			dp, mark.rssKiB, last.rssKiB, limit, 100*soakRSSGrowthFraction, c.rssMarginKiB()>>10, table(ss))
 	}
 }
 
