@@ -158,6 +158,10 @@ type Metrics struct {
 	modelOnce sync.Once
 	perModel  *modelSeries
 
+	// Tokenizers' conversation prefix cache (convcache.go).
+	convLookups *prometheus.CounterVec
+	convReused  prometheus.Counter
+
 	models    modelLabels
 	rulesMu   sync.Mutex
 	ruleIDs   map[int]bool // rules initialised, so InitRule and DeleteRule are idempotent
@@ -277,6 +281,8 @@ func New(opts Options) *Metrics {
 	m.Replicas = newReplicaMetrics(f)
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
 	m.modelSeries()
+
+	m.initConversationCache(f)
 
 	if !opts.NoProcessCollectors {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
