@@ -124,6 +124,13 @@ func (o subscriberObserver) Replay(ep ingest.EndpointRef, _ int, _ ingest.Replay
 		o.m.SubscriberBatches(int(ep.Service), ep.EPIdx, 0, batches)
 	}
 }
+
+// Applied counts a live batch (ingest.BatchObserver).
+func (o subscriberObserver) Applied(ep ingest.EndpointRef, _ int, stored, removed int) {
+	o.m.SubscriberBatches(int(ep.Service), ep.EPIdx, 1, 0)
+	o.m.SubscriberHashes(int(ep.Service), ep.EPIdx, stored, removed)
+}
+
 func (o subscriberObserver) DecodeError(ep ingest.EndpointRef, _ int) {
 	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
 }

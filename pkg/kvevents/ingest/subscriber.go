@@ -847,11 +847,15 @@ func (r *rankSub) handle(ctx context.Context, m liveMsg) {
 		r.noteSeq()
 		return
 	}
-	r.apply(seq, payload)
+	res := r.apply(seq, payload)
+	if bo, ok := r.ep.obs.(BatchObserver); ok {
+		bo.Applied(r.ep.ref, r.rank, res.Stored, res.Removed)
+	}
 }
 
-// apply applies one batch and returns the hashes it stored.
-func (r *rankSub) apply(seq uint64, payload []byte) int {
+// apply applies one batch and returns what it applied (zero when the
+// payload did not decode).
+func (r *rankSub) apply(seq uint64, payload []byte) IngestResult {
 	res, err := r.ingest.Apply(payload)
 	if err != nil {
 		r.ep.obs.DecodeError(r.ep.ref, r.rank)
@@ -875,7 +879,7 @@ func (r *rankSub) apply(seq uint64, payload []byte) int {
 	r.lastDigest = maphash.Bytes(r.digestSeed, payload)
 	r.noteSeq()
 	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
-	return res.Stored
+	return res
 }
 
 func (r *rankSub) clear(reason ClearReason) {
@@ -1009,7 +1013,7 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 		if r.seq.Known && seq <= r.seq.Last {
 			return nil
 		}
-		hashes += r.apply(seq, payload)
+		hashes += r.apply(seq, payload).Stored
 		// A large inventory takes a while to replay: say how far it got.
 		if now := time.Now(); now.Sub(lastLog) >= replayProgressEvery {
 			lastLog = now

@@ -93,6 +93,17 @@ type Observer interface {
 	DecodeError(ep EndpointRef, rank int)
 }
 
+// BatchObserver is an optional extension of Observer: an Observer that also
+// implements it is told of every live batch applied (replayed batches go to
+// Replay), with the hashes its BlockStored and BlockRemoved events carried.
+// The daemon wires it to kvgate_kv_subscriber_batches_total{service,ep} and
+// kvgate_kv_subscriber_hashes_total{service,ep,event}, the counters an
+// operator (and bench/ingest) reads the ingest rate from. It is a separate
+// interface so Observers that do not count batches need not change.
+type BatchObserver interface {
+	Applied(ep EndpointRef, rank int, stored, removed int)
+}
+
 // NopObserver ignores everything; embed it to implement part of Observer.
 type NopObserver struct{}
 
