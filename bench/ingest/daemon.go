@@ -120,7 +120,7 @@ func startDaemon(bin, repo, tmp string, n *network, env []string) (*daemon, erro
 func (d *daemon) alive() error {
 	select {
 	case <-d.exited:
-		return fmt.Errorf("kvgate exited: %v\n%s", d.err, d.tail())
+		return fmt.Errorf("kvgate exited: %w\n%s", d.err, d.tail())
 	default:
 		return nil
 	}

@@ -76,7 +76,11 @@ func (p *publisher) read(d time.Duration) (pubResult, error) {
 	ch := make(chan line, 1)
 	go func() {
 		if !p.out.Scan() {
-			ch <- line{err: fmt.Errorf("publisher exited: %v", p.out.Err())}
+			err := p.out.Err()
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			ch <- line{err: fmt.Errorf("publisher exited: %w", err)}
 			return
 		}
 		var r pubResult

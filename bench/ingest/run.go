@@ -24,6 +24,7 @@ type config struct {
 	series           string
 	env              []string
 	fillTimeoutFloor time.Duration // 0: 60 s
+	settle           time.Duration // pause between the fill and its memory reading (0: 2 s)
 }
 
 // maxEndpoints bounds the publishers (and processes) one run starts.
@@ -268,7 +269,10 @@ func runFill(c config, d *daemon, pubs *publishers, s *sampler, warm int, res *r
 	}
 	f.PublisherRate = float64(res.Hashes) / f.PublisherSeconds
 	f.Limit = limitOf(f.Seconds, f.PublisherSeconds)
-	time.Sleep(2 * time.Second) // let the receive queues drain and the GC settle
+	if c.settle == 0 {
+		c.settle = 2 * time.Second
+	}
+	time.Sleep(c.settle) // let the receive queues drain and the GC settle
 	m, err = d.scrape()
 	if err != nil {
 		return err
