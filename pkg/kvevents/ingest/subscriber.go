@@ -157,6 +157,12 @@ type Options struct {
 	// batches cannot grow the queue without bound. One message always fits,
 	// whatever its size (it is itself bounded by MaxFrameBytes).
 	QueueBytes int64
+	// ReleaseAfter is the queued bytes of a burst (the most a rank's queue
+	// held since it was last empty) at or above which the rank, once its
+	// queue is empty again, has the Go runtime return the freed heap to the
+	// OS (at most once per 5 s per Manager). Default DefaultReleaseAfter
+	// (8 MiB); negative: never.
+	ReleaseAfter int64
 	// MaxFrameBytes is LLB_KV_MAX_FRAME_BYTES: the largest ZMTP frame, and
 	// multipart message, accepted from a publisher or replay socket (default
 	// zmtpguard.DefaultMaxFrameBytes). A peer declaring more loses its
@@ -176,6 +182,8 @@ type Options struct {
 	MaxDrainBytes int
 	// Guard recovers a panic in a rank's goroutines; nil still recovers.
 	Guard *recovery.Guard
+
+	releaser *memReleaser // shared by a Manager's ranks; set by NewManager
 }
 
 func (o Options) withDefaults() Options {
@@ -199,6 +207,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.QueueBytes <= 0 {
 		o.QueueBytes = 256 << 20
+	}
+	if o.ReleaseAfter == 0 {
+		o.ReleaseAfter = DefaultReleaseAfter
 	}
 	if o.MaxFrameBytes <= 0 {
 		o.MaxFrameBytes = zmtpguard.DefaultMaxFrameBytes
@@ -236,7 +247,11 @@ type Manager struct {
 
 // NewManager returns a Manager with no targets.
 func NewManager(opts Options) *Manager {
-	return &Manager{opts: opts.withDefaults(), subs: make(map[string]*endpointSub)}
+	opts = opts.withDefaults()
+	if opts.ReleaseAfter > 0 {
+		opts.releaser = &memReleaser{guard: opts.Guard}
+	}
+	return &Manager{opts: opts, subs: make(map[string]*endpointSub)}
 }
 
 // Reconcile makes the running subscribers match targets: it starts the new
@@ -674,6 +689,7 @@ type byteBudget struct {
 	limit int64
 	mu    sync.Mutex
 	used  int64
+	peak  int64         // the most used since used was last 0 (drainedPeak)
 	freed chan struct{} // signalled on release
 }
 
@@ -688,6 +704,7 @@ func (b *byteBudget) acquire(n int64, done <-chan struct{}) bool {
 		b.mu.Lock()
 		if b.used == 0 || b.used+n <= b.limit {
 			b.used += n
+			b.peak = max(b.peak, b.used)
 			b.mu.Unlock()
 			return true
 		}
@@ -698,6 +715,19 @@ func (b *byteBudget) acquire(n int64, done <-chan struct{}) bool {
 			return false
 		}
 	}
+}
+
+// drainedPeak returns the burst's peak and starts a new burst when the
+// budget is empty, and 0 while messages are still queued.
+func (b *byteBudget) drainedPeak() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used != 0 {
+		return 0
+	}
+	p := b.peak
+	b.peak = 0
+	return p
 }
 
 func (b *byteBudget) release(n int64) {
@@ -735,6 +765,9 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 			got = true
 			r.handle(ctx, m)
 			budget.release(m.size)
+			if len(queue) == 0 && r.opts.releaser != nil && budget.drainedPeak() >= r.opts.ReleaseAfter {
+				r.opts.releaser.request()
+			}
 		}
 	}
 }
