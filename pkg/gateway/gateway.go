@@ -30,6 +30,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
+	"github.com/kvgate/kvgate/pkg/rulesfile"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
@@ -79,12 +80,29 @@ type Options struct {
 	// VIPs, when set, puts each rule's VIP on a device while the rule exists
 	// (--vip-dev, package vip); nil leaves addresses to the operator.
 	VIPs VIPPlumber
+	// RulesFile is the declarative rule source every replica loads
+	// (--rules-file, package rulesfile); "" means REST only.
+	RulesFile string
+	// RulesFileInterval is how often RulesFile is checked (0: 2 s).
+	RulesFileInterval time.Duration
+	// LocalLoadOnly turns the shared load view off (sharedload.go): the
+	// selector counts this process's in-flight requests only. Code only,
+	// for the routing benchmark's comparison.
+	LocalLoadOnly bool
+	// CursorStart is where every rule's round-robin cursors start; replicas
+	// of one fleet pass different values (cmd/kvgate: random with
+	// --rules-file) so their round-robin picks are not in step.
+	CursorStart uint64
 	// TLSCertDir holds TLS rules' certificates, <dir>/<vip>_<port>/tls.crt
 	// and tls.key (--tls-cert-dir; docs/security.md). TLSReloadInterval and
 	// TLSHandshakeTimeout: zero takes package tlsterm's defaults.
 	TLSCertDir          string
 	TLSReloadInterval   time.Duration
 	TLSHandshakeTimeout time.Duration
+	// BackendPool bounds the idle engine connections a security-2 rule keeps
+	// (zero fields: fullproxy.DefaultPoolOptions; docs/security.md, "Engine
+	// connection pool").
+	BackendPool fullproxy.PoolOptions
 }
 
 // Gateway is the running daemon minus its flags.
@@ -112,6 +130,8 @@ type Gateway struct {
 	guard *recovery.Guard
 	// inspect bounds the request bodies tokenized at once (inspect.go).
 	inspect *inspectGate
+	// rulesFile reconciles the table with --rules-file (rulesfile.go); nil without one.
+	rulesFile *rulesfile.Watcher
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -151,6 +171,7 @@ func New(opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	selOpts.CursorStart = opts.CursorStart
 	g.selOpts = selOpts
 	mode, err := datapath.ParseMode(opts.Datapath)
 	if err != nil {
@@ -225,6 +246,9 @@ func New(opts Options) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: restore rules: %w", err)
 		}
 	}
+	if err := g.openRulesFile(); err != nil {
+		return nil, err
+	}
 	built = true
 	return g, nil
 }
@@ -236,6 +260,9 @@ func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	g.guard.Go(recovery.API, func() { apiErr <- g.API.Serve(ctx, apiLn) })
 	g.guard.Go(recovery.Poller, func() { g.status.Run(ctx) })
+	if g.rulesFile != nil {
+		g.guard.Go(recovery.Poller, func() { g.rulesFile.Run(ctx) })
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -356,7 +383,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if term != nil {
 		clientTLS = term
 	}
-	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks,
+	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks, TierWeights: g.opts.Settings.TierWeights,
 		Observer: ingest.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
 	if err != nil {
 		return fmt.Errorf("service %d: inventory: %w", id, err)
@@ -377,7 +404,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	scores := newTimedScorer(scorer)
 	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Loads: rh.loads(loads), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
@@ -399,7 +426,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
 		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
-		Guard: g.guard, TLS: clientTLS, Dial: backendDial, BodyAuditor: audit,
+		Guard: g.guard, TLS: clientTLS, Dial: backendDial, Pool: g.backendPool(rule), BodyAuditor: audit,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
@@ -497,6 +524,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	}
 	for _, e := range old.Endpoints {
 		if _, stays := updated.EndpointByKey(e.Key()); !stays {
+			rt.server.DropIdleBackends(e.Idx) // an index kept with a new address must not reuse the old one's connections
 			rt.sel.DropEndpoint(e.Idx)
 			_ = rt.sink().ClearEndpoint(e.Idx)
 			g.Metrics.DeleteEndpoint(updated.ServiceID, e.Idx)
@@ -508,6 +536,9 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	g.registerEndpoints(updated)
 	for _, e := range updated.Endpoints {
 		g.Metrics.SetAdminDown(updated.ServiceID, e.Idx, e.AdminDown)
+		if e.AdminDown {
+			rt.server.DropIdleBackends(e.Idx)
+		}
 	}
 	g.mu.Lock()
 	rt.rule = updated

@@ -26,6 +26,11 @@ func (o *proxyObserver) ConnectFailed(_ string, ep int) {
 	}
 }
 
+// BackendConn implements fullproxy.PoolObserver.
+func (o *proxyObserver) BackendConn(_ string, _ int, result string) {
+	o.m.BackendConn(o.service, result)
+}
+
 func (o *proxyObserver) TTFB(_ string, _ int, d time.Duration) { o.m.ObserveTTFB(o.service, d) }
 
 func (o *proxyObserver) Inflight(_ string, ep, n int) { o.m.SetInflight(o.service, ep, n) }
@@ -97,6 +102,9 @@ func (o subscriberObserver) RecvError(ep ingest.EndpointRef) {
 }
 func (o subscriberObserver) Blocks(ep ingest.EndpointRef, blocks int) {
 	o.m.SetKVBlocks(int(ep.Service), ep.EPIdx, blocks)
+}
+func (o subscriberObserver) OtherMediaBlocks(ep ingest.EndpointRef, blocks int) {
+	o.m.SetKVBlocksOtherMedium(int(ep.Service), ep.EPIdx, blocks)
 }
 func (o subscriberObserver) CapEvicted(ep ingest.EndpointRef, n int) {
 	o.m.InvCapEvicted(int(ep.Service), ep.EPIdx, n)

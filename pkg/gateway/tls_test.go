@@ -11,8 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvgate/kvgate/internal/testcerts"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/metrics"
 )
 
 func TestRuleLeg(t *testing.T) {
@@ -242,5 +246,26 @@ func x25519Dial(ca *testcerts.CA, resume bool) func(ctx context.Context, addr st
 			return nil, err
 		}
 		return tc, nil
+	}
+}
+
+// TestBackendPoolOnlyE2EHTTPS: only security-2 rules get an engine
+// connection pool (docs/security.md, "Engine connection pool"), with the
+// daemon's bounds, and their connection series exist at 0 from the start.
+func TestBackendPoolOnlyE2EHTTPS(t *testing.T) {
+	m := metrics.New(metrics.Options{NoProcessCollectors: true})
+	g := &Gateway{Metrics: m, opts: Options{BackendPool: fullproxy.PoolOptions{MaxIdlePerEndpoint: 3}}}
+	for security, want := range map[int]bool{0: false, 1: false, 2: true} {
+		r := &config.Rule{ServiceID: 40 + security, Args: config.ServiceArguments{Security: security}}
+		p := g.backendPool(r)
+		if (p != nil) != want {
+			t.Fatalf("security %d: pool %v, want one: %v", security, p, want)
+		}
+		if want && p.MaxIdlePerEndpoint != 3 {
+			t.Fatalf("security %d: pool bounds %+v, want the daemon's", security, *p)
+		}
+	}
+	if n := testutil.CollectAndCount(m.BackendConns, "kvgate_backend_connections_total"); n != len(metrics.BackendConnResults) {
+		t.Fatalf("%d kvgate_backend_connections_total series, want %d (the security-2 rule's, at 0)", n, len(metrics.BackendConnResults))
 	}
 }

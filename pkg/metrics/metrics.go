@@ -134,6 +134,10 @@ type Metrics struct {
 	TLSHandshakeErrors *prometheus.CounterVec // kvgate_tls_handshake_errors_total{service,reason}
 	TLSCertReloads     *prometheus.CounterVec // kvgate_tls_cert_reloads_total{service,result}
 
+	// BackendConns: how requests of a rule with an engine connection pool
+	// got their connection (docs/security.md, "Engine connection pool").
+	BackendConns *prometheus.CounterVec // kvgate_backend_connections_total{service,result}
+
 	// Reliability: recovered panics.
 	Panics *prometheus.CounterVec // kvgate_panics_total{where}
 
@@ -148,6 +152,8 @@ type Metrics struct {
 	APIInsecure     prometheus.Gauge       // kvgate_api_insecure
 	APIAuthFailures *prometheus.CounterVec // kvgate_api_auth_failures_total{reason}
 	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
+	// Active-active replicas (replicas.go).
+	Replicas ReplicaMetrics
 
 	models    modelLabels
 	rulesMu   sync.Mutex
@@ -181,7 +187,7 @@ func New(opts Options) *Metrics {
 	m.Tier1TrieHits = f.counter("kvgate_tier1_trie_hits_total", "Requests routed by Tier-1 trie affinity (pd_cache_aware_mode).", "service")
 
 	m.KVBlocks = f.gauge("loxilb_pd_kv_blocks", "Blocks in the endpoint's mirrored KV inventory (GPU medium).", "service", "ep_idx")
-	m.KVBlocksOtherMedium = f.gauge("kvgate_kv_blocks_other_medium", "Blocks the endpoint reported on a non-GPU medium (not scored).", "service", "ep_idx")
+	m.KVBlocksOtherMedium = f.gauge("kvgate_kv_blocks_other_medium", "Blocks the endpoint reported on a non-GPU medium; those on a CPU or STORAGE tier extend the leading-run score (LLB_KV_TIER_WEIGHTS).", "service", "ep_idx")
 	m.EPInfo = f.gauge("loxilb_pd_ep_info", "Always 1: joins ep_idx to the endpoint IP (ep) and its ip:port (addr).", "service", "ep_idx", "ep", "addr")
 	m.SubscriberConnected = f.gauge("loxilb_kv_subscriber_connected", "1 when every rank of the endpoint's KV-event subscriber is connected; ep holds the ep_idx.", "service", "ep")
 	m.SubscriberReconnects = f.counter("loxilb_kv_subscriber_reconnect_total", "Successful KV-event socket rebuilds after receive errors.", "service", "ep")
@@ -247,6 +253,7 @@ func New(opts Options) *Metrics {
 	reg.MustRegister(m.spliced)
 	m.RuleDatapath = f.gauge("kvgate_rule_datapath_info", "Always 1 for the body path a rule's responses take (sockmap or userspace) and why (datapath: the daemon's --datapath choice; tls: TLS rules are copied in userspace).", "service", "path", "reason")
 	m.TLSHandshakeErrors = f.counter("kvgate_tls_handshake_errors_total", "Client TLS handshakes that failed, by reason (timeout, plain_http, oversize, bad_record, client_cert, eof, protocol).", "service", "reason")
+	m.BackendConns = f.counter("kvgate_backend_connections_total", "Engine connections taken by requests of a rule with a connection pool (security 2), by result (reused: an idle pooled one; dialed: a new one; stale: a pooled one the engine had closed, replaced by a new one).", "service", "result")
 	m.TLSCertReloads = f.counter("kvgate_tls_cert_reloads_total", "Reloads of a TLS rule's certificate, key or client CA files, by result (ok, error: the previous files stay in force).", "service", "result")
 
 	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")
@@ -265,6 +272,7 @@ func New(opts Options) *Metrics {
 	reg.MustRegister(m.APIInsecure)
 	m.APIAuthFailures = f.counter("kvgate_api_auth_failures_total", "Management API requests refused: missing, invalid or forbidden (a read token on a mutating call).", "reason")
 	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
+	m.Replicas = newReplicaMetrics(f)
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
 
 	if !opts.NoProcessCollectors {
