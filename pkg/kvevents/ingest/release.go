@@ -17,9 +17,10 @@ const (
 // memReleaser returns freed heap to the OS after a receive burst. A burst
 // (a publisher that sends faster than kvgate applies, or a replay) queues
 // up to QueueBytes per rank on the Go heap; once applied, that memory is
-// garbage the runtime hands back only gradually (tens of seconds at 10M
-// hashes), so the process keeps the burst's RSS in the meantime
-// (docs/ingest.md, "End to end"). One releaser serves a Manager: at most
+// garbage the runtime hands back only after later GC cycles, which an idle
+// daemon may not run for minutes, so the process keeps the burst's RSS
+// (at 10M hashes over 8 endpoints, twice the steady RSS; docs/ingest.md,
+// "End to end"). One releaser serves a Manager: at most
 // one debug.FreeOSMemory (a forced GC) per releaseEvery, and a request
 // inside the interval runs at its end, so the last burst is released too.
 type memReleaser struct {
