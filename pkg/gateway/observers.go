@@ -133,9 +133,9 @@ func (o subscriberObserver) Replay(ep ingest.EndpointRef, _ int, _ ingest.Replay
 	}
 }
 
-// Applied counts a live batch (ingest.BatchObserver).
-func (o subscriberObserver) Applied(ep ingest.EndpointRef, _ int, stored, removed int) {
-	o.m.SubscriberBatches(int(ep.Service), ep.EPIdx, 1, 0)
+// Applied counts live batches (ingest.BatchObserver).
+func (o subscriberObserver) Applied(ep ingest.EndpointRef, _ int, batches, stored, removed int) {
+	o.m.SubscriberBatches(int(ep.Service), ep.EPIdx, batches, 0)
 	o.m.SubscriberHashes(int(ep.Service), ep.EPIdx, stored, removed)
 }
 

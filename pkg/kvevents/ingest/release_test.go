@@ -65,3 +65,54 @@ func TestMemReleaserCoalesces(t *testing.T) {
 		t.Error("the default does not release")
 	}
 }
+
+type appliedRecorder struct {
+	NopObserver
+	calls [][3]int
+}
+
+func (a *appliedRecorder) Applied(_ EndpointRef, _ int, batches, stored, removed int) {
+	a.calls = append(a.calls, [3]int{batches, stored, removed})
+}
+
+// TestFlushApplied: live batches reach the BatchObserver after each batch
+// while the queue is empty, and in groups of appliedFlushBatches while a
+// backlog is applied.
+func TestFlushApplied(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		queued []int // queue length after each applied batch
+		want   [][3]int
+	}{
+		{"idle: every batch", []int{0, 0}, [][3]int{{1, 2, 1}, {1, 2, 1}}},
+		{"backlog then empty", []int{5, 4, 0}, [][3]int{{3, 6, 3}}},
+		{"long backlog", repeat(9, 65), [][3]int{{64, 128, 64}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &appliedRecorder{}
+			r := &rankSub{ep: &endpointSub{obs: rec}}
+			for _, q := range tc.queued {
+				r.counts.batches++
+				r.counts.stored += 2
+				r.counts.removed++
+				r.flushApplied(q)
+			}
+			if len(rec.calls) != len(tc.want) {
+				t.Fatalf("calls %v, want %v", rec.calls, tc.want)
+			}
+			for i := range tc.want {
+				if rec.calls[i] != tc.want[i] {
+					t.Errorf("call %d = %v, want %v", i, rec.calls[i], tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+func repeat(v, n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = v
+	}
+	return s
+}

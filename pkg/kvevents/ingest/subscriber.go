@@ -529,6 +529,7 @@ func (e *endpointSub) rankConnected(rank int, up bool) {
 type rankSub struct {
 	ep     *endpointSub
 	rank   int
+	counts appliedCounts // live batches applied, not yet reported (flushApplied)
 	pub    string
 	replay string
 	opts   Options
@@ -765,6 +766,7 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 			got = true
 			r.handle(ctx, m)
 			budget.release(m.size)
+			r.flushApplied(len(queue))
 			if len(queue) == 0 && r.opts.releaser != nil && budget.drainedPeak() >= r.opts.ReleaseAfter {
 				r.opts.releaser.request()
 			}
@@ -881,8 +883,30 @@ func (r *rankSub) handle(ctx context.Context, m liveMsg) {
 		return
 	}
 	res := r.apply(seq, payload)
+	r.counts.batches++
+	r.counts.stored += res.Stored
+	r.counts.removed += res.Removed
+}
+
+// appliedCounts accumulates live batches between reports to a BatchObserver.
+type appliedCounts struct{ batches, stored, removed int }
+
+// appliedFlushBatches bounds how many applied batches a rank holds back
+// from its BatchObserver while a backlog is being applied.
+const appliedFlushBatches = 64
+
+// flushApplied reports the accumulated live batches when the queue is
+// empty or appliedFlushBatches have accumulated: one metric update per
+// batch cost ≈ 0.4–0.6 µs (three labelled counters), a fifth of a small
+// batch's receive and apply, so under a backlog the updates are batched.
+func (r *rankSub) flushApplied(queued int) {
+	c := r.counts
+	if c.batches == 0 || (queued > 0 && c.batches < appliedFlushBatches) {
+		return
+	}
+	r.counts = appliedCounts{}
 	if bo, ok := r.ep.obs.(BatchObserver); ok {
-		bo.Applied(r.ep.ref, r.rank, res.Stored, res.Removed)
+		bo.Applied(r.ep.ref, r.rank, c.batches, c.stored, c.removed)
 	}
 }
 
