@@ -70,6 +70,7 @@ type Metrics struct {
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
+	EventHashes          *prometheus.CounterVec // kvgate_kv_subscriber_hashes_total{service,ep,event}
 	// Live parity self-check (docs/parity.md).
 	ParityChecked   *prometheus.CounterVec // kvgate_kv_parity_checked_total{service,ep_idx}
 	ParityUnchecked *prometheus.CounterVec // kvgate_kv_parity_unchecked_total{service,ep_idx,cause}
@@ -212,6 +213,7 @@ func New(opts Options) *Metrics {
 	m.ParityState = f.gauge("kvgate_kv_parity_state", "Live parity of the endpoint's block hashes: -1 after 3 consecutive mismatches, 1 after a match with no mismatch for 60 s, 0 otherwise.", "service", "ep_idx")
 	m.registerUsageAudit(f)
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
+	m.EventHashes = f.counter("kvgate_kv_subscriber_hashes_total", "Block hashes in the BlockStored (event stored) and BlockRemoved (event removed) events of live batches applied.", "service", "ep", "event")
 
 	m.TTFB = f.histogram("loxilb_proxy_http_ttfb_seconds", "Time from forwarding the request to the backend's first response byte.", ttfbBuckets, "service")
 	m.Requests = f.counter("kvgate_requests_total", "Proxied requests by endpoint and outcome.", "service", "ep_idx", "outcome")
