@@ -156,7 +156,9 @@ Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses
 (OpenAI Responses API), POST /v1/messages (Anthropic Messages API), GET /v1/models,
 GET /health, POST /tokenize, POST /reset_prefix_cache, GET /metrics, GET /version,
 and with --debug-state GET /debug/state and POST /debug/match (a benchmark
-oracle's view of the true queue and cache). Every response carries x-engine-id;
+oracle's view of the true queue and cache), with --allow-runtime-lora-updating
+POST /v1/load_lora_adapter and /v1/unload_lora_adapter (listed on /v1/models
+with their parent, as vLLM does). Every response carries x-engine-id;
 responses also carry the model's own figures in x-enginesim-ttft-us,
 x-enginesim-queue-us and x-enginesim-cached-tokens (trailers on a stream, whose
 head is sent when the request is queued, before the first token, as vLLM does).
@@ -223,6 +225,7 @@ Example (three engines on separate loopback addresses, same ports):
 	f.IntVar(&cfg.Port, "port", def.Port, "HTTP port")
 	f.StringVar(&cfg.ID, "id", "", `engine id for the x-engine-id header (default "<host>:<port>")`)
 	f.StringVar(&cfg.Model, "model", def.Model, "served model name")
+	f.BoolVar(&cfg.RuntimeLoRA, "allow-runtime-lora-updating", false, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
 	f.StringArrayVar(&cfg.APIKeys, "api-key", nil, "vLLM's --api-key: paths under /v1, /v2, /inference and /cohere answer 401 without Authorization: Bearer KEY; /health and /metrics stay open (repeat the flag for several keys; default $VLLM_API_KEY)")
 	f.StringSliceVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapter names served on the model, name[,name] (vLLM's name=path is accepted; the path is ignored): requests naming one hash with its lora_name")
 	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")

@@ -170,6 +170,11 @@ type Config struct {
 	// does unless started with --enable-prompt-tokens-details (enginesim's
 	// flag defaults to on, because the benchmarks read cached_tokens).
 	DisablePromptTokensDetails bool
+	// RuntimeLoRA serves POST /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter, as vLLM does with
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (lora_runtime.go).
+	RuntimeLoRA bool
+
 	// DebugState serves GET /debug/state and POST /debug/match, the
 	// engine's true queue and cache for a benchmark oracle; off, they 404.
 	DebugState bool

@@ -66,6 +66,8 @@ type Engine struct {
 	// drain holds TensorRT-LLM's KV events until POST /kv_cache_events
 	// takes them (trtllm.go); nil for other engines.
 	drain *trtDrain
+	// lora holds the adapters loaded at run time (lora_runtime.go).
+	lora runtimeLoRA
 }
 
 // New validates cfg, binds the HTTP listener and the KV-event sockets and
@@ -250,6 +252,10 @@ func (e *Engine) routes() http.Handler {
 		mux.HandleFunc("GET /server_info", e.handleTRTServerInfo)
 	}
 	mux.HandleFunc("POST /reset_prefix_cache", e.handleReset)
+	if e.cfg.RuntimeLoRA {
+		mux.HandleFunc("POST /v1/load_lora_adapter", e.handleLoadLoRA)
+		mux.HandleFunc("POST /v1/unload_lora_adapter", e.handleUnloadLoRA)
+	}
 	mux.HandleFunc("POST "+notifyPath, e.handleNotify)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.metrics.registry, promhttp.HandlerOpts{}))
 	if e.cfg.DebugState {
@@ -320,7 +326,7 @@ func (e *Engine) checkModel(model string) (lora string, bad *badRequest) {
 	if model == "" || model == e.cfg.Model {
 		return "", nil
 	}
-	if slices.Contains(e.cfg.LoRAModules, model) {
+	if slices.Contains(e.cfg.LoRAModules, model) || e.lora.has(model) {
 		return model, nil
 	}
 	return "", &badRequest{status: http.StatusNotFound, typ: "NotFoundError", msg: fmt.Sprintf("The model `%s` does not exist.", model)}
@@ -794,7 +800,7 @@ func (e *Engine) handleModels(w http.ResponseWriter, _ *http.Request) {
 		"id": e.cfg.Model, "object": "model", "created": e.created, "owned_by": "vllm",
 		"root": e.cfg.Model, "parent": nil, "max_model_len": e.cfg.MaxModelLen,
 	}}
-	for _, name := range e.cfg.LoRAModules {
+	for _, name := range append(slices.Clone(e.cfg.LoRAModules), e.lora.list()...) {
 		// vLLM lists each adapter with its base model as parent.
 		data = append(data, map[string]any{
 			"id": name, "object": "model", "created": e.created, "owned_by": "vllm",

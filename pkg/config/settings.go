@@ -76,6 +76,12 @@ type Settings struct {
 	// event-drain poll interval, 1-10000 ms each. Defaults 5 / 20; when min >
 	// max both revert to the defaults, as the reference does.
 	TRTLLMPollMin, TRTLLMPollMax time.Duration
+	// LLB_KV_MODEL_DISCOVERY_SEC: how often each KV rule re-reads its
+	// endpoints' GET /v1/models (and at once on a probe coming up), 0-3600 s;
+	// 0 turns discovery off, so every endpoint is a candidate for every
+	// model as before. Default 30. Ours (docs/selection.md, "Many models
+	// behind one rule").
+	ModelDiscoveryInterval time.Duration
 
 	// LLB_KV_AUDIT_SAMPLE: 1 in N streamed responses that would be spliced
 	// in the kernel is copied in userspace instead, so the per-request usage
@@ -130,6 +136,10 @@ func DefaultSettings() Settings {
 		DecodeSilence:      120 * time.Second,
 		OriginErrThreshold: 3,
 		DecodeOnlyFallback: true,
+
+		// A probe coming up re-reads /v1/models at once, so the period
+		// only bounds how late an adapter loaded at run time is seen.
+		ModelDiscoveryInterval: 30 * time.Second,
 	}
 }
 
@@ -202,6 +212,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
 	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
 	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)
+	p.seconds("LLB_KV_MODEL_DISCOVERY_SEC", &s.ModelDiscoveryInterval, 0, 3600)
 	pollMin, pollMax := int(s.TRTLLMPollMin/time.Millisecond), int(s.TRTLLMPollMax/time.Millisecond)
 	p.integer("LOXILB_KV_TRTLLM_POLL_MIN_MS", &pollMin, 1, 10000)
 	p.integer("LOXILB_KV_TRTLLM_POLL_MAX_MS", &pollMax, 1, 10000)

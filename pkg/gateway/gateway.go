@@ -153,6 +153,10 @@ type ruleRuntime struct {
 	served  chan struct{}
 	// stopTLS stops following a TLS rule's certificate files.
 	stopTLS func()
+	// models is the rule's model discovery (models.go); nil when off or
+	// not a KV rule. Guarded by Gateway.mu; the router reads it through
+	// its ruleState.
+	models *ruleModels
 	// audit is the rule's per-request usage audit (usageaudit.go).
 	audit *usageAuditor
 }
@@ -297,6 +301,7 @@ func (g *Gateway) Shutdown() {
 			}
 			rt.health.close()
 			rt.stopTLS()
+			rt.models.close()
 		})
 	}
 	wg.Wait()
@@ -343,7 +348,10 @@ func (g *Gateway) Snapshot(serviceID, epIdx int) (string, []uint64, bool) {
 	}
 	for _, e := range rt.rule.KVEndpoints() {
 		if e.Idx == epIdx {
-			return rt.rule.EffectiveHashAlgo(), rt.index.Snapshot(epIdx), true
+			// The index holds model-keyed hashes; the API shows the engine's.
+			hashes := rt.index.Snapshot(epIdx)
+			rt.router.state.Load().models.current().endpointSalt(epIdx).Unkey(hashes)
+			return rt.rule.EffectiveHashAlgo(), hashes, true
 		}
 	}
 	return "", nil, false
@@ -415,6 +423,13 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	rt.router = &router{service: id, sel: sel, scores: scores, overlay: overlay, costs: costs, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
+	rt.models = g.newRuleModels(rule, rh.token, g.reconcile)
+	defer func() {
+		if err != nil {
+			rt.models.close()
+		}
+	}()
+	st.models = rt.models
 	rt.router.state.Store(st)
 	audit := newUsageAuditor(id, rt.router, g.Metrics, g.auditLog, g.opts.Settings.AuditSample)
 	rt.audit = audit
@@ -422,6 +437,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return err
 	}
+	handler = rt.router.modelGate(handler)
 
 	addr := net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port))
 	srv, err := fullproxy.Listen(fullproxy.Config{
@@ -435,6 +451,8 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	}
 	rt.server = srv
 	rh.endpointDown = func(ep int) { srv.EndpointDown(ep) }
+	rh.probeUp = kickModels(rh.probeUp, rt.router)
+	g.watchModelBlocks(rt)
 	if err := rh.start(rule, sel); err != nil {
 		_ = srv.Close()
 		return err
@@ -517,6 +535,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	} else {
 		st.parity = g.newParity(updated, st)
 	}
+	st.models = g.updateRuleModels(rt, updated)
 	rt.router.state.Store(st)
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
@@ -567,8 +586,10 @@ func (g *Gateway) remove(rule *config.Rule) {
 		_ = rt.server.Shutdown(ctx)
 		rt.health.close()
 		rt.stopTLS()
+		rt.models.close()
 	})
 	g.Metrics.DeleteRule(rule.ServiceID)
+	g.Metrics.DeleteModelSeries(rule.ServiceID, -1)
 	g.log.Info("rule removed", "service", rule.ServiceID)
 }
 
@@ -614,11 +635,16 @@ func (g *Gateway) reconcile() {
 			g.log.Error("KV subscribers: rule not followed", "service", r.ServiceID, "err", err)
 			continue
 		}
+		view := rt.models.current()
 		for _, e := range r.KVEndpoints() {
+			if !rt.models.Tried(e.Idx) {
+				continue // subscribed once its model is known, so its blocks are keyed by it from the first event
+			}
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
-				ReplayPort: r.Args.KVReplayPort, Inventory: rt.sink(), Granularity: rt.router.state.Load().gran,
-				Parity: rt.router.state.Load().parity, Token: rt.health.token,
+				ReplayPort: r.Args.KVReplayPort, Inventory: inventory.ModelSink{Inner: rt.sink(), Salt: view.endpointSalt(e.Idx)},
+				Granularity: rt.router.state.Load().gran,
+				Parity:      rt.router.state.Load().parity, Token: rt.health.token,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

@@ -28,7 +28,7 @@ func (h *ruleHealth) handler(rule *config.Rule, r *router, audit *usageAuditor) 
 		ServiceID: rule.ServiceID, Begin: r.pdPlan, Plain: plain, Health: h, Admission: h.admission,
 		PrefillTimeout: h.settings.PrefillTimeout, DecodeSilence: h.settings.DecodeSilence,
 		DecodeOnlyFallback: h.settings.DecodeOnlyFallback,
-		Observer:           &pdObserver{m: h.m, service: rule.ServiceID}, Logger: h.log,
+		Observer:           &pdObserver{m: h.m, service: rule.ServiceID, modelLabel: r.modelLabel}, Logger: h.log,
 		PrefillUsage: audit.prefillUsage,
 	}, pdTopology(rule))
 	if err != nil {
@@ -49,7 +49,7 @@ func pdTopology(rule *config.Rule) pd.Topology {
 // pdPlan prepares a request for the P/D flow exactly as Plan does; the
 // flow owns the result for the request's life.
 func (r *router) pdPlan(req *fullproxy.Request) pd.Plan {
-	sc := r.prepare(r.state.Load(), req)
+	sc := r.planFor(req)
 	return pd.Plan{Attempt: &sc.attempt, Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes), Stages: sc.stages}
 }
 
@@ -57,6 +57,9 @@ func (r *router) pdPlan(req *fullproxy.Request) pd.Plan {
 type pdObserver struct {
 	m       *metrics.Metrics
 	service int
+	// modelLabel maps a request's model to its per-model metric label ("":
+	// no discovery on the rule; models.go).
+	modelLabel func(model string) string
 }
 
 func (o *pdObserver) Decided(d selector.Decision) {
@@ -74,6 +77,11 @@ func (o *pdObserver) Committed(out selector.Outcome, model string, stages []full
 	}
 	observeStages(o.m, o.service, stages)
 	recordOutcome(o.m, o.service, out)
+	if out.Hit && o.modelLabel != nil {
+		if l := o.modelLabel(model); l != "" {
+			o.m.ModelHit(o.service, l)
+		}
+	}
 }
 
 func (o *pdObserver) Leg(leg, model string, d time.Duration) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,10 @@ type ruleState struct {
 	// parity is the rule's live parity self-check (docs/parity.md); nil
 	// without a hasher.
 	parity *ingest.Parity
+	// models is the rule's model discovery (models.go); nil when off.
+	models *ruleModels
+	// all is every endpoint of the rule.
+	all epset.Set
 }
 
 // router implements fullproxy.Router for one rule: request facts →
@@ -69,6 +74,9 @@ type router struct {
 	// tokenized at once, process-wide (inspect.go).
 	maxTokens int
 	gate      *inspectGate
+	// pending holds the plans the model gate prepared, by request, until
+	// the rule's handler asks for them (Plan, pdPlan).
+	pending sync.Map
 }
 
 // plan is one request's routing state, prepared once and kept by the
@@ -81,6 +89,8 @@ type plan struct {
 	facts   reqfacts.Facts
 	tokens  int // prompt tokens after truncation (0 when not tokenized)
 	stages  []fullproxy.Stage
+	// model is where the request's model may run (models.go).
+	model modelRoute
 	// blockTokens is the prompt tokens one hash covers (kvBlockSize times
 	// the engines' granularity step).
 	blockTokens int
@@ -93,6 +103,14 @@ type plan struct {
 
 // Plan implements fullproxy.Router.
 func (r *router) Plan(_ context.Context, req *fullproxy.Request) fullproxy.RoutePlan {
+	return r.planFor(req)
+}
+
+// planFor is the plan the model gate prepared for req, or a new one.
+func (r *router) planFor(req *fullproxy.Request) *plan {
+	if sc, ok := r.pending.LoadAndDelete(req); ok {
+		return sc.(*plan)
+	}
 	return r.prepare(r.state.Load(), req)
 }
 
@@ -122,6 +140,9 @@ func (sc *plan) Route(_ context.Context, excluded epset.Set) (fullproxy.Decision
 
 	if d.Reason.Miss() {
 		r.m.Tier15Miss(r.service, d.Reason.String())
+		if sc.model.label != "" {
+			r.m.ModelMiss(r.service, sc.model.label, d.Reason.String())
+		}
 	}
 	if d.Fallthrough {
 		r.m.Tier15FallthroughInc(r.service)
@@ -159,7 +180,11 @@ func (sc *plan) Finish(d fullproxy.Decision, connected bool) {
 	if !connected {
 		return
 	}
-	recordOutcome(r.m, r.service, sc.attempt.Commit())
+	o := sc.attempt.Commit()
+	recordOutcome(r.m, r.service, o)
+	if o.Hit && sc.model.label != "" {
+		r.m.ModelHit(r.service, sc.model.label)
+	}
 	sc.track(d)
 }
 
@@ -224,8 +249,21 @@ func recordOutcome(m *metrics.Metrics, service int, o selector.Outcome) {
 
 // prepare extracts the request facts, tokenizes and hashes the prompt, and
 // begins the selector attempt. Failures become the guard reason the selector
-// reports (text_empty, model_empty, tokenize, hashes).
+// reports (text_empty, model_empty, tokenize, hashes). The attempt excludes
+// every endpoint that does not serve the request's model.
 func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
+	sc := r.preparePlan(st, req)
+	if sc.model.restrict {
+		out := st.all.AndNot(sc.model.eligible)
+		for ep := out.Next(0); ep >= 0; ep = out.Next(ep + 1) {
+			sc.attempt.Exclude(ep)
+			sc.attempt.ExcludeDecode(ep)
+		}
+	}
+	return sc
+}
+
+func (r *router) preparePlan(st *ruleState, req *fullproxy.Request) *plan {
 	sc := &plan{r: r}
 	sr := &sc.selReq
 	if ap, err := netip.ParseAddrPort(req.RemoteAddr.String()); err == nil {
@@ -242,6 +280,16 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 	}
 	f := &sc.facts
 	sr.Model = f.Model
+	if f.Model != "" && st.models != nil {
+		sc.model = st.models.current().resolve(f.Model, st.all)
+		if sc.model.parent != "" && f.LoRA == "" {
+			f.LoRA = f.Model // a discovered adapter: its name enters the block keys, as vLLM hashes it
+		}
+		if sc.model.notFound {
+			sc.attempt = r.sel.Begin(sr) // answered 404 by the model gate
+			return sc
+		}
+	}
 	sr.SessionKey = r.opts.SessionKey(req.Get, f.User)
 	switch {
 	case !req.BodyInspected:
@@ -294,7 +342,7 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 	t1 := time.Now()
 	ids, err := func() ([]uint32, error) {
 		defer release() // a recovered panic must not keep the budget forever
-		return r.tokenize(st, f)
+		return r.tokenize(st, f, sc.model.parent)
 	}()
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "tokenize", Duration: time.Since(t1)})
 	if err == nil && r.maxTokens > 0 && len(ids) > r.maxTokens {
@@ -317,6 +365,7 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 	if sr.Hashes, skipped = r.kvHashes(st, ids, f); skipped != selector.ReasonNone {
 		sr.Upstream = skipped
 	}
+	sc.model.salt.KeyAll(sr.Hashes) // the index holds model-keyed hashes (inventory.ModelSalt)
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "hash", Duration: time.Since(t2)})
 	sc.attempt = r.sel.Begin(sr)
 	return sc
@@ -393,8 +442,9 @@ func (r *router) limits() tokenizer.Limits {
 // special tokens unless add_special_tokens says otherwise, token ids as
 // given. A list of prompts routes by its first prompt (vLLM runs each as its
 // own engine request; the first shares the request's prefix). A LoRA
-// adapter's prompt is encoded with its base model's tokenizer, as vLLM does.
-func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
+// adapter's prompt is encoded with its base model's tokenizer, as vLLM does:
+// the one kvLoraAdapters names, else the parent its engines list.
+func (r *router) tokenize(st *ruleState, f *reqfacts.Facts, discoveredParent string) ([]uint32, error) {
 	first, isCompletion := f.FirstPrompt()
 	if f.Kind == reqfacts.KindCompletion && !isCompletion {
 		return nil, errors.New("completion without a prompt")
@@ -405,6 +455,8 @@ func (r *router) tokenize(st *ruleState, f *reqfacts.Facts) ([]uint32, error) {
 	model := f.Model
 	if base, ok := st.loraTokenizer[f.LoRA]; ok && f.LoRA != "" {
 		model = base
+	} else if discoveredParent != "" {
+		model = discoveredParent
 	}
 	m, err := r.pool.Get(model)
 	if err != nil {
@@ -472,6 +524,7 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	for _, e := range rule.Endpoints {
 		st.addrs[e.Idx] = net.JoinHostPort(e.IP, strconv.Itoa(e.TargetPort))
 		st.ids[e.Idx] = e.Key()
+		st.all.Add(e.Idx)
 	}
 	if !rule.KVEnabled() {
 		return st, nil

@@ -155,6 +155,10 @@ type Metrics struct {
 	// Active-active replicas (replicas.go).
 	Replicas ReplicaMetrics
 
+	// perModel holds the series labelled by discovered model (models.go).
+	modelOnce sync.Once
+	perModel  *modelSeries
+
 	// Tokenizers' conversation prefix cache (convcache.go).
 	convLookups *prometheus.CounterVec
 	convReused  prometheus.Counter
@@ -278,6 +282,7 @@ func New(opts Options) *Metrics {
 	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
 	m.Replicas = newReplicaMetrics(f)
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
+	m.modelSeries()
 
 	m.initConversationCache(f)
 

@@ -270,8 +270,9 @@ func TestAdversarialBodies(t *testing.T) {
 	// The one-packet crash: prompts (and conversations) reqfacts rejects.
 	for _, p := range []string{`[]`, `""`, `5`, `true`, `{}`, `[-1]`, `[1.5]`, `[4294967296]`, `[[]]`, `["a",5]`} {
 		inputs = append(inputs,
-			input{"prompt " + p, "", "/v1/completions", []byte(`{"model":"x","prompt":` + p + `}`), "text_empty"},
-			input{"messages " + p, "", "/v1/chat/completions", []byte(`{"model":"x","messages":` + p + `}`), "text_empty"})
+			// A served model: kvgate answers an unserved one 404 model_not_found before the prompt.
+			input{"prompt " + p, "", "/v1/completions", []byte(`{"model":"` + model + `","prompt":` + p + `}`), "text_empty"},
+			input{"messages " + p, "", "/v1/chat/completions", []byte(`{"model":"` + model + `","messages":` + p + `}`), "text_empty"})
 	}
 	ids := make([]int, maxPromptTokens+1)
 	inputs = append(inputs,

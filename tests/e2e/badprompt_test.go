@@ -21,7 +21,9 @@ func TestRejectedPromptsKeepServing(t *testing.T) {
 			if path == "/v1/chat/completions" {
 				field = "messages"
 			}
-			body := `{"model":"x","` + field + `":` + prompt + `}`
+			// A model the engines serve: kvgate answers an unserved one
+			// itself (404 model_not_found) before reading the prompt.
+			body := `{"model":"` + model + `","` + field + `":` + prompt + `}`
 			t.Run(path+" "+body, func(t *testing.T) {
 				resp, err := http.Post(base+path, "application/json", bytes.NewReader([]byte(body)))
 				if err != nil {

@@ -281,16 +281,23 @@ func (m *Manager) Reconcile(targets []Target) error {
 	}
 	errs = append(errs, m.oneDrainer(want)...)
 	m.mu.Lock()
-	var stop []*endpointSub
+	type stopping struct {
+		s *endpointSub
+		// gone: the endpoint left (or moved to another ep_idx), so its
+		// series retire; a changed target that stays restarts and keeps
+		// them (its probe and hit series are not the subscriber's).
+		gone bool
+	}
+	var stop []stopping
 	for k, s := range m.subs {
 		if t, ok := want[k]; !ok || t != s.target {
-			stop = append(stop, s)
+			stop = append(stop, stopping{s: s, gone: !ok || t.EPIdx != s.target.EPIdx})
 			delete(m.subs, k)
 		}
 	}
 	m.mu.Unlock()
-	for _, s := range stop {
-		s.stop(true)
+	for _, st := range stop {
+		st.s.stop(true, st.gone)
 	}
 	m.mu.Lock()
 	for k, t := range want {
@@ -351,7 +358,7 @@ func (m *Manager) Close() {
 	m.subs = map[string]*endpointSub{}
 	m.mu.Unlock()
 	for _, s := range subs {
-		s.stop(false)
+		s.stop(false, false)
 	}
 }
 
@@ -488,8 +495,9 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 }
 
 // stop ends the endpoint's subscribers and waits for them; with forget, the
-// endpoint left the rule: its inventory is cleared and its series retired.
-func (e *endpointSub) stop(forget bool) {
+// target left or changed: its inventory is cleared; with gone too, the
+// endpoint left the rule and its series are retired.
+func (e *endpointSub) stop(forget, gone bool) {
 	e.cancel()
 	e.wg.Wait()
 	for _, r := range e.ranks {
@@ -510,6 +518,8 @@ func (e *endpointSub) stop(forget bool) {
 		if e.target.Parity != nil {
 			e.target.Parity.forget(e.target.EPIdx)
 		}
+	}
+	if gone {
 		e.obs.EndpointGone(e.ref)
 	}
 }

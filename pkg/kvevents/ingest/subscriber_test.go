@@ -662,6 +662,15 @@ func TestManagerReconcile(t *testing.T) {
 	if mgr.subs[ta.Key()] == before || len(mgr.subs[ta.Key()].ranks) != 2 {
 		t.Error("changed target not restarted")
 	}
+	// A restart clears what the old target mirrored but keeps the
+	// endpoint's series: it did not leave the rule (failed before: every
+	// restart reported EndpointGone, which deleted its probe and hit series).
+	if ix.Blocks(0) != 0 {
+		t.Errorf("a restarted target kept %d blocks of its old subscription", ix.Blocks(0))
+	}
+	if n := rec.get(func(r *recorder) int { return r.gone }); n != 1 {
+		t.Errorf("EndpointGone reported %d times; a restart must not retire the endpoint's series", n)
+	}
 	mgr.Close()
 	if err := mgr.Reconcile([]Target{ta}); err == nil {
 		t.Error("Reconcile after Close must fail")

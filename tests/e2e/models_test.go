@@ -1,0 +1,223 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testnet"
+	"github.com/kvgate/kvgate/pkg/kvhash"
+)
+
+// modelB is a second model that shares model's tokenizer and, through
+// PYTHONHASHSEED=0 on every engine, its block hashes: the case where only
+// per-model keying keeps the two inventories apart.
+const modelB = "acme/qwen3-b"
+
+// TestManyModelsOneRule runs the real kvgate daemon over two real enginesim
+// processes behind one KV rule: .11 and .12 serve model (with the LoRA
+// adapter sql-lora), .13 and .14 serve modelB, and .13 may load adapters at
+// run time. kvgate learns all of it from GET /v1/models
+// (LLB_KV_MODEL_DISCOVERY_SEC=1); no kvLoraAdapters is listed. Each model's
+// requests go only to its engines and warm-hit there; the same prompt for
+// the other model matches nothing even though both engines publish the
+// very same hashes; an unknown model is answered 404 model_not_found and
+// counted; an adapter loaded at run time is routed within the interval.
+func TestManyModelsOneRule(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	block := testnet.Block(t)
+	hosts := []string{block + "11", block + "12", block + "13", block + "14"}
+	eport := testnet.Port(t, hosts[0])
+	common := []string{"--port", fmt.Sprint(eport), "--replicas", "2", "--tokenizer", repoTokenizerDir(t), "--time-scale", "0.05", "--log-level", "warn"}
+	engA := startProc(t, []string{"PYTHONHASHSEED=0"}, filepath.Join(dir, "enginesim"),
+		append([]string{"--host", hosts[0], "--model", model, "--lora-modules", "sql-lora"}, common...)...)
+	engB := startProc(t, []string{"PYTHONHASHSEED=0"}, filepath.Join(dir, "enginesim"),
+		append([]string{"--host", hosts[2], "--model", modelB, "--allow-runtime-lora-updating"}, common...)...)
+	waitFor(t, "the engines", 30*time.Second, func() bool {
+		for _, h := range hosts {
+			resp, err := http.Get(fmt.Sprintf("http://%s:%d/health", h, eport))
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+		}
+		return true
+	})
+	// Each model's tokenizer is staged under its own name (the spec's path).
+	staging := stagingDir(t)
+	if err := os.Symlink(repoTokenizerDir(t), filepath.Join(staging, strings.ReplaceAll(modelB, "/", "__"))); err != nil {
+		t.Fatal(err)
+	}
+	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
+	gw := startProc(t, []string{"LLB_KV_NONE_HASH_SEED=0", "LLB_KV_MODEL_DISCOVERY_SEC=1"}, filepath.Join(dir, "kvgate"),
+		"--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", staging, "--decision-header")
+	tg := &testGateway{api: "http://" + api}
+	waitFor(t, "the management API", 20*time.Second, func() bool {
+		resp, err := http.Get(tg.api + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	vip, vport := block+"1", testnet.Port(t, block+"1")
+	var eps []string
+	for _, h := range hosts {
+		eps = append(eps, fmt.Sprintf(`{"endpointIP":%q,"targetPort":%d,"weight":1}`, h, eport))
+	}
+	id := tg.createRule(t, []byte(fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","sel":0,"mode":4,
+		"kvExactMode":3,"kvZmqPort":5557,"kvHashAlgo":"sha256_cbor","kvBlockSize":16},"endpoints":[%s]}`, vip, vport, strings.Join(eps, ","))))
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, len(hosts))
+	diag := func() string {
+		return "\n--- kvgate:\n" + gw.logs.String() + "\n--- enginesim:\n" + engA.logs.String() + engB.logs.String()
+	}
+	waitFor(t, "every endpoint's /v1/models", 10*time.Second, func() bool {
+		return tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "0"}) == 2 &&
+			tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "3"}) == 1
+	})
+
+	url := fmt.Sprintf("http://%s:%d/v1/completions", vip, vport)
+	engineOf := func(ep int) string { return fmt.Sprintf("%s:%d", hosts[ep], eport) }
+	servesA, servesB := []string{engineOf(0), engineOf(1)}, []string{engineOf(2), engineOf(3)}
+	shared := strings.Repeat("The quarterly report covers revenue, churn and the hiring plan for every region. ", 6)
+	blocks := func(ep string) float64 {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": svc, "ep_idx": ep})
+	}
+	// cold sends a request for m that must land on one of want, then waits
+	// until kvgate mirrors the blocks it stored.
+	cold := func(m, prompt string, want []string) reply {
+		t.Helper()
+		r := post(t, url, map[string]any{"model": m, "prompt": prompt, "max_tokens": 2})
+		if r.status != 200 || !slices.Contains(want, r.engine) || decisionField(r.decision, "tier") == "1.5" || r.cached() != 0 {
+			t.Fatalf("cold %s request: %d on %q decision %q cached %d; want 200 on one of %v, no KV hit%s", m, r.status, r.engine, r.decision, r.cached(), want, diag())
+		}
+		ep := decisionField(r.decision, "ep")
+		waitFor(t, m+"'s blocks in kvgate", 10*time.Second, func() bool { return blocks(ep) > 0 })
+		return r
+	}
+	// warm sends a request sharing a cold one's prefix: a tier-1.5 hit on
+	// the same engine, whose cached tokens are kvgate's matched blocks.
+	warm := func(m, prompt string, first reply) {
+		t.Helper()
+		r := post(t, url, map[string]any{"model": m, "prompt": prompt, "max_tokens": 2})
+		score, _ := strconv.Atoi(decisionField(r.decision, "score"))
+		if r.status != 200 || decisionField(r.decision, "tier") != "1.5" || r.engine != first.engine || score < 4 || r.cached() != score*16 {
+			t.Fatalf("warm %s request: %d on %q decision %q cached %d; want a tier-1.5 hit on %s with cached = score*16%s",
+				m, r.status, r.engine, r.decision, r.cached(), first.engine, diag())
+		}
+	}
+
+	a1 := cold(model, shared+"Summarise it.", servesA)
+	warm(model, shared+"List the risks.", a1)
+	// modelB's engines hash this prompt exactly as model's do, and kvgate's
+	// index already holds those hashes for a1's endpoint: still no match.
+	b1 := cold(modelB, shared+"Summarise it.", servesB)
+	warm(modelB, shared+"List the risks.", b1)
+	sameHashes(t, tg, id, decisionField(a1.decision, "ep"), decisionField(b1.decision, "ep"), shared+"Summarise it.")
+
+	// The adapter is discovered (listed with its parent): routed to model's
+	// engines, tokenized with model's tokenizer, hashed with its name.
+	l1 := cold("sql-lora", shared+"Summarise it.", servesA)
+	warm("sql-lora", shared+"List the risks.", l1)
+
+	notFound := func(m string) {
+		t.Helper()
+		resp, err := http.Post(url, "application/json", strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"hello","max_tokens":2}`, m)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Error  string `json:"error"`
+			Detail string `json:"detail"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 404 || body.Error != "model_not_found" || !strings.Contains(body.Detail, m) {
+			t.Fatalf("model %q: %d %+v (%v); want 404 model_not_found naming it", m, resp.StatusCode, body, err)
+		}
+	}
+	notFound("nobody/model")
+	notFound("late-lora")
+	if got := tg.metric(t, "kvgate_model_not_found_total", map[string]string{"service": svc}); got != 2 {
+		t.Fatalf("kvgate_model_not_found_total %v, want 2", got)
+	}
+
+	// .13 loads an adapter at run time: routed there within the interval.
+	load, err := http.Post(fmt.Sprintf("http://%s/v1/load_lora_adapter", engineOf(2)), "application/json",
+		bytes.NewReader([]byte(`{"lora_name":"late-lora","lora_path":"/adapters/late"}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	load.Body.Close()
+	if load.StatusCode != 200 {
+		t.Fatalf("load_lora_adapter: %d", load.StatusCode)
+	}
+	loaded := time.Now()
+	var late reply
+	waitFor(t, "the runtime adapter to be routed", 15*time.Second, func() bool {
+		late = post(t, url, map[string]any{"model": "late-lora", "prompt": shared, "max_tokens": 2})
+		return late.status == 200
+	})
+	if late.engine != engineOf(2) {
+		t.Fatalf("late-lora served by %q, want %s (the only engine that loaded it)", late.engine, engineOf(2))
+	}
+	t.Logf("runtime adapter routed %v after it was loaded (LLB_KV_MODEL_DISCOVERY_SEC=1)", time.Since(loaded).Round(10*time.Millisecond))
+
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		min    float64
+	}{
+		{"kvgate_kv_model_hits_total", map[string]string{"service": svc, "model": model}, 1},
+		{"kvgate_kv_model_hits_total", map[string]string{"service": svc, "model": modelB}, 1},
+		{"kvgate_kv_model_hits_total", map[string]string{"service": svc, "model": "sql-lora"}, 1},
+		{"kvgate_kv_model_blocks", map[string]string{"service": svc, "model": model}, 1},
+		{"kvgate_kv_model_blocks", map[string]string{"service": svc, "model": modelB}, 1},
+	} {
+		if got := tg.metric(t, c.name, c.labels); got < c.min {
+			t.Errorf("%s%v = %v, want >= %v", c.name, c.labels, got, c.min)
+		}
+	}
+	if got := tg.metric(t, "kvgate_kv_model_hits_total", map[string]string{"service": svc, "model": "nobody/model"}); got != 0 {
+		t.Errorf("a client's unknown model became a label (%v)", got)
+	}
+}
+
+// sameHashes checks that two endpoints serving different models hold the
+// identical engine hashes of prompt (the inventory API shows the engines'
+// hashes, whatever key the index stores them under).
+func sameHashes(t *testing.T, tg *testGateway, service int, epA, epB, prompt string) {
+	t.Helper()
+	ids, err := engineTokenizer(t).EncodePrompt(prompt, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := kvhash.New(kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: 16, Seed: kvhash.SeedOf("0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := h.AppendHashes(nil, ids, kvhash.Extra{})
+	for _, ep := range []string{epA, epB} {
+		inv := inventory(t, tg, service, ep)
+		for i, hash := range want {
+			if !slices.Contains(inv, hash) {
+				t.Fatalf("ep %s: block %d's engine hash %d missing from the inventory API", ep, i, hash)
+			}
+		}
+	}
+}
