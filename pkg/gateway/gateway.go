@@ -24,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/datapath"
+	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
@@ -34,6 +35,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
 	"github.com/kvgate/kvgate/pkg/status"
+	"github.com/kvgate/kvgate/pkg/tlsterm"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
@@ -127,6 +129,12 @@ type ruleRuntime struct {
 	served chan struct{}
 	// stopTLS stops following a TLS rule's certificate files.
 	stopTLS func()
+	// term is a TLS rule's terminator (nil on plain rules): preflight's
+	// probe requests verify the VIP against the certificate it serves.
+	term *tlsterm.Terminator
+	// engine is the client of kvgate's own calls to the rule's engines
+	// (probes, scrapes, subscribers, preflight): https on security 2.
+	engine *engineclient.Client
 }
 
 // New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
@@ -339,10 +347,12 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 			stopTLS()
 		}
 	}()
-	backendDial, err := g.backendTLSDial(rule)
+	engineTLS, err := ruleEngineTLS(rule)
 	if err != nil {
 		return err
 	}
+	backendDial := g.backendTLSDial(engineTLS)
+	engine := engineclient.New(engineTLS)
 	var clientTLS fullproxy.TLSTerminator
 	if term != nil {
 		clientTLS = term
@@ -357,6 +367,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return err
 	}
+	rh.engine = engine
 	scores := newTimedScorer(idx)
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
 		Scorer: scores, Loads: rh.loads(loads), Engine: rh, States: rh, Observer: selectorObserver{g.Metrics}, Logger: g.log,
@@ -364,7 +375,8 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS}
+	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS,
+		term: term, engine: engine}
 	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
@@ -490,6 +502,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 		_ = rt.server.Shutdown(ctx)
 		rt.health.close()
 		rt.stopTLS()
+		rt.engine.CloseIdle()
 	})
 	g.Metrics.DeleteRule(rule.ServiceID)
 	g.log.Info("rule removed", "service", rule.ServiceID)
@@ -541,7 +554,7 @@ func (g *Gateway) reconcile() {
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
-				Parity: rt.router.state.Load().parity, Token: rt.health.token,
+				Parity: rt.router.state.Load().parity, Token: rt.health.token, HTTP: rt.engine,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

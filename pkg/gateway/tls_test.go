@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testcerts"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/tlsterm"
 )
 
 func TestRuleLeg(t *testing.T) {
@@ -120,12 +120,11 @@ func TestBackendTLSDial(t *testing.T) {
 	dir := t.TempDir()
 	_, pair, caFile := engineCerts(t, dir)
 	eng := startTLSEngine(t, pair)
-	pool, mtime, err := loadCAFile(caFile)
+	engineTLS, err := tlsterm.NewEngineTLS(caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots := &backendRoots{path: caFile, pool: pool, seen: mtime}
-	dial := newBackendTLSDialer(roots, nil)
+	dial := newBackendTLSDialer(engineTLS, nil)
 	for i := 0; i < 4; i++ {
 		if err := dialOnce(t, dial, eng.addr); err != nil {
 			t.Fatalf("dial %d: %v", i, err)
@@ -140,24 +139,7 @@ func TestBackendTLSDial(t *testing.T) {
 	if err := dialOnce(t, dial, stranger.addr); err == nil {
 		t.Fatal("an engine certificate from another CA was accepted")
 	}
-	// A replaced CA file is followed: an engine the new CA signed is
-	// trusted (the file is re-read when its mtime moves, at most once per
-	// caCheckEvery).
-	newCA, newPair, _ := engineCerts(t, t.TempDir())
-	other := startTLSEngine(t, newPair)
-	if err := newCA.WriteCA(caFile); err != nil {
-		t.Fatal(err)
-	}
-	future := time.Now().Add(time.Minute)
-	if err := os.Chtimes(caFile, future, future); err != nil {
-		t.Fatal(err)
-	}
-	roots.mu.Lock()
-	roots.next = time.Time{}
-	roots.mu.Unlock()
-	if err := dialOnce(t, dial, other.addr); err != nil {
-		t.Fatalf("after the CA file changed: %v", err)
-	}
+	// The CA file's reload is tlsterm's (TestEngineTLSFollowsCAFile).
 }
 
 // BenchmarkBackendTLSDial: what a request pays to open its engine
@@ -167,7 +149,7 @@ func BenchmarkBackendTLSDial(b *testing.B) {
 	dir := b.TempDir()
 	ca, pair, caFile := engineCerts(b, dir)
 	eng := startTLSEngine(b, pair)
-	pool, mtime, err := loadCAFile(caFile)
+	engineTLS, err := tlsterm.NewEngineTLS(caFile)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -206,7 +188,7 @@ func BenchmarkBackendTLSDial(b *testing.B) {
 	}{
 		{"plain-tcp", func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }, plainLn.Addr().String()},
 		{"tls-full-handshake", full, eng.addr},
-		{"tls-resumed", newBackendTLSDialer(&backendRoots{path: caFile, pool: pool, seen: mtime}, nil), eng.addr},
+		{"tls-resumed", newBackendTLSDialer(engineTLS, nil), eng.addr},
 		// Not what kvgate does: how much of a handshake is the key exchange
 		// (Go's default hybrid X25519MLKEM768 against X25519 alone).
 		{"tls-full-handshake-x25519-only", x25519Dial(ca, false), eng.addr},
