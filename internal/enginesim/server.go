@@ -3,6 +3,7 @@ package enginesim
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -111,7 +112,18 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("enginesim: listen: %w", err)
 	}
 	port := e.ln.Addr().(*net.TCPAddr).Port
-	e.url = "http://" + net.JoinHostPort(cfg.Host, strconv.Itoa(port))
+	scheme := "http"
+	if cfg.SSLCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.SSLCertFile, cfg.SSLKeyFile)
+		if err != nil {
+			e.ln.Close()
+			return nil, fmt.Errorf("enginesim: ssl-certfile/ssl-keyfile: %w", err)
+		}
+		e.ln = tls.NewListener(e.ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"http/1.1"}})
+		scheme = "https"
+	}
+	e.url = scheme + "://" + net.JoinHostPort(cfg.Host, strconv.Itoa(port))
 	if e.cfg.ID == "" {
 		e.cfg.ID = net.JoinHostPort(cfg.Host, strconv.Itoa(port))
 	}
