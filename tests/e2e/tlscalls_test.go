@@ -74,7 +74,9 @@ func startHTTPSEngine(t *testing.T, bin, host, key string, pair *testcerts.Pair,
 	return e
 }
 
-func (e *httpsEngine) url() string { return "https://" + net.JoinHostPort(e.host, strconv.Itoa(e.httpPort)) }
+func (e *httpsEngine) url() string {
+	return "https://" + net.JoinHostPort(e.host, strconv.Itoa(e.httpPort))
+}
 
 // runPreflightJSON runs the preflight through the API and returns its report.
 func runPreflightJSON(t *testing.T, api string, id int) preflight.Report {
