@@ -39,6 +39,7 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LLB_KV_REPLAY_PORT_OFFSET    KV replay port = PUB port + offset, 0 disables (1000)
   LLB_KV_MAX_PROMPT_TOKENS     longer prompts are not KV-routed (reason tokenize), 1-16777216 (262144)
   LLB_KV_MAX_FRAME_BYTES       largest ZMTP frame/message from a KV peer, 4096-1073741824 (67108864)
+  LLB_KV_AUDIT_SAMPLE          1 in N streams the sockmap would splice is read for the usage audit, 0 = none (64)
   LOXILB_KV_TRTLLM_POLL_MIN_MS TensorRT-LLM drain poll interval while events flow, 1-10000 ms (5)
   LOXILB_KV_TRTLLM_POLL_MAX_MS TensorRT-LLM drain poll interval while idle, 1-10000 ms (20)
   LOXILB_KV_LB_MODE            off|hard|soft|adaptive|adaptive-soft load blend (hard)

@@ -59,6 +59,12 @@ type Settings struct {
 	// max both revert to the defaults, as the reference does.
 	TRTLLMPollMin, TRTLLMPollMax time.Duration
 
+	// LLB_KV_AUDIT_SAMPLE: 1 in N streamed responses that would be spliced
+	// in the kernel is copied in userspace instead, so the per-request usage
+	// audit reads its usage (docs/parity.md); 0 = none, 0-1000000.
+	// Default 64.
+	AuditSample int
+
 	// LLB_PD_PREFILL_TIMEOUT_SEC: prefill leg and decode first-byte bound, 1-99999 s. Default 30.
 	PrefillTimeout time.Duration
 	// LLB_PD_DECODE_SILENCE_SEC: decode stream silence bound, 1-99999 s. Default 120.
@@ -97,6 +103,7 @@ func DefaultSettings() Settings {
 		MaxFrameBytes:      64 << 20,
 		TRTLLMPollMin:      5 * time.Millisecond,
 		TRTLLMPollMax:      20 * time.Millisecond,
+		AuditSample:        64,
 		PrefillTimeout:     30 * time.Second,
 		DecodeSilence:      120 * time.Second,
 		OriginErrThreshold: 3,
@@ -173,6 +180,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 		pollMin, pollMax = 5, 20
 	}
 	s.TRTLLMPollMin, s.TRTLLMPollMax = time.Duration(pollMin)*time.Millisecond, time.Duration(pollMax)*time.Millisecond
+	p.integer("LLB_KV_AUDIT_SAMPLE", &s.AuditSample, 0, 1_000_000)
 
 	p.seconds("LLB_PD_PREFILL_TIMEOUT_SEC", &s.PrefillTimeout, 1, 99999)
 	p.seconds("LLB_PD_DECODE_SILENCE_SEC", &s.DecodeSilence, 1, 99999)

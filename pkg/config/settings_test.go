@@ -70,6 +70,9 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LLB_KV_MAX_PROMPT_TOKENS": "1024"}, func(s Settings) bool { return s.MaxPromptTokens == 1024 }},
 		{map[string]string{}, func(s Settings) bool { return s.MaxPromptTokens == 262144 }},
 		{map[string]string{"LLB_KV_MAX_FRAME_BYTES": "4096"}, func(s Settings) bool { return s.MaxFrameBytes == 4096 }},
+		{map[string]string{}, func(s Settings) bool { return s.AuditSample == 64 }},
+		{map[string]string{"LLB_KV_AUDIT_SAMPLE": "0"}, func(s Settings) bool { return s.AuditSample == 0 }},
+		{map[string]string{"LLB_KV_AUDIT_SAMPLE": "1"}, func(s Settings) bool { return s.AuditSample == 1 }},
 		{map[string]string{"LOXILB_KV_TRTLLM_POLL_MIN_MS": "1", "LOXILB_KV_TRTLLM_POLL_MAX_MS": "10000"}, func(s Settings) bool {
 			return s.TRTLLMPollMin == time.Millisecond && s.TRTLLMPollMax == 10*time.Second
 		}},
@@ -115,6 +118,7 @@ func TestSettingsErrorsNameVariable(t *testing.T) {
 		"LLB_KV_REPLAY_PORT_OFFSET":      "1e3",
 		"LLB_KV_MAX_PROMPT_TOKENS":       "0",
 		"LLB_KV_MAX_FRAME_BYTES":         "4095",
+		"LLB_KV_AUDIT_SAMPLE":            "-1",
 		"LOXILB_KV_TRTLLM_POLL_MIN_MS":   "0",
 		"LOXILB_KV_TRTLLM_POLL_MAX_MS":   "10001",
 		"LLB_PD_PREFILL_TIMEOUT_SEC":     "0",

@@ -80,4 +80,3 @@ func TestUserspaceLegTLSClient(t *testing.T) {
 		})
 	}
 }
-

@@ -80,6 +80,11 @@ type Options struct {
 	// The proxy makes one per response; nil means the body ends when the
 	// backend closes (see WithEnd).
 	End BodyEnd
+	// Tap, when set, sees every body byte written to the client, in wire
+	// form, after the write (the per-request usage audit, docs/parity.md).
+	// A tapped body is copied in userspace: bytes the kernel moves are never
+	// seen. Tap must not keep p.
+	Tap func(p []byte)
 }
 
 // Result reports what a body leg did.

@@ -54,6 +54,9 @@ func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []
 		if n > 0 {
 			w, err := client.Write(p[:n])
 			res.Bytes += int64(w)
+			if opts.Tap != nil && w > 0 {
+				opts.Tap(p[:w])
+			}
 			res.LastActivity = time.Now()
 			if err != nil {
 				res.Ending, res.Err = ClientGone, err

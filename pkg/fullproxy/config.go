@@ -132,6 +132,9 @@ type Config struct {
 	// runs on each backend socket before connect(). The daemon uses it to tag
 	// backend sockets for the BPF load map (splice.Datapath.TagBackend).
 	DialControl func(network, address string, c syscall.RawConn) error
+	// BodyAuditor, when set, may tap relayed response bodies (the
+	// per-request usage audit, docs/parity.md); nil taps none.
+	BodyAuditor BodyAuditor
 	// Guard recovers a panic in one connection's handling (the connection
 	// closes, the proxy keeps serving); nil still recovers, uncounted.
 	Guard *recovery.Guard

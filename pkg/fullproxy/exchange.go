@@ -383,13 +383,22 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 	if r.head.ContentLength >= 0 && int64(len(prefix)) > r.head.ContentLength {
 		prefix = prefix[:r.head.ContentLength]
 	}
-	return x.s.leg.Run(ctx, x.c.nc, r.conn, prefix, datapath.Options{
+	opts := datapath.Options{
 		Silence:       silence,
 		Streamed:      r.head.Chunked || r.head.EventStream,
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
 		End:           http1.NewBodyFraming(r.head.Chunked, r.head.ContentLength, r.head.EventStream),
-	})
+	}
+	tap := x.bodyTap(r)
+	if tap != nil {
+		opts.Tap = tap.Write
+	}
+	res := x.s.leg.Run(ctx, x.c.nc, r.conn, prefix, opts)
+	if tap != nil {
+		tap.Done(res)
+	}
+	return res
 }
 
 // Respond writes a complete response with a Content-Length body: status and

@@ -89,6 +89,10 @@ type Record struct {
 	Inspected  bool
 	ReqBytes   int64
 	ConnectErr []int // endpoints that failed to connect
+	// UsageAudited is set by a handler that audited the request's usage
+	// from another leg (package pd: the prefill's answer), so the relayed
+	// body is not tapped again.
+	UsageAudited bool
 	// TraceID is the W3C trace id of the request's traceparent header ("" when
 	// absent or malformed), so a slow request can be followed into the
 	// engine's own traces. The header itself is forwarded unchanged.

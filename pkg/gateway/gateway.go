@@ -106,6 +106,9 @@ type Gateway struct {
 	access  *slog.Logger
 	store   *state.Store
 	status  *status.Collector
+
+	// auditLog rate-limits the usage audit's mismatch warnings (usageaudit.go).
+	auditLog *slog.Logger
 	// guard recovers, logs and counts (kvgate_panics_total) a panic in any
 	// goroutine the daemon starts, so one bad input cannot end the process.
 	guard *recovery.Guard
@@ -135,6 +138,8 @@ type ruleRuntime struct {
 	// engine is the client of kvgate's own calls to the rule's engines
 	// (probes, scrapes, subscribers, preflight): https on security 2.
 	engine *engineclient.Client
+	// audit is the rule's per-request usage audit (usageaudit.go).
+	audit *usageAuditor
 }
 
 // New builds a gateway: metrics, tokenizer pool, subscribers, body leg and
@@ -186,6 +191,7 @@ func New(opts Options) (*Gateway, error) {
 	// Tokenizer warnings are rate-limited: each unknown model in a request
 	// would otherwise log two WARN lines.
 	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
+	g.auditLog = slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
 	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, g.guard)
 	defer func() {
@@ -381,7 +387,9 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
 	rt.router.state.Store(st)
-	handler, err := rh.handler(rule, rt.router)
+	audit := newUsageAuditor(id, rt.router, g.Metrics, g.auditLog, g.opts.Settings.AuditSample)
+	rt.audit = audit
+	handler, err := rh.handler(rule, rt.router, audit)
 	if err != nil {
 		return err
 	}
@@ -391,7 +399,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
 		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
-		Guard: g.guard, TLS: clientTLS, Dial: backendDial,
+		Guard: g.guard, TLS: clientTLS, Dial: backendDial, BodyAuditor: audit,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}

@@ -19,7 +19,7 @@ import (
 // handler builds the rule's request handler: the plain forward over r,
 // under the rule's circuit breaker; for a P/D rule, the two-leg flow
 // (pkg/pd) in front of it.
-func (h *ruleHealth) handler(rule *config.Rule, r *router) (fullproxy.Handler, error) {
+func (h *ruleHealth) handler(rule *config.Rule, r *router, audit *usageAuditor) (fullproxy.Handler, error) {
 	plain := fullproxy.NewForward(r, h)
 	if !h.pdRule {
 		return plain, nil
@@ -29,6 +29,7 @@ func (h *ruleHealth) handler(rule *config.Rule, r *router) (fullproxy.Handler, e
 		PrefillTimeout: h.settings.PrefillTimeout, DecodeSilence: h.settings.DecodeSilence,
 		DecodeOnlyFallback: h.settings.DecodeOnlyFallback,
 		Observer:           &pdObserver{m: h.m, service: rule.ServiceID}, Logger: h.log,
+		PrefillUsage: audit.prefillUsage,
 	}, pdTopology(rule))
 	if err != nil {
 		return nil, fmt.Errorf("service %d: %w", rule.ServiceID, err)

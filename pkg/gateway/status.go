@@ -21,6 +21,8 @@ func (g *Gateway) newStatus() *status.Collector {
 		Datapath:    g.leg.Path,
 		Health:      g.EndpointActive,
 		ProbeError:  g.ProbeError,
+		// The usage audit's per-rule count: a tokenizer or template break.
+		PromptMismatches: g.promptMismatches,
 		SeedSet: func(r *config.Rule) bool {
 			_, ok := r.HashSeed(g.opts.Settings)
 			return ok

@@ -75,6 +75,10 @@ type Metrics struct {
 	ParityUnchecked *prometheus.CounterVec // kvgate_kv_parity_unchecked_total{service,ep_idx,cause}
 	ParityMismatch  *prometheus.CounterVec // kvgate_kv_parity_mismatch_total{service,ep_idx,reason}
 	ParityState     *prometheus.GaugeVec   // kvgate_kv_parity_state{service,ep_idx}
+	// Per-request usage audit (docs/parity.md; audit.go).
+	UsageAudits          *prometheus.CounterVec   // kvgate_kv_usage_audit_total{model,result}
+	PromptTokensMismatch *prometheus.CounterVec   // kvgate_kv_prompt_tokens_mismatch_total{model}
+	CachedTokensError    *prometheus.HistogramVec // kvgate_kv_cached_tokens_error_tokens{model}
 
 	// Proxy (docs/dataplane.md).
 	TTFB             *prometheus.HistogramVec // loxilb_proxy_http_ttfb_seconds{service}
@@ -192,6 +196,7 @@ func New(opts Options) *Metrics {
 	m.ParityUnchecked = f.counter("kvgate_kv_parity_unchecked_total", "BlockStored events the parity check could not verify (cause no_token_ids, parent_unknown, sampled_out).", "service", "ep_idx", "cause")
 	m.ParityMismatch = f.counter("kvgate_kv_parity_mismatch_total", "BlockStored events whose hashes differ from kvgate's, by what differs (reason seed, algo, block_size, granularity, lora, unknown).", "service", "ep_idx", "reason")
 	m.ParityState = f.gauge("kvgate_kv_parity_state", "Live parity of the endpoint's block hashes: -1 after 3 consecutive mismatches, 1 after a match with no mismatch for 60 s, 0 otherwise.", "service", "ep_idx")
+	m.registerUsageAudit(f)
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
 
 	m.TTFB = f.histogram("loxilb_proxy_http_ttfb_seconds", "Time from forwarding the request to the backend's first response byte.", ttfbBuckets, "service")

@@ -134,6 +134,13 @@ type Config struct {
 	MaxBufferedDecode int64
 	Observer          Observer
 	Logger            *slog.Logger
+
+	// PrefillUsage, when set, gets each two-leg request's record (its
+	// decision names the prefill endpoint) and its prefill answer, for the
+	// per-request usage audit (docs/parity.md): the prefill's usage is the
+	// one that describes the prompt and the cache hit kvgate predicted. The
+	// decode's relayed body is then not audited.
+	PrefillUsage func(rec *fullproxy.Record, prefillBody []byte)
 }
 
 // Flow is the mode-1 request flow of one rule; it is the rule's
@@ -488,6 +495,10 @@ func (r *run) prefilled(ctx context.Context, p int, body []byte) bool {
 	r.obs().Committed(o, r.plan.Model, r.plan.Stages)
 	pr := parsePrefill(body)
 	r.params, r.cached = pr.params, pr.cached
+	if audit := r.f.cfg.PrefillUsage; audit != nil {
+		r.x.Record.UsageAudited = true
+		audit(r.x.Record, body)
+	}
 	r.obs().KVParams(r.plan.Model, pr.params != nil)
 	if pr.params == nil {
 		r.f.log.Warn("prefill response without kv_transfer_params; decode computes the prompt", "prefill_ep", p)

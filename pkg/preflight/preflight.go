@@ -8,8 +8,10 @@
 // (the engine's metric families and vllm:cache_config_info against the rule),
 // kv_events (the KV-event port and kvgate's subscriber), tokenizer (staged for
 // every served model, and equal to the engine's /tokenize), parity (the live
-// self-check of docs/parity.md) and probe (a unique prompt twice through the
-// rule's VIP). The run is read-only apart from the two probe requests.
+// self-check of docs/parity.md), probe (a unique prompt twice through the
+// rule's VIP) and usage (the repeat reported prompt_tokens_details, which
+// the per-request usage audit reads). The run is read-only apart from the
+// two probe requests.
 //
 // Knobs: none. Metrics: none; the checks read kvgate's own.
 package preflight
@@ -36,6 +38,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
+	"github.com/kvgate/kvgate/pkg/usageaudit"
 )
 
 // Results of a check and of the whole run.
@@ -54,6 +57,10 @@ const (
 	CheckTokenizer = "tokenizer"
 	CheckParity    = "parity"
 	CheckProbe     = "probe"
+	// CheckUsage: the probe's repeat (a cache hit) reported
+	// usage.prompt_tokens_details.cached_tokens, which the per-request usage
+	// audit needs (docs/parity.md).
+	CheckUsage = "usage"
 )
 
 // Check is one row of the report. EPIdx is -1 for a rule-wide row.
@@ -227,13 +234,17 @@ func (r *Runner) run(ctx context.Context, rule *config.Rule, probe bool) Report 
 	// after them: its first request is the BlockStored the parity check
 	// needs on an engine that had no traffic yet.
 	probeRow := Check{ID: CheckProbe, EPIdx: -1, Result: Skip, Detail: "probe disabled (probe=0 / --no-probe)"}
+	var usageRow *Check
 	if probe {
-		probeRow = r.probe(ctx, rule, facts, kv)
+		probeRow, usageRow = r.probe(ctx, rule, facts, kv)
 	}
 	for _, c := range r.checkParity(ctx, rule, facts, kv) {
 		add(c)
 	}
 	add(probeRow)
+	if usageRow != nil {
+		add(*usageRow)
+	}
 	rep.Result = Pass
 	for _, c := range rep.Checks {
 		if c.Result == Fail {
@@ -708,7 +719,7 @@ func (r *Runner) checkParity(ctx context.Context, rule *config.Rule, facts []*en
 // probe is check 6: a unique prompt of at least 3 blocks through the VIP,
 // then the same prompt again, which must be a tier-1.5 hit on the engine that
 // stored the first one's blocks under the hashes kvgate predicted.
-func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpointFacts, kv map[int]bool) Check {
+func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpointFacts, kv map[int]bool) (Check, *Check) {
 	c := Check{ID: CheckProbe, EPIdx: -1}
 	model := ""
 	for _, f := range facts {
@@ -719,18 +730,18 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	if model == "" {
 		c.Result, c.Detail = Skip, "no healthy KV endpoint to probe"
-		return c
+		return c, nil
 	}
 	prompt, want, err := r.probePrompt(rule, model)
 	if err != nil {
 		c.Result, c.Detail, c.Fix = Fail, "kvgate cannot hash the probe prompt: "+err.Error(), "fix the tokenizer and hash-contract rows above"
-		return c
+		return c, nil
 	}
 	vip := r.vipScheme + "://" + net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port)) + "/v1/completions"
 	if r.vipErr != nil {
 		c.Result, c.Detail = Fail, "probe requests through "+vip+": cannot verify the VIP's certificate: "+r.vipErr.Error()
 		c.Fix = "check the rule's certificate in --tls-cert-dir (docs/security.md)"
-		return c
+		return c, nil
 	}
 	body := map[string]any{"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
 	resp, _, err := r.postWith(ctx, r.probeClient, vip, body)
@@ -740,7 +751,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 			code = resp.StatusCode
 		}
 		c.Result, c.Detail, c.Fix = Fail, "first probe request through "+vip+": "+r.httpErr(code, err), "check the rule's VIP and the endpoints' health"
-		return c
+		return c, nil
 	}
 	// The first request's BlockStored events must carry the predicted hashes.
 	ep, stored := r.waitStored(ctx, rule, facts, kv, want)
@@ -748,7 +759,7 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 		c.Result = Fail
 		c.Detail = fmt.Sprintf("no engine announced the %d block hashes kvgate predicted for the probe (best: %d; waited up to %v)", len(want), stored, r.InventoryWait)
 		c.Fix = "kvgate and the engines hash differently: see the parity and metrics rows"
-		return c
+		return c, nil
 	}
 	c.EPIdx = ep
 	var target config.Endpoint
@@ -759,18 +770,41 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 	}
 	hits0 := r.src.Tier15Hits(rule.ServiceID, ep)
 	eng0, engOK := r.engineCounter(ctx, target, "vllm:prefix_cache_hits_total")
-	resp, _, err = r.postWith(ctx, r.probeClient, vip, body)
+	resp, repeat, err := r.postWith(ctx, r.probeClient, vip, body)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		code := 0
 		if resp != nil {
 			code = resp.StatusCode
 		}
 		c.Result, c.Detail = Fail, "second probe request: "+r.httpErr(code, err)
-		return c
+		return c, nil
 	}
 	hits := r.src.Tier15Hits(rule.ServiceID, ep) - hits0
 	eng1, ok1 := r.engineCounter(ctx, target, "vllm:prefix_cache_hits_total")
-	return judgeRepeat(c, len(want), hits, resp.Header.Get("x-kvgate-decision"), engOK && ok1, eng1-eng0)
+	usage := checkUsageDetails(ep, repeat)
+	return judgeRepeat(c, len(want), hits, resp.Header.Get("x-kvgate-decision"), engOK && ok1, eng1-eng0), &usage
+}
+
+// checkUsageDetails reads the usage of the probe's repeat. It was a cache
+// hit, so an engine that reports prompt_tokens_details sends cached_tokens
+// here (vLLM leaves the field out of a response with no hit even when
+// enabled); without it the usage audit cannot compare cached tokens.
+func checkUsageDetails(ep int, body []byte) Check {
+	c := Check{ID: CheckUsage, EPIdx: ep}
+	u, ok := usageaudit.ParseJSON(body)
+	switch {
+	case !ok:
+		c.Result, c.Detail = Warn, "the probe's repeat carried no usage.prompt_tokens: the per-request usage audit skips this engine's responses"
+		c.Fix = "serve OpenAI-compatible usage in completion responses"
+	case !u.HasCached:
+		c.Result = Warn
+		c.Detail = fmt.Sprintf("the probe's repeat (a cache hit) reported prompt_tokens=%d but no prompt_tokens_details.cached_tokens: "+
+			"the usage audit cannot compare cached tokens (counted as no_details)", u.PromptTokens)
+		c.Fix = "start vLLM with --enable-prompt-tokens-details"
+	default:
+		c.Result, c.Detail = Pass, fmt.Sprintf("usage reports prompt_tokens=%d, cached_tokens=%d", u.PromptTokens, u.CachedTokens)
+	}
+	return c
 }
 
 // judgeRepeat decides the probe from the repeat's three proofs of delivery.

@@ -61,12 +61,12 @@ func tcpSocket(c net.Conn) (syscall.RawConn, bool) {
 
 // Run implements datapath.BodyLeg: it writes prefix, then moves the body in
 // the kernel until the backend closes, the client goes away, the stream is
-// silent for opts.Silence, or ctx ends. Small or non-TCP bodies take the
-// userspace copy.
+// silent for opts.Silence, or ctx ends. Small, non-TCP and tapped
+// (opts.Tap) bodies take the userspace copy.
 func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []byte, opts datapath.Options) datapath.Result {
 	crc, okc := tcpSocket(client)
 	brc, okb := tcpSocket(backend)
-	if !d.worth(opts) || !okc || !okb || d.closed.Load() {
+	if !d.worth(opts) || opts.Tap != nil || !okc || !okb || d.closed.Load() {
 		return d.user.Run(ctx, client, backend, prefix, opts)
 	}
 	res := datapath.Result{Path: d.Path(), LastActivity: time.Now()}

@@ -45,6 +45,10 @@ type Options struct {
 	// ProbeError is why an endpoint's last probe failed ("" none), shown in
 	// its endpoint_down problem. May be nil.
 	ProbeError func(service, ep int) string
+	// PromptMismatches is a rule's running count of responses whose
+	// prompt_tokens differed from kvgate's own count (the per-request usage
+	// audit, docs/parity.md); nil: no audit.
+	PromptMismatches func(service int) uint64
 	// Interval between samples; 0 means 5 s.
 	Interval time.Duration
 	// Window is how many samples the rates and histories span; 0 means 60.
@@ -76,6 +80,8 @@ type sample struct {
 	misses map[missKey]float64 // loxilb_pd_kv_tier15_miss_reason_total
 	reqs   map[epKey]float64   // kvgate_requests_total, every outcome
 	gauges map[string]map[epKey]float64
+	// mismatches: Options.PromptMismatches per rule.
+	mismatches map[int]float64
 }
 
 type epKey struct{ service, ep int }
@@ -169,7 +175,12 @@ func (c *Collector) Sample() {
 // read gathers the registry once.
 func (c *Collector) read(now time.Time) sample {
 	s := sample{at: now, hits: map[epKey]float64{}, misses: map[missKey]float64{}, reqs: map[epKey]float64{},
-		gauges: map[string]map[epKey]float64{}}
+		gauges: map[string]map[epKey]float64{}, mismatches: map[int]float64{}}
+	if c.opts.PromptMismatches != nil {
+		for _, r := range c.opts.Rules() {
+			s.mismatches[r.ServiceID] = float64(c.opts.PromptMismatches(r.ServiceID))
+		}
+	}
 	for _, n := range gaugeNames() {
 		s.gauges[n] = map[epKey]float64{}
 	}
@@ -278,7 +289,7 @@ type Subscriber struct {
 type Problem struct {
 	ServiceID int    `json:"service_id"`
 	EPIdx     *int   `json:"ep_idx,omitempty"`
-	Kind      string `json:"kind"` // parity_broken, subscriber_down, blocks_no_hits, endpoint_down, breaker_open
+	Kind      string `json:"kind"` // parity_broken, prompt_tokens_mismatch, subscriber_down, blocks_no_hits, endpoint_down, breaker_open
 	Detail    string `json:"detail"`
 }
 
@@ -362,6 +373,11 @@ func (c *Collector) rule(r *config.Rule, first, last *sample, subByEP map[epKey]
 			Detail: "kvgate's block hashes disagree with the engine's: routing is KV-blind until the contract is fixed"})
 	case parityOK:
 		out.Parity = "ok"
+	}
+	if d := last.mismatches[id] - first.mismatches[id]; d > 0 {
+		*problems = append(*problems, Problem{ServiceID: id, Kind: "prompt_tokens_mismatch",
+			Detail: strconv.FormatFloat(d, 'f', 0, 64) + " responses counted a different number of prompt tokens than kvgate: " +
+				"the tokenizer or chat template staged for kvgate differs from the engine's (kvgate_kv_prompt_tokens_mismatch_total; kvctl preflight)"})
 	}
 	return out
 }

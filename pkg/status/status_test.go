@@ -22,11 +22,12 @@ type fleet struct {
 	subs                    []ingest.EndpointStatus
 	rules                   []*config.Rule
 	collector               *Collector
+	mismatches              map[int]uint64 // the usage audit's prompt-token mismatches per rule
 }
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	f := &fleet{reg: prometheus.NewRegistry(), now: time.Unix(1_800_000_000, 0)}
+	f := &fleet{reg: prometheus.NewRegistry(), now: time.Unix(1_800_000_000, 0), mismatches: map[int]uint64{}}
 	cv := func(name string, l ...string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: name}, l)
 		f.reg.MustRegister(c)
@@ -56,14 +57,15 @@ func newFleet(t *testing.T) *fleet {
 		{Key: "1/10.0.1.2:5557", Service: 1, EPIdx: 1, Ranks: []ingest.RankStatus{{Rank: 0, Connected: false}}},
 	}
 	f.collector = New(Options{
-		Rules:       func() []*config.Rule { return slices.Clone(f.rules) },
-		Subscribers: func() []ingest.EndpointStatus { return f.subs },
-		Gatherer:    f.reg,
-		Datapath:    func() string { return "sockmap" },
-		SeedSet:     func(r *config.Rule) bool { return r.ServiceID == 1 },
-		Interval:    5 * time.Second,
-		Window:      3,
-		Now:         func() time.Time { return f.now },
+		Rules:            func() []*config.Rule { return slices.Clone(f.rules) },
+		Subscribers:      func() []ingest.EndpointStatus { return f.subs },
+		Gatherer:         f.reg,
+		Datapath:         func() string { return "sockmap" },
+		SeedSet:          func(r *config.Rule) bool { return r.ServiceID == 1 },
+		Interval:         5 * time.Second,
+		Window:           3,
+		Now:              func() time.Time { return f.now },
+		PromptMismatches: func(service int) uint64 { return f.mismatches[service] },
 	})
 	for _, ep := range []string{"0", "1"} {
 		f.probe.WithLabelValues("1", ep).Set(1)
@@ -141,6 +143,7 @@ func TestProblems(t *testing.T) {
 		{"breaker open", func(f *fleet) { f.breaker.WithLabelValues("1", "0").Set(1) }, []string{"breaker_open", "subscriber_down"}},
 		{"blocks without misses are fine", func(f *fleet) { f.blocks.WithLabelValues("1", "0").Set(9) }, []string{"subscriber_down"}},
 		{"all well", func(f *fleet) { f.subs[1].Ranks[0].Connected = true }, nil},
+		{"prompt-token mismatches in the window", func(f *fleet) { f.subs[1].Ranks[0].Connected = true; f.mismatches[1] = 3 }, []string{"prompt_tokens_mismatch"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
