@@ -362,7 +362,9 @@ func grepLine(s, sub string) string {
 // the Messages API's input_tokens (compared; no cached count: no_details).
 func TestUsageAuditConversationAPIs(t *testing.T) {
 	_, tg, id, base := startMode3(t, []engineSpec{{}}, map[string]any{"kvWarmupSec": 0})
-	blocks := func() float64 { return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": strconv.Itoa(id)}) }
+	blocks := func() float64 {
+		return tg.metric(t, "loxilb_pd_kv_blocks", map[string]string{"service": strconv.Itoa(id)})
+	}
 	tests := []struct {
 		path   string
 		body   map[string]any
