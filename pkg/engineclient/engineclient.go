@@ -119,8 +119,17 @@ const (
 // verification failure, so the log, the status page and preflight say what
 // to fix; other errors are returned as they are.
 func Explain(err error) error {
+	if h := Hint(err); h != "" {
+		return fmt.Errorf("%w (%s)", err, h)
+	}
+	return err
+}
+
+// Hint names what to fix when err is a TLS failure towards an engine; ""
+// for any other error.
+func Hint(err error) string {
 	if err == nil {
-		return nil
+		return ""
 	}
 	var (
 		unknownCA x509.UnknownAuthorityError
@@ -131,15 +140,15 @@ func Explain(err error) error {
 	)
 	switch {
 	case errors.As(err, &unknownCA):
-		return fmt.Errorf("%w (%s)", err, HintUnknownCA)
+		return HintUnknownCA
 	case errors.As(err, &hostname):
-		return fmt.Errorf("%w (%s)", err, HintHostname)
+		return HintHostname
 	case errors.As(err, &invalid):
-		return fmt.Errorf("%w (%s)", err, HintInvalidCert)
+		return HintInvalidCert
 	case errors.As(err, &record):
-		return fmt.Errorf("%w (%s)", err, HintPlainEngine)
+		return HintPlainEngine
 	case errors.As(err, &verify):
-		return fmt.Errorf("%w (the engine's certificate did not verify)", err)
+		return "the engine's certificate did not verify"
 	}
-	return err
+	return ""
 }

@@ -317,6 +317,9 @@ func (r *Runner) checkHealth(ctx context.Context, f *endpointFacts) Check {
 	if err != nil || code != http.StatusOK {
 		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/health: %s", base, r.httpErr(code, err))
 		c.Fix = fixFor(code, "start the engine, or correct the endpoint's address and port in the rule")
+		if engineclient.Hint(err) != "" {
+			c.Fix = fixTLS
+		}
 		return c
 	}
 	code, body, err := r.get(ctx, base+"/v1/models")
@@ -369,6 +372,10 @@ func (r *Runner) httpErr(code int, err error) string {
 	}
 	return s + ": engine refused the token of backendTokenFile (is it the engine's current key?)"
 }
+
+// fixTLS is the fix of an engine call whose TLS handshake failed on a
+// security-2 rule (the detail carries engineclient's hint of which part).
+const fixTLS = "give the engine a certificate for the endpoint's address signed by a CA in the rule's mtls_backend.backend_ca_path, or serve it over https (docs/security.md, \"kvgate's own calls to the engines\")"
 
 // fixFor is the fix of a failed engine call: the token's when the engine
 // refused kvgate's credentials, else otherwise.
