@@ -3,9 +3,11 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -224,5 +226,46 @@ func x25519Dial(ca *testcerts.CA, resume bool) func(ctx context.Context, addr st
 			return nil, err
 		}
 		return tc, nil
+	}
+}
+
+// TestRuleEngineTLS: only security-2 rules get an engine TLS (the other
+// rules' own calls stay plain HTTP), and a CA file that cannot serve is a
+// 400 naming mtls_backend.backend_ca_path.
+func TestRuleEngineTLS(t *testing.T) {
+	_, _, caFile := engineCerts(t, t.TempDir())
+	missing := filepath.Join(t.TempDir(), "none.crt")
+	cases := []struct {
+		name     string
+		security int
+		caPath   string
+		wantTLS  bool
+		errField string
+	}{
+		{"plain", config.SecurityPlain, "", false, ""},
+		{"https to clients only", config.SecurityHTTPS, "", false, ""},
+		{"e2ehttps with a CA file", config.SecurityE2EHTTPS, caFile, true, ""},
+		{"e2ehttps with the system's roots", config.SecurityE2EHTTPS, "", true, ""},
+		{"e2ehttps with a missing CA file", config.SecurityE2EHTTPS, missing, false, "serviceArguments.mtls_backend.backend_ca_path"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rule := &config.Rule{}
+			rule.Args.Security = c.security
+			if c.caPath != "" {
+				rule.Args.MTLSBackend = &config.MTLSBackend{BackendCAPath: c.caPath}
+			}
+			e, err := ruleEngineTLS(rule)
+			if c.errField != "" {
+				var ve *config.ValidationError
+				if !errors.As(err, &ve) || ve.Field != c.errField || !strings.Contains(ve.Msg, missing) {
+					t.Fatalf("want a 400 on %s naming %s, got %v", c.errField, missing, err)
+				}
+				return
+			}
+			if err != nil || (e != nil) != c.wantTLS {
+				t.Fatalf("engine TLS %v, err %v; want TLS %v", e, err, c.wantTLS)
+			}
+		})
 	}
 }
