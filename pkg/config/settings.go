@@ -47,6 +47,16 @@ type Settings struct {
 	ZeroHitN int
 	// LOXILB_KV_SCORE: leading (alias prefix; the leading run, default) or overlap.
 	Score selector.ScoreMode
+	// LOXILB_KV_PROVISIONAL_WEIGHT: credit of a predicted (routed, not yet
+	// reported) block in percent of a stored one, 0-100; 0 turns
+	// provisional blocks off. Default 90 (docs/selection.md).
+	ProvisionalWeight int
+	// LOXILB_KV_COST_WORK_WEIGHT: the cost mode's charge for the prefill work
+	// a choice adds to the fleet, percent 0-1000. Default 300.
+	CostWorkWeight int
+	// LOXILB_KV_PROVISIONAL_TTL_MS: how long a predicted block waits for its
+	// BlockStored, 100-600000 ms. Default 10000.
+	ProvisionalTTL time.Duration
 	// LLB_KV_REPLAY_PORT_OFFSET: replay port = PUB port + offset; 0 disables. Default 1000.
 	ReplayPortOffset int
 	// LLB_KV_MAX_PROMPT_TOKENS: a prompt with more tokens is not routed by
@@ -98,6 +108,9 @@ func DefaultSettings() Settings {
 		MaxBlocks:          inventory.DefaultMaxBlocks,
 		ZeroHitN:           selector.DefaultZeroHitN,
 		Score:              selector.ScorePrefix,
+		ProvisionalWeight:  inventory.DefaultProvisionalWeight,
+		CostWorkWeight:     selector.DefaultCostWorkWeight,
+		ProvisionalTTL:     inventory.DefaultProvisionalTTL,
 		ReplayPortOffset:   1000,
 		MaxPromptTokens:    262144,
 		MaxFrameBytes:      64 << 20,
@@ -170,6 +183,11 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, inventory.MinMaxBlocks, inventory.MaxMaxBlocks)
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	parsed(&p, "LOXILB_KV_SCORE", &s.Score, selector.ParseScoreMode)
+	p.integer("LOXILB_KV_PROVISIONAL_WEIGHT", &s.ProvisionalWeight, 0, 100)
+	p.integer("LOXILB_KV_COST_WORK_WEIGHT", &s.CostWorkWeight, 0, selector.MaxCostWorkWeight)
+	provTTL := int(s.ProvisionalTTL / time.Millisecond)
+	p.integer("LOXILB_KV_PROVISIONAL_TTL_MS", &provTTL, 100, int(inventory.MaxProvisionalTTL/time.Millisecond))
+	s.ProvisionalTTL = time.Duration(provTTL) * time.Millisecond
 	p.integer("LLB_KV_REPLAY_PORT_OFFSET", &s.ReplayPortOffset, -65535, 65535)
 	p.integer("LLB_KV_MAX_PROMPT_TOKENS", &s.MaxPromptTokens, 1, 1<<24)
 	p.integer("LLB_KV_MAX_FRAME_BYTES", &s.MaxFrameBytes, 4096, 1<<30)

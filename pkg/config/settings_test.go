@@ -66,6 +66,10 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LOXILB_KV_SCORE": "prefix"}, func(s Settings) bool { return s.Score == selector.ScorePrefix }},
 		{map[string]string{"LOXILB_KV_SCORE": "leading"}, func(s Settings) bool { return s.Score == selector.ScorePrefix }},
 		{map[string]string{"LOXILB_KV_SCORE": "LEADING"}, func(s Settings) bool { return s.Score == selector.ScorePrefix }},
+		{map[string]string{"LOXILB_KV_LB_MODE": "cost"}, func(s Settings) bool { return s.LBMode == selector.LBCost }},
+		{map[string]string{"LOXILB_KV_PROVISIONAL_WEIGHT": "0"}, func(s Settings) bool { return s.ProvisionalWeight == 0 }},
+		{map[string]string{"LOXILB_KV_COST_WORK_WEIGHT": "100"}, func(s Settings) bool { return s.CostWorkWeight == 100 }},
+		{map[string]string{"LOXILB_KV_PROVISIONAL_TTL_MS": "2500"}, func(s Settings) bool { return s.ProvisionalTTL == 2500*time.Millisecond }},
 		{map[string]string{"LLB_KV_REPLAY_PORT_OFFSET": "0"}, func(s Settings) bool { return s.ReplayPortOffset == 0 }},
 		{map[string]string{"LLB_KV_MAX_PROMPT_TOKENS": "1024"}, func(s Settings) bool { return s.MaxPromptTokens == 1024 }},
 		{map[string]string{}, func(s Settings) bool { return s.MaxPromptTokens == 262144 }},
@@ -115,6 +119,9 @@ func TestSettingsErrorsNameVariable(t *testing.T) {
 		"LOXILB_KV_MAX_BLOCKS":           "999",
 		"LOXILB_KV_ZERO_HIT_N":           "0",
 		"LOXILB_KV_SCORE":                "best",
+		"LOXILB_KV_PROVISIONAL_WEIGHT":   "101",
+		"LOXILB_KV_COST_WORK_WEIGHT":     "1001",
+		"LOXILB_KV_PROVISIONAL_TTL_MS":   "99",
 		"LLB_KV_REPLAY_PORT_OFFSET":      "1e3",
 		"LLB_KV_MAX_PROMPT_TOKENS":       "0",
 		"LLB_KV_MAX_FRAME_BYTES":         "4095",
@@ -162,7 +169,7 @@ func TestSettingsFromEnvGetenv(t *testing.T) {
 // (docs/configuration.md).
 func TestSettingsSelectorKnobErrors(t *testing.T) {
 	for _, tc := range []struct{ name, value, want string }{
-		{"LOXILB_KV_LB_MODE", "medium", `environment variable LOXILB_KV_LB_MODE="medium" is invalid: allowed values: off, hard, soft, adaptive, adaptive-soft`},
+		{"LOXILB_KV_LB_MODE", "medium", `environment variable LOXILB_KV_LB_MODE="medium" is invalid: allowed values: off, hard, soft, adaptive, adaptive-soft, cost`},
 		{"LOXILB_KV_SPILL_RELIEF", " sometimes ", `environment variable LOXILB_KV_SPILL_RELIEF="sometimes" is invalid: allowed values: auto, on (1, true, yes), off (0, false, no)`},
 		{"LOXILB_KV_SCORE", "leading-run", `environment variable LOXILB_KV_SCORE="leading-run" is invalid: allowed values: leading (the default; alias prefix), overlap`},
 	} {

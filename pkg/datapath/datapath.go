@@ -85,6 +85,11 @@ type Options struct {
 	// A tapped body is copied in userspace: bytes the kernel moves are never
 	// seen. Tap must not keep p.
 	Tap func(p []byte)
+	// FirstBody, when set, is called once, when the leg first relays body
+	// bytes that passed through userspace (the routing cost model learns
+	// time to first token from it; docs/selection.md, "Cost mode"). Bytes
+	// the kernel splices without userspace seeing them do not call it.
+	FirstBody func()
 }
 
 // Result reports what a body leg did.

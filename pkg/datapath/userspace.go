@@ -49,8 +49,13 @@ func (u *Userspace) Run(ctx context.Context, client, backend net.Conn, prefix []
 	defer func() { u.moved.Add(uint64(res.Bytes)) }()
 	// relay writes the part of p that belongs to the body; it reports
 	// false when the leg is over (client gone, body complete, bad framing).
+	firstBody := opts.FirstBody
 	relay := func(p []byte) bool {
 		n := fr.Feed(p)
+		if n > 0 && firstBody != nil {
+			firstBody()
+			firstBody = nil
+		}
 		if n > 0 {
 			w, err := client.Write(p[:n])
 			res.Bytes += int64(w)

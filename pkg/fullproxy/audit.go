@@ -15,8 +15,9 @@ type BodyAuditor interface {
 
 // BodyTap sees one response body as it is relayed.
 type BodyTap interface {
-	// Write gets the body bytes written to the client, in wire form; it
-	// must not keep p.
+	// Write gets the payload of the body written to the client, its HTTP
+	// framing removed (the tap need not know chunked encoding); it must not
+	// keep p.
 	Write(p []byte)
 	// Done is called once when the body leg ended.
 	Done(res datapath.Result)

@@ -48,6 +48,9 @@ type Exchange struct {
 	// (WatchEndpoint); ReadResponse ends it at the first byte.
 	watch *EndpointWatch
 	head  *HeadWatch // the client and endpoint watch of the current backend wait
+	// firstBody is the routing plan's BodyTracker.FirstBody (nil: none),
+	// handed to the body leg.
+	firstBody func()
 }
 
 // Limits are the proxy's limits.
@@ -389,10 +392,11 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
 		End:           http1.NewBodyFraming(r.head.Chunked, r.head.ContentLength, r.head.EventStream),
+		FirstBody:     x.firstBody,
 	}
 	tap := x.bodyTap(r)
 	if tap != nil {
-		opts.Tap = tap.Write
+		opts.Tap = http1.NewPayload(r.head.Chunked, r.head.ContentLength, tap.Write).Write
 	}
 	res := x.s.leg.Run(ctx, x.c.nc, r.conn, prefix, opts)
 	if tap != nil {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/pkg/attempt"
@@ -69,6 +70,17 @@ type RoutePlan interface {
 	Finish(d Decision, connected bool)
 }
 
+// BodyTracker is an optional RoutePlan extension for routers that learn
+// from a request's progress after Finish(d, true): FirstBody is called once
+// when the response's first body byte reaches the proxy through userspace
+// (not the head: an engine sends the head before its first token), and
+// Ended when the request is over, whatever its outcome (also when no
+// endpoint connected).
+type BodyTracker interface {
+	FirstBody()
+	Ended()
+}
+
 // NewForward returns the plain forward over r: at most Limits.MaxAttempts
 // tries, each endpoint asked of breaker (nil: none) first and told how it
 // answered.
@@ -84,6 +96,9 @@ type forward struct {
 func (f *forward) Serve(ctx context.Context, x *Exchange) bool {
 	lim := x.Limits()
 	t := &tries{f: f, x: x, plan: f.router.Plan(ctx, x.Req), loop: x.Attempts(lim.MaxAttempts, f.breaker), downEp: -1}
+	if bt, ok := t.plan.(BodyTracker); ok {
+		defer bt.Ended()
+	}
 	for t.loop.Next() {
 		x.Record.Attempts = t.loop.Tries()
 		nd, err := t.plan.Route(ctx, t.loop.Excluded())
@@ -139,6 +154,12 @@ func (t *tries) try(ctx context.Context) (keep, next bool) {
 	if !t.finished {
 		t.plan.Finish(d, true)
 		t.finished = true
+		if bt, ok := t.plan.(BodyTracker); ok {
+			// Once: a kernel leg that hands the body to the userspace copy
+			// passes the same options on.
+			var once sync.Once
+			x.firstBody = func() { once.Do(bt.FirstBody) }
+		}
 	}
 	stop := CloseOnCancel(ctx, bc)
 	defer stop()
@@ -149,6 +170,9 @@ func (t *tries) try(ctx context.Context) (keep, next bool) {
 	if t.downEp < 0 {
 		t.downEp = d.Endpoint
 	}
+	// The plan tracks the endpoint it was finished with; a first byte from
+	// the next one must not teach that endpoint's prefill speed.
+	x.firstBody = nil
 	if x.Replayable() && t.loop.Down(d.Endpoint) {
 		x.s.log.Info("endpoint went down before it answered; re-routing the request", "ep", d.Endpoint, "addr", d.Addr)
 		return false, true

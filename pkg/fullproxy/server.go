@@ -61,6 +61,7 @@ import (
 	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/datapath"
 	"github.com/kvgate/kvgate/pkg/fullproxy/internal/http1"
+	"github.com/kvgate/kvgate/pkg/tlsterm"
 )
 
 // Server is one rule's listener and its connections.
@@ -260,6 +261,7 @@ func (s *Server) serveConn(c *clientConn) {
 	defer c.nc.Close()
 	if c.tls != nil {
 		if err := s.cfg.TLS.Handshake(s.ctx, c.tls); err != nil {
+			answerPlainHTTP(err)
 			return
 		}
 	}
@@ -390,4 +392,18 @@ func (s *Server) writeHead(client net.Conn, head []byte) error {
 	}
 	_ = client.SetWriteDeadline(time.Time{})
 	return nil
+}
+
+// answerPlainHTTP answers a client that spoke plain HTTP to a TLS port with
+// a 400 in kvgate's error shape, as Go's own HTTPS server does, on the raw
+// connection the failed handshake reports (docs/security.md, threat model:
+// other clients of a TLS rule); any other handshake error gets no answer.
+func answerPlainHTTP(err error) {
+	var re tls.RecordHeaderError
+	if !errors.Is(err, tlsterm.ErrPlainHTTP) || !errors.As(err, &re) || re.Conn == nil {
+		return
+	}
+	head, body := http1.ErrorResponse(400, "bad_request", "this port speaks HTTPS; the client sent a plain HTTP request", false)
+	_ = re.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = re.Conn.Write(append(head, body...))
 }

@@ -122,14 +122,17 @@ type Gateway struct {
 }
 
 type ruleRuntime struct {
-	rule   *config.Rule
-	index  *inventory.Index
-	sel    *selector.Selector
-	router *router
-	server *fullproxy.Server
-	loads  *fullproxy.Loads
-	health *ruleHealth
-	served chan struct{}
+	rule  *config.Rule
+	index *inventory.Index
+	// overlay holds the blocks routed but not yet reported (nil when
+	// LOXILB_KV_PROVISIONAL_WEIGHT is 0); the subscribers write through it.
+	overlay *inventory.Overlay
+	sel     *selector.Selector
+	router  *router
+	server  *fullproxy.Server
+	loads   *fullproxy.Loads
+	health  *ruleHealth
+	served  chan struct{}
 	// stopTLS stops following a TLS rule's certificate files.
 	stopTLS func()
 	// term is a TLS rule's terminator (nil on plain rules): preflight's
@@ -374,16 +377,25 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		return err
 	}
 	rh.engine = engine
-	scores := newTimedScorer(idx)
+	overlay, err := g.newOverlay(idx)
+	if err != nil {
+		return fmt.Errorf("service %d: %w", id, err)
+	}
+	var scorer selector.Scorer = idx
+	if overlay != nil {
+		scorer = overlay
+	}
+	scores := newTimedScorer(scorer)
+	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Loads: rh.loads(loads), Engine: rh, States: rh, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Loads: rh.loads(loads), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	rt := &ruleRuntime{rule: rule, index: idx, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS,
+	rt := &ruleRuntime{rule: rule, index: idx, overlay: overlay, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS,
 		term: term, engine: engine}
-	rt.router = &router{service: id, sel: sel, scores: scores, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
+	rt.router = &router{service: id, sel: sel, scores: scores, overlay: overlay, costs: costs, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
 	rt.router.state.Store(st)
@@ -438,6 +450,30 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	return nil
 }
 
+// newOverlay puts the provisional overlay over a rule's index, or returns
+// nil when LOXILB_KV_PROVISIONAL_WEIGHT is 0 (docs/selection.md,
+// "Provisional blocks").
+func (g *Gateway) newOverlay(idx *inventory.Index) (*inventory.Overlay, error) {
+	st := g.opts.Settings
+	if st.ProvisionalWeight <= 0 {
+		return nil, nil
+	}
+	ov, err := inventory.NewOverlay(idx, inventory.ProvisionalOptions{Weight: st.ProvisionalWeight, TTL: st.ProvisionalTTL})
+	if err != nil {
+		return nil, fmt.Errorf("provisional blocks: %w", err)
+	}
+	return ov, nil
+}
+
+// sink is where the rule's KV events land: the overlay (which confirms its
+// predictions and passes every event to the index), else the index.
+func (rt *ruleRuntime) sink() ingest.Sink {
+	if rt.overlay != nil {
+		return rt.overlay
+	}
+	return rt.index
+}
+
 func (g *Gateway) update(old, updated *config.Rule) error {
 	g.mu.Lock()
 	rt, ok := g.rules[updated.ServiceID]
@@ -468,13 +504,13 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	// A different hash contract makes the mirrored hashes meaningless.
 	if oldState.hasher != nil && st.hasher != nil && oldState.hasher.Contract() != st.hasher.Contract() {
 		for _, e := range old.Endpoints {
-			_ = rt.index.ClearEndpoint(e.Idx)
+			_ = rt.sink().ClearEndpoint(e.Idx)
 		}
 	}
 	for _, e := range old.Endpoints {
 		if _, stays := updated.EndpointByKey(e.Key()); !stays {
 			rt.sel.DropEndpoint(e.Idx)
-			_ = rt.index.ClearEndpoint(e.Idx)
+			_ = rt.sink().ClearEndpoint(e.Idx)
 			g.Metrics.DeleteEndpoint(updated.ServiceID, e.Idx)
 		}
 		if _, kept := updated.Endpoint(e.Idx); !kept && g.slots != nil {
@@ -561,7 +597,7 @@ func (g *Gateway) reconcile() {
 		for _, e := range r.KVEndpoints() {
 			t := ingest.Target{
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
-				ReplayPort: r.Args.KVReplayPort, Inventory: rt.index, Granularity: rt.router.state.Load().gran,
+				ReplayPort: r.Args.KVReplayPort, Inventory: rt.sink(), Granularity: rt.router.state.Load().gran,
 				Parity: rt.router.state.Load().parity, Token: rt.health.token, HTTP: rt.engine,
 			}
 			switch engine {

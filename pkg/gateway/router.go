@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/metrics"
@@ -55,6 +56,11 @@ type router struct {
 	state   atomic.Pointer[ruleState]
 	sel     *selector.Selector
 	scores  *timedScorer // the selector's scorer, timed (the "score" stage)
+	// overlay takes each routed prompt's blocks as provisional until the
+	// engine reports them (nil: off); costs tracks the prefill work in
+	// flight per endpoint for LOXILB_KV_LB_MODE=cost.
+	overlay *inventory.Overlay
+	costs   *selector.Costs
 	opts    selector.Options
 	pool    *tokenizer.Pool
 	m       *metrics.Metrics
@@ -75,6 +81,14 @@ type plan struct {
 	facts   reqfacts.Facts
 	tokens  int // prompt tokens after truncation (0 when not tokenized)
 	stages  []fullproxy.Stage
+	// blockTokens is the prompt tokens one hash covers (kvBlockSize times
+	// the engines' granularity step).
+	blockTokens int
+	// What the routed request holds until it ends: its provisional blocks
+	// and its share of the endpoint's pending prefill work.
+	reservation inventory.Reservation
+	ticket      *selector.CostTicket
+	sentAt      time.Time
 }
 
 // Plan implements fullproxy.Router.
@@ -146,6 +160,45 @@ func (sc *plan) Finish(d fullproxy.Decision, connected bool) {
 		return
 	}
 	recordOutcome(r.m, r.service, sc.attempt.Commit())
+	sc.track(d)
+}
+
+// track starts following the routed request: its prompt's blocks become
+// provisional on the endpoint, and its uncached tokens pending prefill work
+// there, until FirstBody and Ended settle them.
+func (sc *plan) track(d fullproxy.Decision) {
+	r := sc.r
+	hashes := sc.selReq.Hashes
+	if d.Endpoint < 0 || len(hashes) == 0 {
+		return
+	}
+	if r.overlay != nil {
+		sc.reservation = r.overlay.Reserve(d.Endpoint, hashes)
+	}
+	if r.costs != nil {
+		bt := max(sc.blockTokens, 1)
+		prompt := max(sc.tokens, len(hashes)*bt)
+		sc.ticket = r.costs.Dispatch(d.Endpoint, int64(max(prompt-d.Score*bt, 0)))
+		sc.sentAt = time.Now()
+	}
+}
+
+// FirstBody implements fullproxy.BodyTracker: the prefill is done, so its
+// work leaves the endpoint's queue, and its time teaches the cost model.
+func (sc *plan) FirstBody() {
+	if sc.ticket != nil {
+		sc.ticket.FirstByte(time.Since(sc.sentAt))
+	}
+}
+
+// Ended implements fullproxy.BodyTracker: a request that never produced a
+// body byte gives its work back untaught, and predictions its engine never
+// confirmed are dropped.
+func (sc *plan) Ended() {
+	sc.ticket.Abandon()
+	if sc.r.overlay != nil {
+		sc.r.overlay.Release(sc.reservation)
+	}
 }
 
 func observeStages(m *metrics.Metrics, service int, stages []fullproxy.Stage) {
@@ -252,6 +305,12 @@ func (r *router) prepare(st *ruleState, req *fullproxy.Request) *plan {
 	}
 	ids = reqfacts.Truncate(ids, f.TruncatePromptTokens)
 	sc.tokens = len(ids)
+	sr.PromptTokens = len(ids)
+	sc.blockTokens = st.rule.BlockSize()
+	if st.gran != nil {
+		sc.blockTokens *= max(st.gran.Step(), 1)
+	}
+	sr.BlockTokens = sc.blockTokens
 
 	t2 := time.Now()
 	var skipped selector.Reason
@@ -488,6 +547,7 @@ func selectorOptions(s config.Settings) (selector.Options, error) {
 	o.ColdStartMinBlocks = s.ColdStartMinBlocks
 	o.ZeroHitN = s.ZeroHitN
 	o.Score = s.Score
+	o.CostWorkWeight = s.CostWorkWeight
 	o.LoadGuard = s.LoadGuard
 	return o, o.Validate()
 }

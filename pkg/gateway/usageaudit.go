@@ -77,7 +77,7 @@ func (a *usageAuditor) Tap(rec *fullproxy.Record, resp *fullproxy.BackendRespons
 	if resp.EventStream {
 		kind = usageaudit.KindEventStream
 	}
-	return &usageTap{a: a, d: d, c: usageaudit.NewCollector(kind, resp.Chunked, 0)}
+	return &usageTap{a: a, d: d, c: usageaudit.NewCollector(kind, 0)}
 }
 
 // generationPath reports whether a request path answers with usage: the

@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -388,5 +389,47 @@ func BenchmarkScoreSmall(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkOverlayScore is the provisional overlay's cost on top of the
+// index's Score: a 64-block prompt over 64 endpoints, with nothing in
+// flight (the overlay is skipped) and with 8 endpoints each holding a
+// 64-block prediction that matches the prompt.
+func BenchmarkOverlayScore(b *testing.B) {
+	const nEps = 64
+	ix, err := New(Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := make([]uint64, 64)
+	for i := range prompt {
+		prompt[i] = uint64(i + 1)
+	}
+	for e := range nEps {
+		if err := ix.Add(e, 0, "", prompt[:(e*13)%64]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	eligible := epset.FirstN(nEps)
+	for _, inFlight := range []int{0, 8} {
+		ov, err := NewOverlay(ix, ProvisionalOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for e := range inFlight {
+			ov.Reserve(e*7, prompt)
+		}
+		b.Run(fmt.Sprintf("predicted-endpoints=%d", inFlight), func(b *testing.B) {
+			var counts [epset.Max]uint32
+			b.ReportAllocs()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			c0 := threadCPU()
+			for b.Loop() {
+				ov.Score(prompt, eligible, true, &counts)
+			}
+			b.ReportMetric(float64(threadCPU()-c0)/float64(b.N), "cpu-ns/op")
+		})
 	}
 }

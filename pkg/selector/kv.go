@@ -137,8 +137,18 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 		return false
 	}
 
-	w, spilled, mlf := s.blend(c, el, sc, int64(best), arg)
-	if !spilled && s.opts.LBMode != LBOff && c.relief {
+	var w int
+	var spilled bool
+	var mlf int64
+	if s.opts.LBMode == LBCost {
+		// The cost arm weighs every eligible endpoint against the fleet
+		// cap itself, so spill relief has nothing left to do.
+		w = s.costArm(c, el, sc, req, arg)
+		spilled = w != arg
+	} else {
+		w, spilled, mlf = s.blend(c, el, sc, int64(best), arg)
+	}
+	if !spilled && s.opts.LBMode != LBOff && s.opts.LBMode != LBCost && c.relief {
 		if r := s.relief(c, el, sc, w, mlf); r != w {
 			w, spilled = r, true
 		}

@@ -30,9 +30,14 @@ const (
 	LBSoft                       // lowest cost (P-o)*1000 + floor(λ·L/ĉ)
 	LBAdaptive                   // hard with mlf following the load
 	LBAdaptiveSoft               // soft with λ following the load
+	// LBCost picks the least predicted time to first token: (pending
+	// prefill tokens + this request's uncached tokens) × the endpoint's
+	// learned per-token prefill time, under the fleet-wide load cap
+	// (docs/selection.md, "Cost mode").
+	LBCost
 )
 
-var lbModeNames = [...]string{"hard", "off", "soft", "adaptive", "adaptive-soft"}
+var lbModeNames = [...]string{"hard", "off", "soft", "adaptive", "adaptive-soft", "cost"}
 
 func (m LBMode) String() string {
 	if int(m) < len(lbModeNames) {
@@ -53,7 +58,7 @@ func ParseLBMode(s string) (LBMode, error) {
 			return LBMode(i), nil
 		}
 	}
-	return 0, &ParseError{What: "load-blend mode", Value: s, Allowed: "off, hard, soft, adaptive, adaptive-soft"}
+	return 0, &ParseError{What: "load-blend mode", Value: s, Allowed: "off, hard, soft, adaptive, adaptive-soft, cost"}
 }
 
 // Relief is LOXILB_KV_SPILL_RELIEF.
@@ -145,6 +150,8 @@ const (
 	DefaultColdStartSeedN     = 16
 	DefaultColdStartMinBlocks = 16
 	DefaultZeroHitN           = 50
+	DefaultCostWorkWeight     = 300
+	MaxCostWorkWeight         = 1000
 	DefaultMaxSessions        = 4096
 	DefaultTrieMaxNodes       = 8192
 	DefaultQueueStaleAfter    = 30 * time.Second
@@ -168,7 +175,13 @@ type Options struct {
 	ColdStartMinBlocks int       // LOXILB_KV_COLDSTART_MIN_BLOCKS: ≥0, default 16, 0 treated as 1
 	ZeroHitN           int       // LOXILB_KV_ZERO_HIT_N: ≥1, default 50
 	Score              ScoreMode // LOXILB_KV_SCORE: leading (alias prefix, default) | overlap
-	LoadGuard          bool      // LLB_KV_LOADGUARD: default off
+	// CostWorkWeight (LOXILB_KV_COST_WORK_WEIGHT, percent 0..1000, default
+	// 300, chosen on the routing benchmark): the cost mode also charges this share of the prefill work a
+	// choice adds to the fleet (the request's own uncached tokens), so a
+	// prefix still being computed on one endpoint is not copied to an idle
+	// one for a marginally earlier first token (docs/selection.md).
+	CostWorkWeight int
+	LoadGuard      bool // LLB_KV_LOADGUARD: default off
 	// SessionHeaders are the request headers that carry a conversation key,
 	// in priority order (default X-Conversation-ID, X-Session-ID).
 	SessionHeaders []string
@@ -193,6 +206,7 @@ func DefaultOptions() Options {
 		ColdStartMinBlocks: DefaultColdStartMinBlocks,
 		ZeroHitN:           DefaultZeroHitN,
 		Score:              ScorePrefix,
+		CostWorkWeight:     DefaultCostWorkWeight,
 		SessionHeaders:     []string{"X-Conversation-ID", "X-Session-ID"},
 		MaxSessions:        DefaultMaxSessions,
 		TrieMaxNodes:       DefaultTrieMaxNodes,
@@ -205,7 +219,7 @@ func (o Options) Validate() error {
 	switch {
 	case o.MinMatchTokens < 0 || o.MinMatchTokens > MaxMinMatchTokens:
 		return fmt.Errorf("LLB_KV_MIN_MATCH_TOKENS=%d: want 0..%d", o.MinMatchTokens, MaxMinMatchTokens)
-	case o.LBMode > LBAdaptiveSoft:
+	case o.LBMode > LBCost:
 		return fmt.Errorf("LOXILB_KV_LB_MODE: unknown mode %d", o.LBMode)
 	case o.MeanLoadFactor < MinMeanLoadFactor || o.MeanLoadFactor > MaxMeanLoadFactor:
 		return fmt.Errorf("LOXILB_KV_MEAN_LOAD_FACTOR=%d: want %d..%d", o.MeanLoadFactor, MinMeanLoadFactor, MaxMeanLoadFactor)
@@ -219,6 +233,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("LOXILB_KV_COLDSTART_MIN_BLOCKS=%d: want 0..%d", o.ColdStartMinBlocks, 1<<30)
 	case o.ZeroHitN < 1 || o.ZeroHitN > maxCountLimit:
 		return fmt.Errorf("LOXILB_KV_ZERO_HIT_N=%d: want 1..%d", o.ZeroHitN, maxCountLimit)
+	case o.CostWorkWeight < 0 || o.CostWorkWeight > MaxCostWorkWeight:
+		return fmt.Errorf("LOXILB_KV_COST_WORK_WEIGHT=%d: want 0..%d", o.CostWorkWeight, MaxCostWorkWeight)
 	case o.Score > ScoreOverlap:
 		return fmt.Errorf("LOXILB_KV_SCORE: unknown value %d", o.Score)
 	case o.MaxSessions < 1 || o.MaxSessions > maxCountLimit:

@@ -27,7 +27,7 @@ func TestParseKnobs(t *testing.T) {
 		{"lb off", lbMode, "off", "off", ""},
 		{"lb soft", lbMode, "soft", "soft", ""},
 		{"lb adaptive", lbMode, "adaptive", "adaptive", ""},
-		{"lb bounded is not a mode", lbMode, "bounded", "", `load-blend mode "bounded": allowed values: off, hard, soft, adaptive, adaptive-soft`},
+		{"lb bounded is not a mode", lbMode, "bounded", "", `load-blend mode "bounded": allowed values: off, hard, soft, adaptive, adaptive-soft, cost`},
 		{"relief empty is auto", relief, "", "auto", ""},
 		{"relief auto", relief, "AUTO", "auto", ""},
 		{"relief yes", relief, "Yes", "on", ""},

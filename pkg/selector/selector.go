@@ -17,10 +17,13 @@ import (
 // reports nothing scraped, a nil StateSource reports every endpoint up, a
 // nil Observer counts nothing, a nil Logger discards, a nil Now is time.Now.
 type Deps struct {
-	Scorer   Scorer
-	Loads    LoadSource
-	Engine   EngineSource
-	States   StateSource
+	Scorer Scorer
+	Loads  LoadSource
+	Engine EngineSource
+	States StateSource
+	// Cost feeds LOXILB_KV_LB_MODE=cost; nil reports no pending work and
+	// no learned prefill speed (the cold-start default for every endpoint).
+	Cost     CostSource
 	Observer Observer
 	Logger   *slog.Logger
 	Now      func() time.Time
@@ -125,6 +128,7 @@ type Selector struct {
 	loads  LoadSource
 	engine EngineSource
 	states StateSource
+	cost   CostSource
 	obs    Observer
 	log    *slog.Logger
 	now    func() time.Time
@@ -153,6 +157,7 @@ type scratch struct {
 	counts [epset.Max]uint32
 	load   [epset.Max]int64
 	capc   [epset.Max]int64
+	cost   [epset.Max]float64 // predicted TTFT in ns (cost mode)
 	cands  [epset.Max]int16
 	tied   [epset.Max]int16
 	elig   [epset.Max]int16 // members of the tier-1.5 eligible set
@@ -186,6 +191,11 @@ type nopEngine struct{}
 func (nopEngine) GPUBlocks(int) (int64, bool)        { return 0, false }
 func (nopEngine) Waiting(int) (int, time.Time, bool) { return 0, time.Time{}, false }
 
+type nopCost struct{}
+
+func (nopCost) PendingTokens(int) int64                   { return 0 }
+func (nopCost) PrefillPerToken(int) (time.Duration, bool) { return 0, false }
+
 type nopStates struct{}
 
 func (nopStates) States() States { return States{} }
@@ -200,7 +210,7 @@ func New(rule Rule, opts Options, deps Deps) (*Selector, error) {
 		return nil, err
 	}
 	s := &Selector{
-		opts: opts, scorer: deps.Scorer, loads: deps.Loads, engine: deps.Engine, states: deps.States,
+		opts: opts, scorer: deps.Scorer, loads: deps.Loads, engine: deps.Engine, states: deps.States, cost: deps.Cost,
 		obs: deps.Observer, log: deps.Logger, now: deps.Now,
 		sessions: newLRU[string](opts.MaxSessions),
 		persist:  newLRU[netip.Addr](opts.MaxSessions),
@@ -217,6 +227,9 @@ func New(rule Rule, opts Options, deps Deps) (*Selector, error) {
 	}
 	if s.states == nil {
 		s.states = nopStates{}
+	}
+	if s.cost == nil {
+		s.cost = nopCost{}
 	}
 	if s.obs == nil {
 		s.obs = NopObserver{}

@@ -27,6 +27,18 @@ type LoadSource interface {
 	InFlight(ep int) int
 }
 
+// CostSource feeds LOXILB_KV_LB_MODE=cost: the prefill work kvgate has
+// sent each endpoint and how fast the endpoint gets through it. *Costs
+// implements it.
+type CostSource interface {
+	// PendingTokens is the uncached prompt tokens routed to ep whose
+	// response has not yet produced its first body byte.
+	PendingTokens(ep int) int64
+	// PrefillPerToken is ep's learned prefill time per token; known is
+	// false until ep has produced a sample.
+	PrefillPerToken(ep int) (perToken time.Duration, known bool)
+}
+
 // EngineSource gives what the health prober scrapes from each engine's
 // /metrics.
 type EngineSource interface {
@@ -151,6 +163,13 @@ type Request struct {
 	Upstream Reason
 	// Hashes are the request's full-block hashes, in order.
 	Hashes []uint64
+	// PromptTokens is the tokenized prompt's length (0: unknown, taken as
+	// len(Hashes) × BlockTokens). Only the cost mode reads it.
+	PromptTokens int
+	// BlockTokens is the prompt tokens one hash covers (0: the rule's
+	// block size); larger when engines publish coarser blocks than
+	// kvBlockSize (docs/parity.md, "Hash granularity").
+	BlockTokens int
 	// Client is the client address (sel 1 hash and sel 3 persist).
 	Client netip.Addr
 }

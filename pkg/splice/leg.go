@@ -80,8 +80,13 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 	var tail tailBuf
 	// write relays the part of p that belongs to the body; false ends the
 	// leg with res.Ending set.
+	firstBody := opts.FirstBody
 	write := func(p []byte) bool {
 		p = p[:fr.Feed(p)]
+		if len(p) > 0 && firstBody != nil {
+			firstBody()
+			firstBody = nil
+		}
 		n, err := client.Write(p)
 		res.Bytes += int64(n)
 		d.user.Count(int64(n))

@@ -273,17 +273,16 @@ func (t *Terminator) Run(ctx context.Context) {
 // until Handshake.
 func (t *Terminator) Wrap(nc net.Conn) *tls.Conn { return tls.Server(nc, t.cfg) }
 
-// plainHTTPAnswer is what a client speaking plain HTTP to a TLS port gets,
-// in kvgate's error shape, before the connection closes (as Go's own HTTPS
-// server answers a 400).
-var plainHTTPAnswer = func() []byte {
-	body := `{"error":"bad_request","detail":"this port speaks HTTPS; the client sent a plain HTTP request"}`
-	return []byte(fmt.Sprintf("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
-}()
+// ErrPlainHTTP is in a Handshake error when the client spoke plain HTTP to
+// the TLS port; the error also holds the tls.RecordHeaderError whose Conn
+// the caller may answer on (the proxy sends a 400, as Go's own HTTPS server
+// does) before it closes the connection.
+var ErrPlainHTTP = errors.New("plain HTTP on a TLS port")
 
 // Handshake completes tc's handshake within the handshake timeout (and
-// ctx). On failure the reason is counted and logged at debug level, a
-// plain-HTTP client gets a 400, and the caller closes the connection.
+// ctx). On failure the reason is counted and logged at debug level, and the
+// caller closes the connection (answering a plain-HTTP client first; see
+// ErrPlainHTTP).
 func (t *Terminator) Handshake(ctx context.Context, tc *tls.Conn) error {
 	hctx, cancel := context.WithTimeout(ctx, t.opts.HandshakeTimeout)
 	defer cancel()
@@ -295,12 +294,10 @@ func (t *Terminator) Handshake(ctx context.Context, tc *tls.Conn) error {
 	if reason == "timeout" && hctx.Err() == nil && ctx.Err() != nil {
 		reason = "eof" // the server is shutting down: not the client's fault
 	}
-	var re tls.RecordHeaderError
-	if reason == "plain_http" && errors.As(err, &re) && re.Conn != nil {
-		_ = re.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = re.Conn.Write(plainHTTPAnswer)
-	}
 	t.opts.Observer.HandshakeFailed(reason)
 	t.opts.Log.Debug("TLS handshake failed", "remote", tc.RemoteAddr().String(), "reason", reason, "err", err)
+	if reason == "plain_http" {
+		return fmt.Errorf("TLS handshake (%s): %w: %w", reason, ErrPlainHTTP, err)
+	}
 	return fmt.Errorf("TLS handshake (%s): %w", reason, err)
 }

@@ -75,7 +75,12 @@ func serve(t *testing.T, term *Terminator) string {
 			go func() {
 				defer nc.Close()
 				tc := term.Wrap(nc)
-				if term.Handshake(context.Background(), tc) != nil {
+				if err := term.Handshake(context.Background(), tc); err != nil {
+					// The raw connection is the caller's to answer on.
+					var re tls.RecordHeaderError
+					if errors.Is(err, ErrPlainHTTP) && errors.As(err, &re) && re.Conn != nil {
+						_, _ = io.WriteString(re.Conn, "plain HTTP seen\n")
+					}
 					return
 				}
 				_, _ = io.WriteString(tc, "ok\n")
@@ -287,8 +292,9 @@ func TestNewRefuses(t *testing.T) {
 }
 
 // TestBadHandshakes: each kind of bad input is classified and counted, a
-// plain HTTP request gets a 400, and a client handshaking meanwhile is
-// served.
+// plain HTTP request is reported as ErrPlainHTTP with the raw connection to
+// answer on (the proxy's 400 is tested in tests/e2e), and a client
+// handshaking meanwhile is served.
 func TestBadHandshakes(t *testing.T) {
 	f := newFixture(t)
 	obs := newCountObserver()
@@ -304,8 +310,8 @@ func TestBadHandshakes(t *testing.T) {
 	}{
 		{"silent client", "timeout", nil, ""},
 		{"slow ClientHello", "timeout", []byte{0x16, 0x03, 0x01, 0x00, 0x80, 0x01}, ""},
-		{"plain HTTP", "plain_http", []byte("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 400 Bad Request"},
-		{"plain HTTP POST", "plain_http", []byte("POST /v1/chat/completions HTTP/1.1\r\n\r\n"), "HTTP/1.1 400 Bad Request"},
+		{"plain HTTP", "plain_http", []byte("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"), "plain HTTP seen"},
+		{"plain HTTP POST", "plain_http", []byte("POST /v1/chat/completions HTTP/1.1\r\n\r\n"), "plain HTTP seen"},
 		{"garbage", "bad_record", []byte("\x00\x01\x02\x03\x04\x05\x06\x07"), ""},
 		{"oversize record", "oversize", []byte{0x16, 0x03, 0x01, 0xff, 0xff}, ""},
 		{"oversize ClientHello", "oversize", []byte{0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x0f, 0xff, 0xff}, ""},

@@ -28,9 +28,6 @@ const (
 	// TooLarge: the JSON body, or the stream's last data event, was above
 	// the collector's bound.
 	TooLarge
-	// BadFraming: the chunked framing did not decode (the body leg reports
-	// the framing error itself; the audit only gives up).
-	BadFraming
 )
 
 func (o Outcome) String() string {
@@ -41,8 +38,6 @@ func (o Outcome) String() string {
 		return "no_usage"
 	case TooLarge:
 		return "too_large"
-	case BadFraming:
-		return "bad_framing"
 	}
 	return "unknown"
 }
@@ -52,15 +47,14 @@ func (o Outcome) String() string {
 // non-streamed body is its generated text plus ~300 bytes.
 const DefaultMaxBytes = 256 << 10
 
-// Collector receives a response body's bytes as they are relayed, in wire
-// form (still chunked when the response is), and keeps only what the usage
-// needs: the JSON body up to a bound, or the stream's last data event. Not
-// safe for concurrent use; one per response.
+// Collector receives a response body's payload as it is relayed (the
+// proxy removes the HTTP framing first; docs/parity.md, "Per-request usage
+// audit"), and keeps only what the usage needs: the JSON body up to a
+// bound, or the stream's last data event. Not safe for concurrent use; one
+// per response.
 type Collector struct {
-	kind    Kind
-	max     int
-	chunked bool
-	dc      dechunker
+	kind Kind
+	max  int
 
 	// KindJSON: the body so far.
 	body []byte
@@ -74,27 +68,18 @@ type Collector struct {
 	over bool // KindJSON: the body was above the bound
 }
 
-// NewCollector returns a collector for a body of kind; chunked says the wire
-// bytes carry Transfer-Encoding: chunked framing; maxBytes ≤ 0 means
+// NewCollector returns a collector for a body of kind; maxBytes ≤ 0 means
 // DefaultMaxBytes.
-func NewCollector(kind Kind, chunked bool, maxBytes int) *Collector {
+func NewCollector(kind Kind, maxBytes int) *Collector {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
-	return &Collector{kind: kind, max: maxBytes, chunked: chunked}
+	return &Collector{kind: kind, max: maxBytes}
 }
 
-// Write takes the next relayed body bytes. It never fails and keeps at most
-// about twice its bound.
+// Write takes the next bytes of the body's payload. It never fails and
+// keeps at most about twice its bound.
 func (c *Collector) Write(p []byte) {
-	if !c.chunked {
-		c.feed(p)
-		return
-	}
-	c.dc.decode(p, c.feed)
-}
-
-func (c *Collector) feed(p []byte) {
 	if c.kind == KindJSON {
 		if c.over {
 			return
@@ -155,9 +140,6 @@ func (c *Collector) endLine() {
 
 // Usage reports what the body gave once it has been relayed.
 func (c *Collector) Usage() (Usage, Outcome) {
-	if c.chunked && c.dc.bad {
-		return Usage{}, BadFraming
-	}
 	var doc []byte
 	switch c.kind {
 	case KindJSON:
@@ -176,98 +158,4 @@ func (c *Collector) Usage() (Usage, Outcome) {
 		return Usage{}, NoUsage
 	}
 	return u, Found
-}
-
-// dechunker undoes Transfer-Encoding: chunked on a byte stream fed in
-// arbitrary pieces. The body leg validates the framing; this only has to
-// follow valid framing and stop on anything else.
-type dechunker struct {
-	state   uint8
-	size    uint64
-	digits  int
-	remains uint64
-	bad     bool
-}
-
-const (
-	chSize    = iota // hex digits of the chunk size
-	chExt            // extensions or the size line's CR, up to LF
-	chData           // chunk data
-	chDataEnd        // the CRLF after chunk data
-	chDone           // after the last chunk: trailers, ignored
-)
-
-// maxChunkDigits bounds a chunk-size line's hex digits (16: any uint64).
-const maxChunkDigits = 16
-
-func (d *dechunker) decode(p []byte, sink func([]byte)) {
-	for len(p) > 0 && !d.bad && d.state != chDone {
-		switch d.state {
-		case chData:
-			n := uint64(len(p))
-			if n > d.remains {
-				n = d.remains
-			}
-			sink(p[:n])
-			p = p[n:]
-			d.remains -= n
-			if d.remains == 0 {
-				d.state = chDataEnd
-			}
-			continue
-		case chDataEnd:
-			switch p[0] {
-			case '\r':
-			case '\n':
-				d.state, d.size, d.digits = chSize, 0, 0
-			default:
-				d.bad = true
-			}
-		case chSize:
-			d.sizeByte(p[0])
-		case chExt:
-			if p[0] == '\n' {
-				d.endSizeLine()
-			}
-		}
-		p = p[1:]
-	}
-}
-
-func (d *dechunker) sizeByte(b byte) {
-	var v byte
-	switch {
-	case b >= '0' && b <= '9':
-		v = b - '0'
-	case b >= 'a' && b <= 'f':
-		v = b - 'a' + 10
-	case b >= 'A' && b <= 'F':
-		v = b - 'A' + 10
-	case b == '\n':
-		d.endSizeLine()
-		return
-	case d.digits > 0 && (b == ';' || b == ' ' || b == '\t' || b == '\r'):
-		d.state = chExt
-		return
-	default:
-		d.bad = true
-		return
-	}
-	d.digits++
-	if d.digits > maxChunkDigits {
-		d.bad = true
-		return
-	}
-	d.size = d.size<<4 | uint64(v)
-}
-
-func (d *dechunker) endSizeLine() {
-	switch {
-	case d.digits == 0:
-		d.bad = true
-	case d.size == 0:
-		d.state = chDone
-	default:
-		d.state, d.remains = chData, d.size
-	}
 }

@@ -28,18 +28,18 @@ func FuzzParseJSON(f *testing.F) {
 // FuzzCollector: any bytes, split anywhere, give the same answer as fed
 // whole, and the collector keeps no more than its bound.
 func FuzzCollector(f *testing.F) {
-	f.Add([]byte("data: "+usageEvent+"\n\ndata: [DONE]\n\n"), uint8(3), true, false)
-	f.Add([]byte(chunk("data: "+usageEvent+"\n\n", 9)), uint8(1), true, true)
-	f.Add([]byte(chunk(usageEvent, 4)), uint8(2), false, true)
-	f.Fuzz(func(t *testing.T, wire []byte, split uint8, stream, chunked bool) {
+	f.Add([]byte("data: "+usageEvent+"\n\ndata: [DONE]\n\n"), uint8(3), true)
+	f.Add([]byte("data: "+usageEvent+"\r\n\r\n"), uint8(1), true)
+	f.Add([]byte(usageEvent), uint8(2), false)
+	f.Fuzz(func(t *testing.T, wire []byte, split uint8, stream bool) {
 		kind := KindJSON
 		if stream {
 			kind = KindEventStream
 		}
 		const bound = 512
-		whole := NewCollector(kind, chunked, bound)
+		whole := NewCollector(kind, bound)
 		whole.Write(bytes.Clone(wire))
-		parts := NewCollector(kind, chunked, bound)
+		parts := NewCollector(kind, bound)
 		step := int(split%16) + 1
 		for w := wire; len(w) > 0; {
 			k := min(step, len(w))

@@ -47,18 +47,6 @@ func TestParseJSON(t *testing.T) {
 	}
 }
 
-// chunk frames s as a chunked body with chunks of at most n bytes.
-func chunk(s string, n int) string {
-	var b strings.Builder
-	for len(s) > 0 {
-		k := min(n, len(s))
-		fmt.Fprintf(&b, "%x\r\n%s\r\n", k, s[:k])
-		s = s[k:]
-	}
-	b.WriteString("0\r\n\r\n")
-	return b.String()
-}
-
 const (
 	usageEvent = `{"id":"c","choices":[],"usage":{"prompt_tokens":33,"completion_tokens":4,"total_tokens":37,"prompt_tokens_details":{"cached_tokens":16}}}`
 	tokenEvent = `{"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}`
@@ -71,44 +59,36 @@ func TestCollector(t *testing.T) {
 	tests := []struct {
 		name    string
 		kind    Kind
-		chunked bool
-		wire    string
+		body    string
 		max     int
 		want    Usage
 		outcome Outcome
 	}{
-		{"json", KindJSON, false, usageEvent, 0, Usage{33, 16, true}, Found},
-		{"json chunked", KindJSON, true, chunk(usageEvent, 7), 0, Usage{33, 16, true}, Found},
-		{"json chunk extension", KindJSON, true, "5;x=y\r\n" + usageEvent[:5] + "\r\n" + chunk(usageEvent[5:], 100), 0, Usage{33, 16, true}, Found},
-		{"json too large", KindJSON, false, usageEvent, 64, Usage{}, TooLarge},
-		{"json no usage", KindJSON, false, `{"error":"x"}`, 0, Usage{}, NoUsage},
-		{"sse last event", KindEventStream, false, stream, 0, Usage{33, 16, true}, Found},
-		{"sse crlf lines", KindEventStream, false, strings.ReplaceAll(stream, "\n", "\r\n"), 0, Usage{33, 16, true}, Found},
-		{"sse chunked", KindEventStream, true, chunk(stream, 5), 0, Usage{33, 16, true}, Found},
-		{"sse no space after colon", KindEventStream, false, "data:" + usageEvent + "\n\ndata:[DONE]\n\n", 0, Usage{33, 16, true}, Found},
-		{"sse without include_usage", KindEventStream, false, noUsage, 0, Usage{}, NoUsage},
-		{"sse cut before [DONE]", KindEventStream, false, "data: " + usageEvent + "\n\n", 0, Usage{33, 16, true}, Found},
-		{"sse comment and event lines", KindEventStream, false, ": ping\nevent: x\ndata: " + usageEvent + "\n\n: ping\n\n", 0, Usage{33, 16, true}, Found},
-		{"sse last line too large", KindEventStream, false, "data: " + usageEvent + "\n\n" + long, 200, Usage{}, TooLarge},
-		{"sse earlier line too large", KindEventStream, false, long + "data: " + usageEvent + "\n\n", len(usageEvent) + 10, Usage{33, 16, true}, Found},
-		{"bad chunk size", KindJSON, true, "zz\r\n" + usageEvent, 0, Usage{}, BadFraming},
-		{"chunk size too long", KindJSON, true, strings.Repeat("f", 17) + "\r\n", 0, Usage{}, BadFraming},
-		{"chunk data without CRLF", KindJSON, true, "2\r\n{}xx", 0, Usage{}, BadFraming},
-		{"bytes after last chunk ignored", KindJSON, true, chunk(usageEvent, 50) + "garbage", 0, Usage{33, 16, true}, Found},
-		{"empty", KindEventStream, false, "", 0, Usage{}, NoUsage},
-		{"sse messages API", KindEventStream, false, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":30}}}\n\n" +
+		{"json", KindJSON, usageEvent, 0, Usage{33, 16, true}, Found},
+		{"json too large", KindJSON, usageEvent, 64, Usage{}, TooLarge},
+		{"json no usage", KindJSON, `{"error":"x"}`, 0, Usage{}, NoUsage},
+		{"sse last event", KindEventStream, stream, 0, Usage{33, 16, true}, Found},
+		{"sse crlf lines", KindEventStream, strings.ReplaceAll(stream, "\n", "\r\n"), 0, Usage{33, 16, true}, Found},
+		{"sse no space after colon", KindEventStream, "data:" + usageEvent + "\n\ndata:[DONE]\n\n", 0, Usage{33, 16, true}, Found},
+		{"sse without include_usage", KindEventStream, noUsage, 0, Usage{}, NoUsage},
+		{"sse cut before [DONE]", KindEventStream, "data: " + usageEvent + "\n\n", 0, Usage{33, 16, true}, Found},
+		{"sse comment and event lines", KindEventStream, ": ping\nevent: x\ndata: " + usageEvent + "\n\n: ping\n\n", 0, Usage{33, 16, true}, Found},
+		{"sse last line too large", KindEventStream, "data: " + usageEvent + "\n\n" + long, 200, Usage{}, TooLarge},
+		{"sse earlier line too large", KindEventStream, long + "data: " + usageEvent + "\n\n", len(usageEvent) + 10, Usage{33, 16, true}, Found},
+		{"empty", KindEventStream, "", 0, Usage{}, NoUsage},
+		{"sse messages API", KindEventStream, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":30}}}\n\n" +
 			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"hi\"}}\n\n" +
 			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":33,\"output_tokens\":2}}\n\n" +
 			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", 0, Usage{PromptTokens: 33}, Found},
-		{"sse responses API", KindEventStream, false, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n" +
+		{"sse responses API", KindEventStream, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n" +
 			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":33,\"input_tokens_details\":{\"cached_tokens\":16}}}}\n\n", 0, Usage{33, 16, true}, Found},
-		{"sse token text is the word usage", KindEventStream, false, "data: {\"choices\":[{\"text\":\"usage\"}]}\n\ndata: [DONE]\n\n", 0, Usage{}, NoUsage},
+		{"sse token text is the word usage", KindEventStream, "data: {\"choices\":[{\"text\":\"usage\"}]}\n\ndata: [DONE]\n\n", 0, Usage{}, NoUsage},
 	}
 	for _, tc := range tests {
 		for _, split := range []int{1, 3, 1 << 20} {
 			t.Run(fmt.Sprintf("%s/split%d", tc.name, split), func(t *testing.T) {
-				c := NewCollector(tc.kind, tc.chunked, tc.max)
-				for w := tc.wire; len(w) > 0; {
+				c := NewCollector(tc.kind, tc.max)
+				for w := tc.body; len(w) > 0; {
 					k := min(split, len(w))
 					c.Write([]byte(w[:k]))
 					w = w[k:]

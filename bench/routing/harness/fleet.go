@@ -189,10 +189,20 @@ func (f *Front) Close() {
 // follows every engine's KV events. The data path is the userspace copy, the
 // same hop the bench proxy makes.
 //
-// lb is a LOXILB_KV_LB_MODE value; "" is kvgate's default.
+// lb is a LOXILB_KV_LB_MODE value ("" is kvgate's default), optionally
+// followed by "-noprov" (or just "noprov") to turn provisional blocks off
+// (LOXILB_KV_PROVISIONAL_WEIGHT=0), as kvgate ran before it had them.
 func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb string) (*Front, error) {
 	settings := config.DefaultSettings()
 	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
+	lb, knobs, _ := strings.Cut(lb, "@")
+	if rest, ok := strings.CutSuffix(lb, "noprov"); ok {
+		lb = strings.TrimSuffix(rest, "-")
+		settings.ProvisionalWeight = 0
+	}
+	if err := kvgateKnobs(knobs, &settings); err != nil {
+		return nil, fmt.Errorf("kvgate: %w", err)
+	}
 	mode, err := selector.ParseLBMode(lb)
 	if err != nil {
 		return nil, fmt.Errorf("kvgate: %w", err)
@@ -259,10 +269,38 @@ func waitSubscribers(ctx context.Context, g *gateway.Gateway, id, n int) error {
 	}
 }
 
+// kvgateKnobs applies a kvgate policy's "@" settings, for tuning:
+// "mlf150" (LOXILB_KV_MEAN_LOAD_FACTOR), "provw100"
+// (LOXILB_KV_PROVISIONAL_WEIGHT), "costw100" (LOXILB_KV_COST_WORK_WEIGHT),
+// joined by "-".
+func kvgateKnobs(spec string, s *config.Settings) error {
+	if spec == "" {
+		return nil
+	}
+	for _, part := range strings.Split(spec, "-") {
+		var err error
+		switch {
+		case strings.HasPrefix(part, "mlf"):
+			s.MeanLoadFactor, err = strconv.Atoi(part[3:])
+		case strings.HasPrefix(part, "provw"):
+			s.ProvisionalWeight, err = strconv.Atoi(part[5:])
+		case strings.HasPrefix(part, "costw"):
+			s.CostWorkWeight, err = strconv.Atoi(part[5:])
+		default:
+			err = fmt.Errorf("unknown setting %q (want mlfN, provwN, costwN)", part)
+		}
+		if err != nil {
+			return fmt.Errorf("policy settings %q: %w", spec, err)
+		}
+	}
+	return nil
+}
+
 // Policies in report order. kvgate's default load blend is hard, so
-// "kvgate" is also kvgate-hard.
+// "kvgate" is also kvgate-hard; "kvgate-noprov" is the default without
+// provisional blocks (docs/selection.md), to measure what they change.
 func Policies() []string {
-	return []string{"kvgate", "kvgate-off", "kvgate-soft", "kvgate-adaptive", "kvgate-adaptive-soft",
+	return []string{"kvgate", "kvgate-cost", "kvgate-noprov", "kvgate-off", "kvgate-soft", "kvgate-adaptive", "kvgate-adaptive-soft",
 		"round-robin", "least-inflight", "least-load", "sglang", "sglang-scaled", "oracle"}
 }
 

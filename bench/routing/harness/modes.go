@@ -45,7 +45,7 @@ func quickLoad() map[string]float64 {
 
 // QuickPolicies are the policies of the quick mode.
 func QuickPolicies() []string {
-	return []string{"kvgate", "kvgate-off", "round-robin", "least-load", "sglang", "sglang-scaled", "oracle"}
+	return []string{"kvgate", "kvgate-cost", "kvgate-off", "round-robin", "least-load", "sglang", "sglang-scaled", "oracle"}
 }
 
 // QuickPlan is `make bench-routing`: the main policies on every workload at

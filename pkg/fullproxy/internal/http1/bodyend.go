@@ -34,6 +34,7 @@ type BodyFraming struct {
 	last    [2]byte
 	nData   int64 // data bytes seen (to know last is filled)
 	err     error
+	payload func([]byte) // when set, gets the chunk data (see Payload)
 
 	// skipped: part of the body moved in the kernel; judged says what its
 	// tail showed (see Skip).
@@ -220,6 +221,9 @@ func (f *BodyFraming) data(p []byte) {
 		f.last = [2]byte{f.last[1], p[0]}
 	}
 	f.nData += int64(len(p))
+	if f.payload != nil && len(p) > 0 {
+		f.payload(p)
+	}
 }
 
 func (f *BodyFraming) fail(why string) { f.err = fmt.Errorf("%w: %s", ErrBadFraming, why) }
@@ -361,3 +365,33 @@ func sseErrorEvent(message string) []byte {
 	ev := fmt.Sprintf(`data: {"error":{"message":%q,"type":"server_error","param":null,"code":"backend_broken"}}`+"\n\n", message)
 	return fmt.Appendf(nil, "%x\r\n%s\r\n", len(ev), ev)
 }
+
+// Payload removes a response body's HTTP framing for a reader of its
+// content (the usage audit, docs/parity.md): it takes the body's bytes as
+// they go to the client and hands sink the payload alone, chunk data
+// without sizes, extensions or trailers, and nothing past the body's end.
+// A framing error stops the payload; the body leg reports the error itself.
+type Payload struct {
+	f    BodyFraming
+	sink func([]byte)
+}
+
+// NewPayload follows a body framed as NewBodyFraming's arguments say.
+func NewPayload(chunked bool, contentLength int64, sink func([]byte)) *Payload {
+	p := &Payload{f: *NewBodyFraming(chunked, contentLength, false), sink: sink}
+	if chunked {
+		p.f.payload = sink
+	}
+	return p
+}
+
+// Write takes the next body bytes in wire form; sink must not keep them.
+func (p *Payload) Write(b []byte) {
+	n := p.f.Feed(b)
+	if !p.f.chunked && n > 0 {
+		p.sink(b[:n])
+	}
+}
+
+// Err is the framing error that stopped the payload, if any.
+func (p *Payload) Err() error { return p.f.Err() }
