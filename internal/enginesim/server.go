@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -139,6 +140,11 @@ func New(cfg Config) (*Engine, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		ErrorLog:          nil,
+	}
+	if scheme == "https" {
+		// A tcp probe or a client with the wrong CA fails its handshake on
+		// every try: at debug level, not on stderr each time.
+		e.srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)
 	}
 	if err := e.startDPRanks(); err != nil {
 		if e.pub != nil {
