@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/enginesim"
 	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/testcerts"
 	"github.com/kvgate/kvgate/internal/testnet"
@@ -247,6 +248,29 @@ func TestEngineTLSCalls(t *testing.T) {
 		if rep.Result != preflight.Fail || len(rep.Checks) == 0 || rep.Checks[0].ID != preflight.CheckHealth ||
 			rep.Checks[0].Result != preflight.Fail || !strings.Contains(rep.Checks[0].Detail, engineclient.HintUnknownCA) {
 			t.Errorf("preflight against the stranger engine: %+v", rep)
+		}
+	})
+
+	t.Run("security 1: preflight's probe requests go over https to the VIP", func(t *testing.T) {
+		engines, zmq := startEngines(t, block, []engineSpec{{role: enginesim.RoleBoth}})
+		h, p := engineHostPort(t, engines[0])
+		port := testnet.Port(t, vip)
+		pair, _ := vipCA.Server("vip", vip)
+		if err := pair.Write(filepath.Join(certDir, fmt.Sprintf("%s_%d", vip, port))); err != nil {
+			t.Fatal(err)
+		}
+		body, _ := json.Marshal(map[string]any{
+			"serviceArguments": map[string]any{"externalIP": vip, "port": port, "protocol": "tcp", "sel": 0, "mode": 4,
+				"kvExactMode": 3, "kvZmqPort": zmq, "kvHashAlgo": "sha256_cbor", "kvBlockSize": 16, "security": 1},
+			"endpoints": []map[string]any{{"endpointIP": h, "targetPort": p, "weight": 1}},
+		})
+		id := tg.createRule(t, body)
+		tg.waitSubscribed(t, id, 1)
+		rep := runPreflightJSON(t, tg.api, id)
+		for _, c := range rep.Checks {
+			if c.Result == preflight.Fail || c.ID == preflight.CheckProbe && c.Result != preflight.Pass {
+				t.Errorf("preflight row %s (ep %d): %s: %s", c.ID, c.EPIdx, c.Result, c.Detail)
+			}
 		}
 	})
 
