@@ -808,15 +808,62 @@ func TestDaemonSetShape(t *testing.T) {
 	if !strings.Contains(conf, fmt.Sprintf("listen %v;", port)) || !strings.Contains(conf, "proxy_pass http://"+args["metrics-addr"]+"/metrics;") {
 		t.Errorf("metrics proxy config does not listen on %v and proxy to %s/metrics:\n%s", port, args["metrics-addr"], conf)
 	}
-	// Every Secret that holds a token is mounted mode 0400; the probes need none.
+	// Every Secret that holds a token or a key is mounted mode 0400; the
+	// probes need none.
 	for _, v := range get(podSpec, "volumes").([]any) {
 		if sec, ok := get(v, "secret").(map[string]any); ok && get(sec, "defaultMode") != 0o400 {
 			t.Errorf("secret volume %v: defaultMode %v, want 0400", get(v, "name"), get(sec, "defaultMode"))
 		}
+		if proj, ok := get(v, "projected").(map[string]any); ok && get(proj, "defaultMode") != 0o400 {
+			t.Errorf("projected volume %v: defaultMode %v, want 0400", get(v, "name"), get(proj, "defaultMode"))
+		}
 	}
+	checkTLSCertVolume(t, podSpec, mounts, args["tls-cert-dir"])
 	for _, probe := range []string{"readinessProbe", "livenessProbe"} {
 		if p := get(kvgate, probe, "httpGet", "path"); p != "/readyz" && p != "/healthz" {
 			t.Errorf("%s path %v needs a token; use /readyz or /healthz", probe, p)
+		}
+	}
+}
+
+// checkTLSCertVolume: --tls-cert-dir is a read-only projection of TLS
+// Secrets, each one's tls.crt and tls.key in a <vip>_<port> directory, as
+// kvgate looks them up (docs/security.md).
+func checkTLSCertVolume(t *testing.T, podSpec any, mounts map[string]string, dir string) {
+	t.Helper()
+	if dir == "" {
+		t.Errorf("no --tls-cert-dir: TLS rules (security 1, 2) could not start")
+		return
+	}
+	vol, ok := mounts[dir]
+	if !ok {
+		t.Errorf("--tls-cert-dir=%s: no volume mounted there", dir)
+		return
+	}
+	var sources []any
+	for _, v := range get(podSpec, "volumes").([]any) {
+		if get(v, "name") == vol {
+			sources, _ = get(v, "projected", "sources").([]any)
+		}
+	}
+	if len(sources) == 0 {
+		t.Errorf("volume %s at --tls-cert-dir: want a projected volume of TLS Secrets", vol)
+	}
+	ruleDir := regexp.MustCompile(`^([0-9a-f.:]+)_([0-9]+)$`)
+	for _, src := range sources {
+		sec := get(src, "secret")
+		paths := map[string]string{}
+		for _, it := range get(sec, "items").([]any) {
+			paths[get(it, "key").(string)] = get(it, "path").(string)
+		}
+		crt, key := paths["tls.crt"], paths["tls.key"]
+		d := filepath.Dir(crt)
+		m := ruleDir.FindStringSubmatch(d)
+		if m == nil || net.ParseIP(m[1]) == nil || filepath.Base(crt) != "tls.crt" || key != d+"/tls.key" {
+			t.Errorf("TLS Secret %v: items %v, want tls.crt and tls.key at <vip>_<port>/", get(sec, "name"), paths)
+		}
+		if get(sec, "optional") != true {
+			t.Errorf("TLS Secret %v: want optional: true, so the DaemonSet starts before the Secret exists", get(sec, "name"))
 		}
 	}
 }
@@ -1104,7 +1151,7 @@ func TestDaemonSetStartsKvgate(t *testing.T) {
 		switch name {
 		case "api":
 			value = apiAddr
-		case "tokenizer-dir", "state-dir", "bpf-pin-dir":
+		case "tokenizer-dir", "state-dir", "bpf-pin-dir", "tls-cert-dir":
 			value = filepath.Join(dir, name)
 			if err := os.MkdirAll(value, 0o700); err != nil {
 				t.Fatal(err)

@@ -17,13 +17,18 @@ type tapAuditor struct {
 }
 
 type recordingTap struct {
+	mu   sync.Mutex // the leg writes while the test reads
 	buf  bytes.Buffer
 	done bool
 	res  datapath.Result
 }
 
-func (t *recordingTap) Write(p []byte)           { t.buf.Write(p) }
-func (t *recordingTap) Done(res datapath.Result) { t.done, t.res = true, res }
+func (t *recordingTap) Write(p []byte) { t.mu.Lock(); t.buf.Write(p); t.mu.Unlock() }
+func (t *recordingTap) Done(res datapath.Result) {
+	t.mu.Lock()
+	t.done, t.res = true, res
+	t.mu.Unlock()
+}
 
 func (a *tapAuditor) Tap(*Record, *BackendResponse, string) BodyTap {
 	a.mu.Lock()
@@ -70,6 +75,11 @@ func TestBodyAuditorSeesTheRelayedBody(t *testing.T) {
 				return
 			}
 			tap := a.taps[0]
+			// The leg taps after its write to the client and is done after
+			// the client's last byte.
+			waitFor(t, "the tap done", func() bool { tap.mu.Lock(); defer tap.mu.Unlock(); return tap.done })
+			tap.mu.Lock()
+			defer tap.mu.Unlock()
 			if !tap.done || tap.res.Ending != datapath.BackendEOF || tap.buf.String() != body {
 				t.Fatalf("tap done %v ending %s saw %q", tap.done, tap.res.Ending, tap.buf.String())
 			}

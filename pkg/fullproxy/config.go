@@ -141,6 +141,11 @@ type Config struct {
 	// TLS, when set, terminates TLS on every accepted connection before the
 	// HTTP/1.1 server reads it (package tlsterm; docs/security.md).
 	TLS TLSTerminator
+	// Pool, when set, keeps idle backend connections for the plain
+	// forward's next requests, within these bounds (pool.go). The daemon
+	// sets it on security-2 rules, whose connections cost a TLS handshake;
+	// nil opens one connection per request with "Connection: close".
+	Pool *PoolOptions
 }
 
 // TLSTerminator wraps accepted connections in TLS. Wrap does no I/O (it runs

@@ -48,6 +48,11 @@ type Exchange struct {
 	// (WatchEndpoint); ReadResponse ends it at the first byte.
 	watch *EndpointWatch
 	head  *HeadWatch // the client and endpoint watch of the current backend wait
+	// pooled is the pool-managed backend connection of DialBackend, on
+	// which Forward keeps the connection open; pooledGen is its endpoint's
+	// pool generation then (pool.go).
+	pooled    net.Conn
+	pooledGen uint64
 	// firstBody is the routing plan's BodyTracker.FirstBody (nil: none),
 	// handed to the body leg.
 	firstBody func()
@@ -90,7 +95,8 @@ func (x *Exchange) Dial(ctx context.Context, addr string) (net.Conn, error) {
 
 // Forward sends the client's request, with its own body, to a backend: the
 // client's headers minus hop-by-hop ones, framing rewritten (Content-Length,
-// or chunked for a streamed body), "Connection: close". A body that breaks
+// or chunked for a streamed body), "Connection: close" (left out on a
+// pooled connection from DialBackend). A body that breaks
 // its framing or limit gives an error matching *RequestError; a client
 // that went away mid-body one for which ClientGone reports true.
 func (x *Exchange) Forward(bc net.Conn) error {
@@ -98,6 +104,7 @@ func (x *Exchange) Forward(bc net.Conn) error {
 	x.armWrite(bc, time.Now().Add(x.s.lim.WriteTimeout))
 	defer bc.SetWriteDeadline(time.Time{})
 	o := x.outgoing(bc, nil, nil)
+	o.KeepAlive = x.pooled != nil && x.pooled == bc
 	if req.BodyInspected {
 		o.ContentLength = int64(len(req.Body))
 		bufs := net.Buffers{http1.EncodeRequestHead(o), req.Body}
@@ -245,7 +252,16 @@ type BackendResponse struct {
 	conn net.Conn
 	br   *bufio.Reader
 	head *http1.ResponseHead
+	// reusable: Relay moved the whole response and the connection can carry
+	// another request (Reusable).
+	reusable bool
 }
+
+// Reusable reports whether the connection the response came on can carry
+// another request: Relay moved the response complete by its own framing
+// (or it had no body), with no byte past its end, and the backend did not
+// ask to close (Connection: close, HTTP/1.0).
+func (r *BackendResponse) Reusable() bool { return r.reusable }
 
 // Get returns the first value of the named response header, or "".
 func (r *BackendResponse) Get(name string) string {
@@ -367,21 +383,43 @@ func (x *Exchange) Relay(ctx context.Context, r *BackendResponse, decision strin
 	}
 	if r.head.Bodyless(req.Method) {
 		rec.Outcome = OutcomeOK
+		r.reusable = !r.head.Close && r.br.Buffered() == 0
 		return datapath.Result{Ending: datapath.BackendEOF, Path: x.s.leg.Path()}, keep
 	}
-	res := x.relayBody(ctx, r, silence)
+	end := &overrunWatch{BodyEnd: http1.NewBodyFraming(r.head.Chunked, r.head.ContentLength, r.head.EventStream)}
+	res := x.relayBody(ctx, r, silence, end)
 	rec.BodyBytes, rec.Datapath = res.Bytes, res.Path
 	rec.Outcome = EndingOutcome(res.Ending, r.head.Truncated(res.Bytes))
 	if rec.Outcome != OutcomeOK {
 		keep = false
 	}
+	st := end.State()
+	r.reusable = rec.Outcome == OutcomeOK && res.Ending == datapath.BackendEOF && st.Complete && st.Delimited &&
+		!end.over && res.KernelBytes == 0 && !r.head.Close &&
+		(r.head.ContentLength < 0 || int64(r.br.Buffered()) <= r.head.ContentLength)
 	return res, keep
+}
+
+// overrunWatch notes bytes the backend sent past the body's end: a
+// connection that did is not handed back to the pool, whose next request
+// would read them as its response.
+type overrunWatch struct {
+	datapath.BodyEnd
+	over bool
+}
+
+func (w *overrunWatch) Feed(p []byte) int {
+	n := w.BodyEnd.Feed(p)
+	if n < len(p) {
+		w.over = true
+	}
+	return n
 }
 
 // relayBody hands the response body to the body leg: what the response's
 // reader has already buffered first (at most the declared length), then the
 // rest from the connection, each read within silence.
-func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence time.Duration) datapath.Result {
+func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence time.Duration, end datapath.BodyEnd) datapath.Result {
 	prefix, _ := r.br.Peek(r.br.Buffered())
 	if r.head.ContentLength >= 0 && int64(len(prefix)) > r.head.ContentLength {
 		prefix = prefix[:r.head.ContentLength]
@@ -391,7 +429,7 @@ func (x *Exchange) relayBody(ctx context.Context, r *BackendResponse, silence ti
 		Streamed:      r.head.Chunked || r.head.EventStream,
 		TokenStream:   r.head.EventStream || r.head.NDJSON,
 		ContentLength: r.head.ContentLength,
-		End:           http1.NewBodyFraming(r.head.Chunked, r.head.ContentLength, r.head.EventStream),
+		End:           end,
 		FirstBody:     x.firstBody,
 	}
 	tap := x.bodyTap(r)

@@ -139,18 +139,22 @@ type tries struct {
 // the connect failed, or the endpoint went down before its first response
 // byte and the request is re-routed (docs/dataplane.md, "Hung engines and
 // departed clients").
+//
+// On a rule with a connection pool the request may go on an idle pooled
+// connection. One the engine had closed meanwhile (its keep-alive timeout
+// raced ours, or it restarted) fails before any response byte: the request
+// is then sent once more on a fresh connection within the same try, and
+// neither the try loop nor the breaker hears of it, since the endpoint
+// did nothing wrong and the in-flight count already covers the request
+// (docs/security.md, "Engine connection pool").
 func (t *tries) try(ctx context.Context) (keep, next bool) {
 	x, d := t.x, t.d
 	x.IncLoad(d.Endpoint)
 	defer x.DecLoad(d.Endpoint)
-	bc, err := x.Dial(ctx, d.Addr)
+	bc, reused, err := x.DialBackend(ctx, d.Endpoint, d.Addr, true)
 	if err != nil {
-		x.s.log.Warn("backend connect failed; re-routing without it", "ep", d.Endpoint, "addr", d.Addr, "err", err)
-		t.loop.ConnectFailed(d.Endpoint)
-		t.dialErr = err
-		return false, true
+		return t.connectFailed(err)
 	}
-	defer bc.Close()
 	if !t.finished {
 		t.plan.Finish(d, true)
 		t.finished = true
@@ -161,11 +165,22 @@ func (t *tries) try(ctx context.Context) (keep, next bool) {
 			x.firstBody = func() { once.Do(bt.FirstBody) }
 		}
 	}
-	stop := CloseOnCancel(ctx, bc)
-	defer stop()
-	keep, down := t.f.exchange(ctx, x, t.loop, d, bc)
-	if !down {
-		return keep, false
+	// Released after the answer, as the in-flight count drops after it.
+	var end exchangeEnd
+	defer func() { x.ReleaseBackend(d.Endpoint, d.Addr, bc, end.resp, end.untouched) }()
+	end = t.on(ctx, bc, reused)
+	if end.stale {
+		x.s.log.Debug("pooled backend connection was closed by the engine; sending the request on a fresh one", "ep", d.Endpoint, "addr", d.Addr)
+		x.poolEvent(d.Endpoint, ConnStale)
+		_ = bc.Close()
+		if bc, _, err = x.DialBackend(ctx, d.Endpoint, d.Addr, false); err != nil {
+			bc = nil
+			return t.connectFailed(err)
+		}
+		end = t.on(ctx, bc, false)
+	}
+	if !end.down {
+		return end.keep, false
 	}
 	if t.downEp < 0 {
 		t.downEp = d.Endpoint
@@ -178,6 +193,35 @@ func (t *tries) try(ctx context.Context) (keep, next bool) {
 		return false, true
 	}
 	return t.endpointDown(), false
+}
+
+// connectFailed re-routes after a failed connect to t.d.
+func (t *tries) connectFailed(err error) (keep, next bool) {
+	d := t.d
+	t.x.s.log.Warn("backend connect failed; re-routing without it", "ep", d.Endpoint, "addr", d.Addr, "err", err)
+	t.loop.ConnectFailed(d.Endpoint)
+	t.dialErr = err
+	return false, true
+}
+
+// on serves the request on bc, with bc's waits ended by a cancelled
+// server.
+func (t *tries) on(ctx context.Context, bc net.Conn, reused bool) exchangeEnd {
+	stop := CloseOnCancel(ctx, bc)
+	end := t.f.exchange(ctx, t.x, t.loop, t.d, bc, reused)
+	end.untouched = stop() && !end.stale // false: the cancellation expired bc's deadlines
+	return end
+}
+
+// exchangeEnd is how one exchange on a backend connection ended.
+type exchangeEnd struct {
+	keep  bool // the client connection may carry another request
+	down  bool // the endpoint went down before its first response byte
+	stale bool // a reused pooled connection failed before any response byte; nothing was answered
+	resp  *BackendResponse
+	// untouched: no cancellation expired the connection's deadlines, so it
+	// may go back to the pool.
+	untouched bool
 }
 
 // endpointDown answers a request whose endpoint went down before its first
@@ -232,7 +276,7 @@ const sentAnswerWait = 2 * time.Second
 // down: down then reports that no byte came, for the caller to re-route or
 // answer. Error details name the endpoint by index; addresses go to the log
 // only.
-func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop, d Decision, bc net.Conn) (keep, down bool) {
+func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop, d Decision, bc net.Conn, reused bool) exchangeEnd {
 	rec := x.Record
 	lim := x.Limits()
 	log := x.s.log
@@ -259,12 +303,12 @@ func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop,
 		case errors.As(sendErr, &re): // the client's body broke its framing or limit
 			hw.Stop()
 			_ = bc.Close() // the backend must not take the partial body for a request
-			return x.Fail(re.Status(), re.Code(), re.Detail()), false
+			return exchangeEnd{keep: x.Fail(re.Status(), re.Code(), re.Detail())}
 		case x.ClientGone(sendErr) || hw.ClientLeft():
 			rec.Outcome = OutcomeClientGone
-			return false, false
+			return exchangeEnd{}
 		case hw.EndpointDown():
-			return false, true
+			return exchangeEnd{down: true}
 		}
 		// An engine that refuses a streamed body (413) answers and closes
 		// before reading it: its answer is already on the socket, so relay it
@@ -276,6 +320,9 @@ func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop,
 	resp, err := x.ReadResponse(bc, time.Now().Add(headWait))
 	hw.Stop()
 	if err != nil {
+		if reused && staleConn(ctx, hw, err) {
+			return exchangeEnd{stale: true}
+		}
 		return f.noHead(x, d, hw, sent, sendErr, err)
 	}
 	rec.TTFB = resp.FirstByte.Sub(sent)
@@ -284,12 +331,29 @@ func (f *forward) exchange(ctx context.Context, x *Exchange, loop *attempt.Loop,
 	if x.DecisionHeader() {
 		decision = DecisionHeaderValue(d)
 	}
-	_, keep = x.Relay(ctx, resp, decision, lim.StreamSilence)
-	return keep, false
+	_, keep := x.Relay(ctx, resp, decision, lim.StreamSilence)
+	if sendErr != nil {
+		resp.reusable = false // the engine answered before taking the whole request
+	}
+	return exchangeEnd{keep: keep, resp: resp}
+}
+
+// staleConn reports whether err, the failure of a reused pooled connection
+// before any response byte, says the engine had closed it (EOF, reset,
+// broken pipe, a TLS alert) rather than that the client left, the endpoint
+// went down, the server is cancelled or the engine is slow.
+func staleConn(ctx context.Context, hw *HeadWatch, err error) bool {
+	var bad *BadResponseError
+	return ctx.Err() == nil && !hw.ClientLeft() && !hw.EndpointDown() && !IsTimeout(err) && !errors.As(err, &bad)
 }
 
 // noHead answers a request whose backend sent no usable response head.
-func (f *forward) noHead(x *Exchange, d Decision, hw *HeadWatch, sent time.Time, sendErr, err error) (keep, down bool) {
+func (f *forward) noHead(x *Exchange, d Decision, hw *HeadWatch, sent time.Time, sendErr, err error) exchangeEnd {
+	keep, down := f.noHeadAnswer(x, d, hw, sent, sendErr, err)
+	return exchangeEnd{keep: keep, down: down}
+}
+
+func (f *forward) noHeadAnswer(x *Exchange, d Decision, hw *HeadWatch, sent time.Time, sendErr, err error) (keep, down bool) {
 	log := x.s.log
 	var bad *BadResponseError
 	switch {

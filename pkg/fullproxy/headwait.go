@@ -133,6 +133,9 @@ func (s *Server) EndpointDown(ep int) int {
 	if n > 0 {
 		s.log.Warn("endpoint down: ending the requests that had no response byte from it", "ep", ep, "requests", n)
 	}
+	// Its idle pooled connections go too: the next request after the
+	// endpoint is back opens a fresh one.
+	s.DropIdleBackends(ep)
 	return n
 }
 

@@ -87,6 +87,10 @@ type Server struct {
 	// waits are the backend waits without a response byte, per endpoint
 	// (headwait.go).
 	waits headWaits
+	// pool keeps idle backend connections (nil: none; pool.go), and poolObs
+	// hears how each request got its connection (nil: nobody).
+	pool    *backendPool
+	poolObs PoolObserver
 }
 
 // Listen binds the rule's address (with IP_FREEBIND) and returns a Server;
@@ -123,6 +127,10 @@ func newServer(cfg Config, ln net.Listener) *Server {
 	if s.dial == nil {
 		d := &net.Dialer{Timeout: s.lim.ConnectTimeout, Control: cfg.DialControl}
 		s.dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+	}
+	if cfg.Pool != nil {
+		s.pool = newBackendPool(*cfg.Pool)
+		s.poolObs, _ = s.obs.(PoolObserver)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
@@ -208,6 +216,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	_ = s.ln.Close()
+	// Idle engine connections close now; those of requests still running
+	// close when their requests end (the pool is closed to them).
+	s.closeIdleBackends()
 
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()

@@ -87,6 +87,10 @@ type Options struct {
 	TLSCertDir          string
 	TLSReloadInterval   time.Duration
 	TLSHandshakeTimeout time.Duration
+	// BackendPool bounds the idle engine connections a security-2 rule keeps
+	// (zero fields: fullproxy.DefaultPoolOptions; docs/security.md, "Engine
+	// connection pool").
+	BackendPool fullproxy.PoolOptions
 }
 
 // Gateway is the running daemon minus its flags.
@@ -411,7 +415,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		Service: strconv.Itoa(id), Addr: addr, Handler: handler, Leg: g.leg, Loads: loads,
 		Observer: &proxyObserver{m: g.Metrics, service: id, pd: rule.PDDisagg()}, Limits: g.opts.Limits,
 		DecisionHeader: g.opts.DecisionHeader, AccessLog: g.access, Logger: g.log, DialControl: g.dialControl(),
-		Guard: g.guard, TLS: clientTLS, Dial: backendDial, BodyAuditor: audit,
+		Guard: g.guard, TLS: clientTLS, Dial: backendDial, Pool: g.backendPool(rule), BodyAuditor: audit,
 	})
 	if err != nil {
 		return &config.ConflictError{Msg: fmt.Sprintf("service %d: cannot listen on %s: %v", id, addr, err)}
@@ -509,6 +513,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	}
 	for _, e := range old.Endpoints {
 		if _, stays := updated.EndpointByKey(e.Key()); !stays {
+			rt.server.DropIdleBackends(e.Idx) // an index kept with a new address must not reuse the old one's connections
 			rt.sel.DropEndpoint(e.Idx)
 			_ = rt.sink().ClearEndpoint(e.Idx)
 			g.Metrics.DeleteEndpoint(updated.ServiceID, e.Idx)
@@ -520,6 +525,9 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	g.registerEndpoints(updated)
 	for _, e := range updated.Endpoints {
 		g.Metrics.SetAdminDown(updated.ServiceID, e.Idx, e.AdminDown)
+		if e.AdminDown {
+			rt.server.DropIdleBackends(e.Idx)
+		}
 	}
 	g.mu.Lock()
 	rt.rule = updated

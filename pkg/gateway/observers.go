@@ -26,6 +26,11 @@ func (o *proxyObserver) ConnectFailed(_ string, ep int) {
 	}
 }
 
+// BackendConn implements fullproxy.PoolObserver.
+func (o *proxyObserver) BackendConn(_ string, _ int, result string) {
+	o.m.BackendConn(o.service, result)
+}
+
 func (o *proxyObserver) TTFB(_ string, _ int, d time.Duration) { o.m.ObserveTTFB(o.service, d) }
 
 func (o *proxyObserver) Inflight(_ string, ep, n int) { o.m.SetInflight(o.service, ep, n) }

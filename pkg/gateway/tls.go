@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/tlsterm"
 )
@@ -134,6 +135,22 @@ func ruleEngineTLS(rule *config.Rule) (*tlsterm.EngineTLS, error) {
 			Msg: fmt.Sprintf("serviceArguments.mtls_backend.backend_ca_path: %v", err)}
 	}
 	return e, nil
+}
+
+// backendPool is a rule's engine connection pool: security-2 rules only,
+// whose every new connection costs a TLS handshake. Plain rules keep one
+// connection per request: a TCP connect costs 36 µs here against the
+// handshake's 500-900 µs, the sockmap leg takes ownership of its backend
+// socket, and the BPF load map's count of established backend connections
+// agrees with the in-flight count at rest only without idle connections
+// (docs/security.md, "Engine connection pool").
+func (g *Gateway) backendPool(rule *config.Rule) *fullproxy.PoolOptions {
+	if !rule.BackendTLS() {
+		return nil
+	}
+	g.Metrics.InitBackendPool(rule.ServiceID)
+	o := g.opts.BackendPool
+	return &o
 }
 
 func newBackendTLSDialer(engineTLS *tlsterm.EngineTLS, control func(network, address string, c syscall.RawConn) error) func(ctx context.Context, addr string) (net.Conn, error) {

@@ -12,8 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvgate/kvgate/internal/testcerts"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/tlsterm"
 )
 
@@ -267,5 +271,26 @@ func TestRuleEngineTLS(t *testing.T) {
 				t.Fatalf("engine TLS %v, err %v; want TLS %v", e, err, c.wantTLS)
 			}
 		})
+	}
+}
+
+// TestBackendPoolOnlyE2EHTTPS: only security-2 rules get an engine
+// connection pool (docs/security.md, "Engine connection pool"), with the
+// daemon's bounds, and their connection series exist at 0 from the start.
+func TestBackendPoolOnlyE2EHTTPS(t *testing.T) {
+	m := metrics.New(metrics.Options{NoProcessCollectors: true})
+	g := &Gateway{Metrics: m, opts: Options{BackendPool: fullproxy.PoolOptions{MaxIdlePerEndpoint: 3}}}
+	for security, want := range map[int]bool{0: false, 1: false, 2: true} {
+		r := &config.Rule{ServiceID: 40 + security, Args: config.ServiceArguments{Security: security}}
+		p := g.backendPool(r)
+		if (p != nil) != want {
+			t.Fatalf("security %d: pool %v, want one: %v", security, p, want)
+		}
+		if want && p.MaxIdlePerEndpoint != 3 {
+			t.Fatalf("security %d: pool bounds %+v, want the daemon's", security, *p)
+		}
+	}
+	if n := testutil.CollectAndCount(m.BackendConns, "kvgate_backend_connections_total"); n != len(metrics.BackendConnResults) {
+		t.Fatalf("%d kvgate_backend_connections_total series, want %d (the security-2 rule's, at 0)", n, len(metrics.BackendConnResults))
 	}
 }

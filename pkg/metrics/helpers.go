@@ -32,7 +32,7 @@ func (m *Metrics) scopes() *scoped {
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
 			m.PDDecodeEPDied, m.PDDecodeZeroByte, m.PDConnectFailover, m.PDTimeouts, m.PDRetries, m.PDLegDuration, m.KVSkips,
-			m.RuleDatapath, m.TLSHandshakeErrors, m.TLSCertReloads}
+			m.RuleDatapath, m.TLSHandshakeErrors, m.TLSCertReloads, m.BackendConns}
 		s.byEPIdx = svcIdx
 		s.bySubscriber = svcEP
 		s.byService = append(append(append([]partialDeleter{}, svcIdx...), svcEP...), svcOnly...)

@@ -133,6 +133,10 @@ type Metrics struct {
 	TLSHandshakeErrors *prometheus.CounterVec // kvgate_tls_handshake_errors_total{service,reason}
 	TLSCertReloads     *prometheus.CounterVec // kvgate_tls_cert_reloads_total{service,result}
 
+	// BackendConns: how requests of a rule with an engine connection pool
+	// got their connection (docs/security.md, "Engine connection pool").
+	BackendConns *prometheus.CounterVec // kvgate_backend_connections_total{service,result}
+
 	// Reliability: recovered panics.
 	Panics *prometheus.CounterVec // kvgate_panics_total{where}
 
@@ -245,6 +249,7 @@ func New(opts Options) *Metrics {
 	reg.MustRegister(m.spliced)
 	m.RuleDatapath = f.gauge("kvgate_rule_datapath_info", "Always 1 for the body path a rule's responses take (sockmap or userspace) and why (datapath: the daemon's --datapath choice; tls: TLS rules are copied in userspace).", "service", "path", "reason")
 	m.TLSHandshakeErrors = f.counter("kvgate_tls_handshake_errors_total", "Client TLS handshakes that failed, by reason (timeout, plain_http, oversize, bad_record, client_cert, eof, protocol).", "service", "reason")
+	m.BackendConns = f.counter("kvgate_backend_connections_total", "Engine connections taken by requests of a rule with a connection pool (security 2), by result (reused: an idle pooled one; dialed: a new one; stale: a pooled one the engine had closed, replaced by a new one).", "service", "result")
 	m.TLSCertReloads = f.counter("kvgate_tls_cert_reloads_total", "Reloads of a TLS rule's certificate, key or client CA files, by result (ok, error: the previous files stay in force).", "service", "result")
 
 	m.Panics = f.counter("kvgate_panics_total", "Panics recovered, by goroutine family (conn, api, subscriber, replay, probe, scrape, poller); the goroutine ended and the process kept serving.", "where")

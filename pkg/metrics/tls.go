@@ -34,3 +34,20 @@ func (m *Metrics) TLSCertReload(service int, ok bool) {
 	}
 	m.TLSCertReloads.WithLabelValues(itoa(service), result).Inc()
 }
+
+// BackendConnResults are the result labels of
+// kvgate_backend_connections_total, pre-created per pooled rule.
+var BackendConnResults = []string{"reused", "dialed", "stale"}
+
+// InitBackendPool pre-creates a pooled rule's connection series at 0.
+func (m *Metrics) InitBackendPool(service int) {
+	s := itoa(service)
+	for _, r := range BackendConnResults {
+		m.BackendConns.WithLabelValues(s, r)
+	}
+}
+
+// BackendConn counts one engine connection a request took, by result.
+func (m *Metrics) BackendConn(service int, result string) {
+	m.BackendConns.WithLabelValues(itoa(service), result).Inc()
+}

@@ -607,14 +607,29 @@ func testTLSRotation(t *testing.T, f *tlsFixture, port int, base string) {
 }
 
 // tlsRelay is an engine that speaks https: TLS in front of enginesim's port.
+// open counts its TLS connections not yet closed by either side.
 type tlsRelay struct {
 	addr               string
 	handshakes, resume atomic.Int64
+	open               atomic.Int64
+
+	mu    sync.Mutex
+	conns map[*tls.Conn]struct{}
+}
+
+// closeAll closes every connection, as an engine whose keep-alive timeout
+// ran out (or that restarted) does.
+func (r *tlsRelay) closeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.conns {
+		_ = c.Close()
+	}
 }
 
 func startTLSRelay(t *testing.T, host, target string, cert tls.Certificate) *tlsRelay {
 	t.Helper()
-	r := &tlsRelay{}
+	r := &tlsRelay{conns: map[*tls.Conn]struct{}{}}
 	ln, err := tls.Listen("tcp", host+":0", &tls.Config{Certificates: []tls.Certificate{cert}})
 	if err != nil {
 		t.Fatal(err)
@@ -639,6 +654,12 @@ func (r *tlsRelay) relay(c *tls.Conn, target string) {
 	if c.Handshake() != nil {
 		return
 	}
+	r.open.Add(1)
+	defer r.open.Add(-1)
+	r.mu.Lock()
+	r.conns[c] = struct{}{}
+	r.mu.Unlock()
+	defer func() { r.mu.Lock(); delete(r.conns, c); r.mu.Unlock() }()
 	r.handshakes.Add(1)
 	if c.ConnectionState().DidResume {
 		r.resume.Add(1)
@@ -648,13 +669,15 @@ func (r *tlsRelay) relay(c *tls.Conn, target string) {
 		return
 	}
 	defer b.Close()
-	go func() { _, _ = io.Copy(b, c) }()
+	go func() { _, _ = io.Copy(b, c); _ = b.Close() }() // kvgate closing ends the engine's side too
 	_, _ = io.Copy(c, b)
 }
 
 // testE2EHTTPS: security 2 verifies the engine's certificate against
-// backend_ca_path, resumes TLS sessions to it, and refuses an engine whose
-// certificate another CA signed.
+// backend_ca_path, refuses an engine whose certificate another CA signed,
+// and keeps its engine connections in a pool: sequential requests share
+// one TLS connection, one the engine closed is replaced (resuming the TLS
+// session), and deleting the rule closes the idle one.
 func testE2EHTTPS(t *testing.T, f *tlsFixture) {
 	engineCA, err := testcerts.NewCA("engines CA")
 	if err != nil {
@@ -668,21 +691,32 @@ func testE2EHTTPS(t *testing.T, f *tlsFixture) {
 	good, _ := engineCA.Server("engine", relayHost)
 	goodCert, _ := good.TLS()
 	relay := startTLSRelay(t, relayHost, f.engineAddr(t), goodCert)
+	relay2 := startTLSRelay(t, relayHost, f.engineAddr(t), goodCert)
 	stranger, _ := f.ca.Server("stranger", f.block+"42")
 	strangerCert, _ := stranger.TLS()
 	bad := startTLSRelay(t, f.block+"42", f.engineAddr(t), strangerCert)
 
+	var goodPort, goodID int
+	args := func(port int) map[string]any {
+		return map[string]any{"port": port, "security": 2, "probetype": "tcp", "mtls_backend": map[string]any{"verify_server_cert": true, "backend_ca_path": engineCAFile}}
+	}
 	e2e := func(endpoint string) string {
 		port := testnet.Port(t, f.vip)
 		f.certify(t, port, "e2e")
-		f.rule(t, map[string]any{"port": port, "security": 2, "probetype": "tcp", "mtls_backend": map[string]any{"verify_server_cert": true, "backend_ca_path": engineCAFile}}, endpoint)
+		id := f.rule(t, args(port), endpoint)
+		if goodPort == 0 {
+			goodPort, goodID = port, id
+		}
 		return fmt.Sprintf("https://%s:%d/v1/completions", f.vip, port)
 	}
 	c := f.client(nil)
 	body := fmt.Sprintf(`{"model":%q,"prompt":"end to end https","max_tokens":4}`, model)
 	url := e2e(relay.addr)
-	const n = 5
-	for i := 0; i < n; i++ {
+	conns := func(result string) float64 {
+		return f.metric(t, "kvgate_backend_connections_total", map[string]string{"service": strconv.Itoa(goodID), "result": result})
+	}
+	post := func(i int) {
+		t.Helper()
 		resp, err := c.Post(url, "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
@@ -692,10 +726,71 @@ func testE2EHTTPS(t *testing.T, f *tlsFixture) {
 		if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"text_completion"`)) {
 			t.Fatalf("request %d over e2ehttps: %d %s", i, resp.StatusCode, b)
 		}
+		// The connection goes back to the pool just after the client's
+		// last byte.
+		waitFor(t, "the engine connection back in the pool", 5*time.Second, func() bool { return conns("reused")+conns("dialed") == float64(i+1) })
 	}
-	if h, r := relay.handshakes.Load(), relay.resume.Load(); h < n || r < n-2 {
-		t.Errorf("engine saw %d handshakes, %d resumed; want at least %d resumed of %d", h, r, n-2, n)
+	const n = 5
+	for i := 0; i < n; i++ {
+		post(i)
 	}
+	if h, d, r := relay.handshakes.Load(), conns("dialed"), conns("reused"); h != 1 || d != 1 || r != n-1 {
+		t.Errorf("%d requests: the engine saw %d TLS connections, kvgate dialed %v and reused %v; want 1, 1 and %d", n, h, d, r, n-1)
+	}
+	// The engine closes its idle connection: the next request opens a new
+	// one (a resumed session) and succeeds.
+	relay.closeAll()
+	waitFor(t, "the engine's connection closed", 5*time.Second, func() bool { return relay.open.Load() == 0 })
+	post(n)
+	if h, r := relay.handshakes.Load(), relay.resume.Load(); h != 2 || r != 1 {
+		t.Errorf("after the engine closed the pooled connection: %d handshakes, %d resumed; want 2 and 1", h, r)
+	}
+	// Replacing the endpoint (a re-POST of the rule) closes the idle
+	// connection to the one removed; the next request opens one to the new.
+	if st, b := f.post(t, args(goodPort), relay2.addr); st != 200 {
+		t.Fatalf("re-posting the rule with another endpoint: %d %s", st, b)
+	}
+	// Within 2 s, under the pool's 4 s idle timeout: the change itself
+	// closes it.
+	waitFor(t, "the removed endpoint's pooled connection closed", 2*time.Second, func() bool { return relay.open.Load() == 0 })
+	post(n + 1)
+	if relay2.handshakes.Load() != 1 || relay.handshakes.Load() != 2 {
+		t.Errorf("after the endpoint change: %d handshakes at the new engine, %d at the old; want 1 and 2", relay2.handshakes.Load(), relay.handshakes.Load())
+	}
+	// Setting the endpoint admin down closes its idle connection too.
+	admin := func(state string) {
+		t.Helper()
+		h, p, _ := net.SplitHostPort(relay2.addr)
+		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp/endpoint", f.api, f.vip, goodPort),
+			strings.NewReader(fmt.Sprintf(`{"endpointIP":%q,"targetPort":%s,"admin":%q}`, h, p, state)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("admin %s: %d %s", state, resp.StatusCode, b)
+		}
+	}
+	admin("down")
+	waitFor(t, "the admin-down endpoint's pooled connection closed", 2*time.Second, func() bool { return relay2.open.Load() == 0 })
+	admin("up")
+	post(n + 2)
+	if relay2.handshakes.Load() != 2 {
+		t.Errorf("after admin down and up: %d handshakes at the engine, want 2", relay2.handshakes.Load())
+	}
+	// Deleting the rule closes its idle engine connection.
+	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("%s/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp", f.api, f.vip, goodPort), nil)
+	dresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dresp.Body.Close()
+	if dresp.StatusCode != 200 {
+		t.Fatalf("deleting the e2ehttps rule: %d", dresp.StatusCode)
+	}
+	waitFor(t, "the pooled engine connection closed with its rule", 2*time.Second, func() bool { return relay2.open.Load() == 0 })
 	resp, err := c.Post(e2e(bad.addr), "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

@@ -137,3 +137,76 @@ func TestRelayedHead(t *testing.T) {
 		}
 	}
 }
+
+// TestResponseHeadClose: whether the backend closes after a response
+// decides whether a pooled connection can carry the next request.
+func TestResponseHeadClose(t *testing.T) {
+	cases := []struct {
+		head string
+		want bool
+	}{
+		{"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false},
+		{"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", true},
+		{"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 0\r\n\r\n", true},
+		{"HTTP/1.1 200 OK\r\nConnection: upgrade\r\nContent-Length: 0\r\n\r\n", false},
+		{"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", true},
+		{"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n", false},
+		{"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", true},
+	}
+	for _, c := range cases {
+		h, err := ReadResponseHead(bufio.NewReader(strings.NewReader(c.head)), 1<<10)
+		if err != nil {
+			t.Fatalf("%q: %v", c.head, err)
+		}
+		if h.Close != c.want {
+			t.Errorf("%q: Close %v, want %v", c.head, h.Close, c.want)
+		}
+	}
+}
+
+// TestEncodeRequestHeadKeepAlive: a pooled request leaves out
+// Connection: close and still ends with the blank line.
+func TestEncodeRequestHeadKeepAlive(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		head := string(EncodeRequestHead(Outgoing{Method: "GET", Target: "/", HostFallback: "h", KeepAlive: keep}))
+		if strings.Contains(head, "Connection: close") == keep {
+			t.Errorf("KeepAlive %v: head %q", keep, head)
+		}
+		if !strings.HasSuffix(head, "\r\n\r\n") || strings.Count(head, "\r\n\r\n") != 1 {
+			t.Errorf("KeepAlive %v: head does not end once with the blank line: %q", keep, head)
+		}
+	}
+}
+
+// FuzzResponseHead: any backend bytes give a parsed head or an error,
+// never a panic; a Connection header naming close always closes (a pooled
+// connection must not outlive an engine that said it would close), and a
+// chunked head declares no length.
+func FuzzResponseHead(f *testing.F) {
+	for _, s := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n\r\n",
+		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: Keep-Alive , close\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := ReadResponseHead(bufio.NewReaderSize(strings.NewReader(string(data)), 64), 4096)
+		if err != nil {
+			return
+		}
+		for _, hf := range h.Header {
+			if strings.EqualFold(hf.Name, "connection") {
+				for _, tok := range strings.Split(hf.Value, ",") {
+					if strings.EqualFold(strings.TrimSpace(tok), "close") && !h.Close {
+						t.Fatalf("Connection %q did not close", hf.Value)
+					}
+				}
+			}
+		}
+		if h.Chunked && h.ContentLength != -1 {
+			t.Fatalf("chunked with Content-Length %d", h.ContentLength)
+		}
+	})
+}

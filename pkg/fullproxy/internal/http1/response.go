@@ -16,6 +16,10 @@ type ResponseHead struct {
 	Chunked       bool
 	EventStream   bool
 	NDJSON        bool // application/x-ndjson: a stream of JSON lines
+	// Close: the backend will close the connection after this response
+	// (Connection: close, or HTTP/1.0 without Connection: keep-alive), so
+	// the connection cannot carry another request.
+	Close bool
 }
 
 // ReadResponseHead reads a backend response head of at most max bytes,
@@ -51,7 +55,7 @@ func parseResponseHead(raw []byte) (*ResponseHead, error) {
 	if err != nil || code < 100 || code > 999 || (len(sl) > 12 && sl[12] != ' ') {
 		return nil, badRequest("malformed status line %q", truncateForError(lines[0]))
 	}
-	h := &ResponseHead{Status: code, ContentLength: -1}
+	h := &ResponseHead{Status: code, ContentLength: -1, Close: sl[5:8] == "1.0"}
 	if len(sl) > 13 {
 		h.Reason = sl[13:]
 	}
@@ -77,6 +81,8 @@ func parseResponseHead(raw []byte) (*ResponseHead, error) {
 			if strings.Contains(strings.ToLower(value), "chunked") {
 				h.Chunked = true
 			}
+		case "connection":
+			h.Close = connectionClose(value, h.Close)
 		case "content-type":
 			ct := strings.ToLower(strings.TrimSpace(value))
 			if strings.HasPrefix(ct, "text/event-stream") {
@@ -91,6 +97,21 @@ func parseResponseHead(raw []byte) (*ResponseHead, error) {
 		h.ContentLength = -1
 	}
 	return h, nil
+}
+
+// connectionClose applies one Connection header's value to whether the
+// connection closes after the response: "close" closes it, "keep-alive"
+// keeps an HTTP/1.0 one open; a "close" anywhere wins.
+func connectionClose(value string, closing bool) bool {
+	for _, tok := range strings.Split(value, ",") {
+		switch strings.ToLower(strings.TrimSpace(tok)) {
+		case "close":
+			return true
+		case "keep-alive":
+			closing = false
+		}
+	}
+	return closing
 }
 
 // Truncated reports whether a relayed body of n bytes ended short of (or

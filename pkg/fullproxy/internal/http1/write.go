@@ -31,9 +31,14 @@ type Outgoing struct {
 	// Chunked frames the body as chunked; otherwise ContentLength is sent.
 	Chunked       bool
 	ContentLength int64
+	// KeepAlive leaves out "Connection: close": the request goes on a
+	// pooled backend connection that may carry the next one
+	// (docs/security.md, "Engine connection pool").
+	KeepAlive bool
 }
 
-// EncodeRequestHead renders o, ending with "Connection: close" and the blank line.
+// EncodeRequestHead renders o, ending with "Connection: close" (unless
+// o.KeepAlive) and the blank line.
 func EncodeRequestHead(o Outgoing) []byte {
 	var b strings.Builder
 	b.Grow(512 + 64*len(o.Header))
@@ -76,7 +81,10 @@ func EncodeRequestHead(o Outgoing) []byte {
 		b.WriteString(strconv.FormatInt(o.ContentLength, 10))
 		b.WriteString("\r\n")
 	}
-	b.WriteString("Connection: close\r\n\r\n")
+	if !o.KeepAlive {
+		b.WriteString("Connection: close\r\n")
+	}
+	b.WriteString("\r\n")
 	return []byte(b.String())
 }
 
