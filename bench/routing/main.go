@@ -119,8 +119,9 @@ func selection(o options) (pols, wls []string, err error) {
 	known := harness.Policies()
 	for _, p := range pols {
 		base, _, tuned := strings.Cut(p, "@")
-		if !slices.Contains(known, p) && !strings.HasPrefix(p, "sglang@") && !(tuned && slices.Contains(known, base) && strings.HasPrefix(p, "kvgate")) {
-			return nil, nil, fmt.Errorf("-policies: %q is not one of %s (or sglang@absN-relF-thrF, or a kvgate policy with @mlfN-provwN)", p, strings.Join(known, ", "))
+		if !slices.Contains(known, p) && !strings.HasPrefix(p, "sglang@") && !strings.HasPrefix(p, "kvgate-x") &&
+			!(tuned && slices.Contains(known, base) && strings.HasPrefix(p, "kvgate")) {
+			return nil, nil, fmt.Errorf("-policies: %q is not one of %s (or sglang@absN-relF-thrF, a kvgate policy with @mlfN-provwN, or kvgate-xN: N replicas)", p, strings.Join(known, ", "))
 		}
 	}
 	return pols, wls, nil

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -36,6 +37,7 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LLB_KV_HASH_DEBUG=1          log every computed block hash (parity forensics)
   LLB_KV_MIN_MATCH_TOKENS      shallow guard in tokens, 0-4096, 0 disables (16)
   LLB_KV_LOADGUARD             mode 1: skip tier 1.5 when the prefill load spread is too wide (off)
+  LLB_PD_SESSION_HASH          mode 1: route unpinned conversations by a bounded-load hash of their key, alike on every replica (off)
   LLB_KV_REPLAY_PORT_OFFSET    KV replay port = PUB port + offset, 0 disables (1000)
   LLB_KV_MAX_PROMPT_TOKENS     longer prompts are not KV-routed (reason tokenize), 1-16777216 (262144)
   LLB_KV_MAX_FRAME_BYTES       largest ZMTP frame/message from a KV peer, 4096-1073741824 (67108864)
@@ -91,6 +93,8 @@ type daemonFlags struct {
 	apiInsecure    bool
 	metricsAddr    string
 	endpointCIDRs  string
+	rulesFile      string
+	rulesFileEvery time.Duration
 	// backendTokenDir confines rules' backendTokenFile (backendtoken.go).
 	backendTokenDir string
 	dataTLS         dataTLSFlags
@@ -135,6 +139,8 @@ Qwen__Qwen3-0.6B). No network fetch happens.
 	addDataTLSFlags(fl, &f.dataTLS)
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve /metrics, unauthenticated and nothing else, on this address (off by default)")
 	fl.StringVar(&f.tokenizerDir, "tokenizer-dir", tokenizer.DefaultDir, "tokenizer staging directory (<dir>/<model slug>/tokenizer.json)")
+	fl.StringVar(&f.rulesFile, "rules-file", "", "reconcile rules with this YAML or JSON file (a ConfigMap every replica mounts) at start and whenever it changes; endpoints carry fixed ep_idx, and REST changes to its rules answer 409 (docs/replicas.md)")
+	fl.DurationVar(&f.rulesFileEvery, "rules-file-interval", 2*time.Second, "how often --rules-file is checked for changes (100ms-5m)")
 	fl.StringVar(&f.stateDir, "state-dir", state.DefaultDir, "directory where rules persist across restarts")
 	fl.StringVar(&f.datapath, "datapath", "auto", "response body path: auto|sockmap|userspace (sockmap: eBPF splice, needs root/CAP_BPF; auto picks what the benchmark favours for token streams, see docs/body-leg.md)")
 	fl.StringVar(&f.bpfPinDir, "bpf-pin-dir", splice.DefaultPinDir, "where the sockmap path pins its maps and programs (one subdirectory per instance, derived from --api)")
@@ -238,7 +244,13 @@ func runDaemon(ctx context.Context, f daemonFlags) error {
 		BPFPinDir: f.bpfPinDir, BPFInstance: pinInstance(f.api),
 		DecisionHeader: f.decisionHeader, AccessLog: access, ShutdownGrace: f.shutdownGrace,
 		Version: version, Revision: revision(), Logger: log, APIMiddleware: sec.guard.Wrap, EndpointCIDRs: cidrs,
+		RulesFile: f.rulesFile, RulesFileInterval: f.rulesFileEvery,
 		TLSCertDir: f.dataTLS.certDir, TLSReloadInterval: f.dataTLS.reloadInterval, TLSHandshakeTimeout: f.dataTLS.handshakeTimeout,
+	}
+	if f.rulesFile != "" {
+		// Replicas load one file: start the round-robin cursors at a random
+		// point so replicas do not pick endpoints in step (docs/replicas.md).
+		gopts.CursorStart = rand.Uint64()
 	}
 	if gopts.BackendTokenDir, err = backendTokenDir(f.backendTokenDir); err != nil {
 		return err

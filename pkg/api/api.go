@@ -319,9 +319,13 @@ func (s *Server) Apply(posted *config.Rule, adminGiven func(i int) bool) (int, e
 			r.Endpoints[i].IP = ip.String()
 		}
 	}
+	r.Owner = "" // a REST rule; only ReconcileFile installs owned rules
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := r.Key()
+	if err := s.ownedLocked(key); err != nil {
+		return 0, err
+	}
 	if err := config.CheckAddresses(r, s.listenersLocked(key)); err != nil {
 		return 0, err
 	}
@@ -489,6 +493,9 @@ func (s *Server) Delete(key config.RuleKey) error {
 	if !ok {
 		return ruleNotFound(key)
 	}
+	if err := s.ownedLocked(key); err != nil {
+		return err
+	}
 	return s.commitLocked(key, old, nil)
 }
 
@@ -496,6 +503,13 @@ func (s *Server) Delete(key config.RuleKey) error {
 func (s *Server) DeleteAll() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// All or nothing: a table that holds file-owned rules is refused before
+	// any rule goes.
+	for _, r := range s.sortedLocked() {
+		if err := s.ownedLocked(r.Key()); err != nil {
+			return err
+		}
+	}
 	for _, r := range s.sortedLocked() {
 		if err := s.commitLocked(r.Key(), r, nil); err != nil {
 			return err
@@ -511,6 +525,9 @@ func (s *Server) SetAdmin(key config.RuleKey, epKey string, down bool) error {
 	old, ok := s.rules[key]
 	if !ok {
 		return ruleNotFound(key)
+	}
+	if err := s.ownedLocked(key); err != nil {
+		return err
 	}
 	updated := old.Clone()
 	found := false

@@ -257,6 +257,8 @@ type endpointView struct {
 type ruleView struct {
 	ServiceArguments argsView       `json:"serviceArguments"`
 	Endpoints        []endpointView `json:"endpoints"`
+	// Owner is the rules file that owns the rule (docs/replicas.md).
+	Owner string `json:"owner,omitempty"`
 }
 
 type listView struct {
@@ -264,7 +266,7 @@ type listView struct {
 }
 
 func (s *Server) view(r *config.Rule) ruleView {
-	v := ruleView{ServiceArguments: argsView{ServiceArguments: r.Args, ServiceID: r.ServiceID}, Endpoints: []endpointView{}}
+	v := ruleView{ServiceArguments: argsView{ServiceArguments: r.Args, ServiceID: r.ServiceID}, Endpoints: []endpointView{}, Owner: r.Owner}
 	eps := slices.Clone(r.Endpoints)
 	slices.SortFunc(eps, func(a, b config.Endpoint) int { return a.Idx - b.Idx })
 	for _, e := range eps {

@@ -291,12 +291,17 @@ type Rule struct {
 	// NextIdx is the next never-used ep_idx. Kept so an index is not handed to
 	// another endpoint while the rule lives.
 	NextIdx int
+	// Owner names the declarative source that owns the rule ("" for a rule
+	// created over REST): the --rules-file path. An owned rule changes only
+	// through its file; REST changes to it answer 409 (docs/replicas.md).
+	Owner string
 }
 
 type ruleJSON struct {
 	ServiceArguments json.RawMessage `json:"serviceArguments"`
 	Endpoints        []Endpoint      `json:"endpoints"`
 	NextIdx          int             `json:"next_ep_idx,omitempty"`
+	Owner            string          `json:"owner,omitempty"`
 }
 
 // MarshalJSON writes {"serviceArguments":{…,"service_id":N},"endpoints":[…]}.
@@ -318,7 +323,7 @@ func (r Rule) MarshalJSON() ([]byte, error) {
 	if eps == nil {
 		eps = []Endpoint{}
 	}
-	return json.Marshal(ruleJSON{ServiceArguments: args, Endpoints: eps, NextIdx: r.NextIdx})
+	return json.Marshal(ruleJSON{ServiceArguments: args, Endpoints: eps, NextIdx: r.NextIdx, Owner: r.Owner})
 }
 
 // UnmarshalJSON reads a rule. service_id inside serviceArguments is read back
@@ -328,7 +333,7 @@ func (r *Rule) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	*r = Rule{Endpoints: w.Endpoints, NextIdx: w.NextIdx}
+	*r = Rule{Endpoints: w.Endpoints, NextIdx: w.NextIdx, Owner: w.Owner}
 	if len(w.ServiceArguments) > 0 && string(w.ServiceArguments) != "null" {
 		if err := json.Unmarshal(w.ServiceArguments, &r.Args); err != nil {
 			return fmt.Errorf("serviceArguments: %w", err)

@@ -28,6 +28,10 @@ type Settings struct {
 	// LLB_KV_LOADGUARD: mode 1 only; skip Tier 1.5 when the prefill load spread
 	// exceeds pd_balance_abs_threshold.
 	LoadGuard bool
+	// LLB_PD_SESSION_HASH: a P/D conversation no replica-local pin covers
+	// routes by a bounded-load rendezvous hash of its session key, so every
+	// replica picks the same pair (docs/replicas.md). Default off.
+	SessionHash bool
 
 	// LOXILB_KV_LB_MODE (or the legacy LOXILB_KV_UNIFIED_MODE). Default hard.
 	LBMode selector.LBMode
@@ -166,6 +170,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.boolean("LLB_KV_HASH_DEBUG", &s.HashDebug)
 	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, selector.MaxMinMatchTokens)
 	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
+	p.boolean("LLB_PD_SESSION_HASH", &s.SessionHash)
 
 	if _, ok := p.get("LOXILB_KV_LB_MODE"); ok {
 		parsed(&p, "LOXILB_KV_LB_MODE", &s.LBMode, selector.ParseLBMode)

@@ -31,6 +31,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/metrics"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
+	"github.com/kvgate/kvgate/pkg/rulesfile"
 	"github.com/kvgate/kvgate/pkg/selector"
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
@@ -81,6 +82,19 @@ type Options struct {
 	// VIPs, when set, puts each rule's VIP on a device while the rule exists
 	// (--vip-dev, package vip); nil leaves addresses to the operator.
 	VIPs VIPPlumber
+	// RulesFile is the declarative rule source every replica loads
+	// (--rules-file, package rulesfile); "" means REST only.
+	RulesFile string
+	// RulesFileInterval is how often RulesFile is checked (0: 2 s).
+	RulesFileInterval time.Duration
+	// LocalLoadOnly turns the shared load view off (sharedload.go): the
+	// selector counts this process's in-flight requests only. Code only,
+	// for the routing benchmark's comparison.
+	LocalLoadOnly bool
+	// CursorStart is where every rule's round-robin cursors start; replicas
+	// of one fleet pass different values (cmd/kvgate: random with
+	// --rules-file) so their round-robin picks are not in step.
+	CursorStart uint64
 	// TLSCertDir holds TLS rules' certificates, <dir>/<vip>_<port>/tls.crt
 	// and tls.key (--tls-cert-dir; docs/security.md). TLSReloadInterval and
 	// TLSHandshakeTimeout: zero takes package tlsterm's defaults.
@@ -118,6 +132,8 @@ type Gateway struct {
 	guard *recovery.Guard
 	// inspect bounds the request bodies tokenized at once (inspect.go).
 	inspect *inspectGate
+	// rulesFile reconciles the table with --rules-file (rulesfile.go); nil without one.
+	rulesFile *rulesfile.Watcher
 
 	mu    sync.Mutex
 	rules map[int]*ruleRuntime
@@ -163,6 +179,7 @@ func New(opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	selOpts.CursorStart = opts.CursorStart
 	g.selOpts = selOpts
 	mode, err := datapath.ParseMode(opts.Datapath)
 	if err != nil {
@@ -237,6 +254,9 @@ func New(opts Options) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: restore rules: %w", err)
 		}
 	}
+	if err := g.openRulesFile(); err != nil {
+		return nil, err
+	}
 	built = true
 	return g, nil
 }
@@ -248,6 +268,9 @@ func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	g.guard.Go(recovery.API, func() { apiErr <- g.API.Serve(ctx, apiLn) })
 	g.guard.Go(recovery.Poller, func() { g.status.Run(ctx) })
+	if g.rulesFile != nil {
+		g.guard.Go(recovery.Poller, func() { g.rulesFile.Run(ctx) })
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -392,7 +415,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	scores := newTimedScorer(scorer)
 	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Loads: rh.loads(loads), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)

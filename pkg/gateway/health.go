@@ -42,6 +42,9 @@ type ruleHealth struct {
 	// probeUp is told when an endpoint's probe comes back, so the KV
 	// subscriber can check for an engine restart (docs/ingest.md).
 	probeUp func(ep int)
+	// shared is the single-pool rule's shared load view (sharedload.go);
+	// nil for P/D rules, whose admission controller counts their load.
+	shared atomic.Pointer[sharedLoads]
 	// token is the rule's backendTokenFile token, for its probes, scrapes
 	// and KV subscribers.
 	token *ruleToken
@@ -93,7 +96,7 @@ func (h *ruleHealth) newTracker(rule *config.Rule) (*health.Tracker, error) {
 	bc.FailureThreshold = rule.CircuitBreakerThreshold()
 	bc.OriginErrThreshold = h.settings.OriginErrThreshold
 	t, err := health.NewTracker(health.TrackerConfig{ServiceID: uint32(rule.ServiceID), Endpoints: eps, Breaker: bc,
-		ProbeRetries: rule.ProbeRetries(), Observer: healthObserver{h.m}, Logger: h.log})
+		ProbeRetries: rule.ProbeRetries(), Observer: healthObserver{h.m}, Logger: h.log, OnEngineLoad: h.engineLoadScraped})
 	if err != nil {
 		return nil, err
 	}
@@ -109,11 +112,28 @@ func (h *ruleHealth) newTracker(rule *config.Rule) (*health.Tracker, error) {
 // loads is the selector's L_i: the admission controller's count for P/D
 // rules (prefill admission to the end of the decode stream), else the
 // proxy's.
-func (h *ruleHealth) loads(proxy *fullproxy.Loads) selector.LoadSource {
+func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly bool) selector.LoadSource {
 	if h.admission != nil {
 		return h.admission
 	}
-	return proxy
+	if localOnly {
+		return proxy
+	}
+	shared := newSharedLoads(proxy, h, sharedStaleAfter(rule.ProbeInterval(), rule.ProbeTimeout()))
+	h.shared.Store(shared)
+	return shared
+}
+
+// engineLoadScraped is the trackers' OnEngineLoad hook.
+func (h *ruleHealth) engineLoadScraped(ep int) {
+	if s := h.shared.Load(); s != nil {
+		s.scraped(ep)
+	}
+}
+
+// EngineLoad is the current tracker's scraped engine load (sharedload.go).
+func (h *ruleHealth) EngineLoad(ep int) (int, time.Time, bool) {
+	return h.tracker.Load().EngineLoad(ep)
 }
 
 // States implements selector.StateSource.
@@ -203,6 +223,9 @@ func (h *ruleHealth) update(rule *config.Rule) error {
 	h.mu.Lock()
 	same := h.probeKey == probeKey(rule)
 	h.mu.Unlock()
+	if s := h.shared.Load(); s != nil {
+		s.staleAfter.Store(int64(sharedStaleAfter(rule.ProbeInterval(), rule.ProbeTimeout())))
+	}
 	if same {
 		t := h.tracker.Load()
 		for _, e := range rule.Endpoints {

@@ -549,5 +549,6 @@ func selectorOptions(s config.Settings) (selector.Options, error) {
 	o.Score = s.Score
 	o.CostWorkWeight = s.CostWorkWeight
 	o.LoadGuard = s.LoadGuard
+	o.SessionHash = s.SessionHash
 	return o, o.Validate()
 }

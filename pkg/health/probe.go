@@ -320,7 +320,9 @@ func (p *Prober) Scrape(ctx context.Context, tg Target) error {
 	}
 	p.noteMissing(tg.Ep, FamilyWaiting, m.Waiting < 0)
 	p.noteMissing(tg.Ep, FamilyCacheConfig+" "+labelGPUBlocks, m.GPUBlocks < 0)
-	p.tracker.SetEngineFigures(tg.Ep, m.GPUBlocks, m.Waiting, p.tracker.clock.Now())
+	now := p.tracker.clock.Now()
+	p.tracker.SetEngineFigures(tg.Ep, m.GPUBlocks, m.Waiting, now)
+	p.tracker.SetEngineLoad(tg.Ep, m.Running, m.Waiting, now)
 	p.tracker.obs.EngineFigures(p.tracker.serviceID, tg.Ep, m.GPUBlocks, m.Waiting)
 	return nil
 }

@@ -13,7 +13,10 @@ import (
 
 // Engine metric families the scrape reads.
 const (
-	FamilyWaiting     = "vllm:num_requests_waiting"
+	FamilyWaiting = "vllm:num_requests_waiting"
+	// FamilyRunning is the engine's batch; with FamilyWaiting it is the
+	// engine's own load, which every replica sees alike (docs/replicas.md).
+	FamilyRunning     = "vllm:num_requests_running"
 	FamilyCacheConfig = "vllm:cache_config_info"
 	labelGPUBlocks    = "num_gpu_blocks"
 	// MaxScrapeBytes bounds one /metrics body.
@@ -25,6 +28,7 @@ const (
 type EngineMetrics struct {
 	GPUBlocks int64
 	Waiting   int64
+	Running   int64
 }
 
 // ParseEngineMetrics reads a Prometheus text exposition. The queue depth is
@@ -32,7 +36,7 @@ type EngineMetrics struct {
 // rank); num_gpu_blocks is the sum of the label over vllm:cache_config_info
 // samples. At most MaxScrapeBytes are read.
 func ParseEngineMetrics(r io.Reader) (EngineMetrics, error) {
-	m := EngineMetrics{GPUBlocks: -1, Waiting: -1}
+	m := EngineMetrics{GPUBlocks: -1, Waiting: -1, Running: -1}
 	lr := &io.LimitedReader{R: r, N: MaxScrapeBytes + 1}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(lr)
@@ -42,15 +46,8 @@ func ParseEngineMetrics(r io.Reader) (EngineMetrics, error) {
 	if err != nil {
 		return m, fmt.Errorf("engine metrics: %w", err)
 	}
-	if f := families[FamilyWaiting]; f != nil && len(f.GetMetric()) > 0 {
-		var sum float64
-		for _, s := range f.GetMetric() {
-			sum += sampleValue(s)
-		}
-		if !math.IsNaN(sum) && sum >= 0 {
-			m.Waiting = int64(min(sum, math.MaxInt32))
-		}
-	}
+	m.Waiting = sumFamily(families[FamilyWaiting])
+	m.Running = sumFamily(families[FamilyRunning])
 	if f := families[FamilyCacheConfig]; f != nil {
 		var sum int64
 		found := false
@@ -71,6 +68,22 @@ func ParseEngineMetrics(r io.Reader) (EngineMetrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// sumFamily is the sum of a gauge family over its samples (one per engine
+// rank), -1 when it is missing or not a count.
+func sumFamily(f *dto.MetricFamily) int64 {
+	if f == nil || len(f.GetMetric()) == 0 {
+		return -1
+	}
+	var sum float64
+	for _, s := range f.GetMetric() {
+		sum += sampleValue(s)
+	}
+	if math.IsNaN(sum) || sum < 0 {
+		return -1
+	}
+	return int64(min(sum, math.MaxInt32))
 }
 
 func sampleValue(s *dto.Metric) float64 {

@@ -29,14 +29,16 @@ func TestParseEngineMetrics(t *testing.T) {
 		want    EngineMetrics
 		wantErr bool
 	}{
-		{name: "vllm", body: vllmMetrics, want: EngineMetrics{GPUBlocks: 27354, Waiting: 5}},
-		{name: "no families", body: "# TYPE other gauge\nother 1\n", want: EngineMetrics{GPUBlocks: -1, Waiting: -1}},
-		{name: "empty", body: "", want: EngineMetrics{GPUBlocks: -1, Waiting: -1}},
-		{name: "waiting only", body: "vllm:num_requests_waiting 7\n", want: EngineMetrics{GPUBlocks: -1, Waiting: 7}},
-		{name: "blocks label missing", body: "vllm:cache_config_info{block_size=\"16\"} 1\n", want: EngineMetrics{GPUBlocks: -1, Waiting: -1}},
-		{name: "blocks None", body: "vllm:cache_config_info{num_gpu_blocks=\"None\"} 1\n", want: EngineMetrics{GPUBlocks: -1, Waiting: -1}},
-		{name: "garbage", body: "this is not { metrics\n", wantErr: true, want: EngineMetrics{GPUBlocks: -1, Waiting: -1}},
-		{name: "too big", body: strings.Repeat("# c\n", MaxScrapeBytes/4+1), wantErr: true, want: EngineMetrics{GPUBlocks: -1, Waiting: -1}},
+		{name: "vllm", body: vllmMetrics, want: EngineMetrics{GPUBlocks: 27354, Waiting: 5, Running: -1}},
+		{name: "no families", body: "# TYPE other gauge\nother 1\n", want: EngineMetrics{GPUBlocks: -1, Waiting: -1, Running: -1}},
+		{name: "empty", body: "", want: EngineMetrics{GPUBlocks: -1, Waiting: -1, Running: -1}},
+		{name: "waiting only", body: "vllm:num_requests_waiting 7\n", want: EngineMetrics{GPUBlocks: -1, Waiting: 7, Running: -1}},
+		{name: "blocks label missing", body: "vllm:cache_config_info{block_size=\"16\"} 1\n", want: EngineMetrics{GPUBlocks: -1, Waiting: -1, Running: -1}},
+		{name: "blocks None", body: "vllm:cache_config_info{num_gpu_blocks=\"None\"} 1\n", want: EngineMetrics{GPUBlocks: -1, Waiting: -1, Running: -1}},
+		{name: "garbage", body: "this is not { metrics\n", wantErr: true, want: EngineMetrics{GPUBlocks: -1, Waiting: -1, Running: -1}},
+		{name: "running and waiting", body: "vllm:num_requests_running{engine=\"0\"} 4\nvllm:num_requests_running{engine=\"1\"} 2\nvllm:num_requests_waiting 1\n", want: EngineMetrics{GPUBlocks: -1, Waiting: 1, Running: 6}},
+		{name: "running NaN", body: "vllm:num_requests_running NaN\n", want: EngineMetrics{GPUBlocks: -1, Waiting: -1, Running: -1}},
+		{name: "too big", body: strings.Repeat("# c\n", MaxScrapeBytes/4+1), wantErr: true, want: EngineMetrics{GPUBlocks: -1, Waiting: -1, Running: -1}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

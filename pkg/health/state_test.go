@@ -216,3 +216,38 @@ func TestEngineFigures(t *testing.T) {
 		t.Fatal("missing family kept the old value")
 	}
 }
+
+// TestEngineLoad: running + waiting is the engine load; the hook runs before
+// the value is stored; a missing running family makes it unknown.
+func TestEngineLoad(t *testing.T) {
+	var hooked []int
+	tr, err := NewTracker(TrackerConfig{ServiceID: 1, Endpoints: []int{0, 3}, OnEngineLoad: func(ep int) { hooked = append(hooked, ep) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := tr.EngineLoad(3); ok {
+		t.Fatal("known before a scrape")
+	}
+	at := time.Unix(100, 0)
+	for _, c := range []struct {
+		running, waiting int64
+		want             int
+		known            bool
+	}{
+		{4, 2, 6, true},
+		{4, -1, 4, true},
+		{-1, 2, 0, false},
+		{0, 0, 0, true},
+	} {
+		tr.SetEngineLoad(3, c.running, c.waiting, at)
+		l, got, ok := tr.EngineLoad(3)
+		if ok != c.known || l != c.want || ok && !got.Equal(at) {
+			t.Errorf("running %d waiting %d: load %d %v %v, want %d %v", c.running, c.waiting, l, got, ok, c.want, c.known)
+		}
+	}
+	if len(hooked) != 4 || hooked[0] != 3 {
+		t.Fatalf("hook calls %v", hooked)
+	}
+	tr.SetEngineLoad(-1, 1, 1, at)
+	tr.SetEngineLoad(1<<20, 1, 1, at)
+}

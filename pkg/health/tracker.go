@@ -104,6 +104,10 @@ type engineFigures struct {
 	gpuBlocks atomic.Int64
 	waiting   atomic.Int64
 	waitingAt atomic.Int64 // unix nanoseconds
+	// load is running + waiting at loadAt (-1 unknown): the engine's own
+	// count of requests, from every gateway replica (SetEngineLoad).
+	load   atomic.Int64
+	loadAt atomic.Int64
 }
 
 // Tracker holds the health of one rule's endpoints. It satisfies
@@ -126,7 +130,8 @@ type Tracker struct {
 	nextDue   atomic.Int64                    // unix ns of the earliest open breaker's half-open time
 	admission atomic.Pointer[Shaper]
 
-	figures [epset.Max]engineFigures
+	figures      [epset.Max]engineFigures
+	onEngineLoad func(ep int)
 	// probeErr is each endpoint's last probe failure ("" after a pass), so
 	// the status page can say why an endpoint is down.
 	probeErr [epset.Max]atomic.Pointer[string]
@@ -168,13 +173,17 @@ type TrackerConfig struct {
 	Clock        Clock
 	Observer     Observer
 	Logger       *slog.Logger
+	// OnEngineLoad, when set, is called with an endpoint each time a scrape
+	// is about to store its engine load, so the caller can take a snapshot
+	// of its own in-flight count at that instant (docs/replicas.md).
+	OnEngineLoad func(ep int)
 }
 
 // NewTracker builds the health state of one rule. Every endpoint starts
 // healthy, with a closed breaker and unknown engine figures.
 func NewTracker(cfg TrackerConfig) (*Tracker, error) {
 	t := &Tracker{serviceID: cfg.ServiceID, breakerCfg: cfg.Breaker.withDefaults(), probeRetries: cfg.ProbeRetries,
-		clock: cfg.Clock, obs: cfg.Observer, log: cfg.Logger}
+		clock: cfg.Clock, obs: cfg.Observer, log: cfg.Logger, onEngineLoad: cfg.OnEngineLoad}
 	if t.probeRetries <= 0 {
 		t.probeRetries = 2
 	}
@@ -196,6 +205,7 @@ func NewTracker(cfg TrackerConfig) (*Tracker, error) {
 	for i := range t.figures {
 		t.figures[i].gpuBlocks.Store(-1)
 		t.figures[i].waiting.Store(-1)
+		t.figures[i].load.Store(-1)
 	}
 	t.nextDue.Store(math.MaxInt64)
 	t.snap.Store(&selector.States{})
@@ -480,6 +490,39 @@ func (t *Tracker) Waiting(ep int) (int, time.Time, bool) {
 		return 0, time.Time{}, false
 	}
 	return int(min(w, math.MaxInt32)), time.Unix(0, f.waitingAt.Load()), true
+}
+
+// SetEngineLoad stores ep's engine load, vllm:num_requests_running plus
+// vllm:num_requests_waiting (a missing waiting family counts 0; a missing
+// running family makes the load unknown). The OnEngineLoad hook runs first.
+func (t *Tracker) SetEngineLoad(ep int, running, waiting int64, at time.Time) {
+	if ep < 0 || ep >= epset.Max {
+		return
+	}
+	if t.onEngineLoad != nil {
+		t.onEngineLoad(ep)
+	}
+	f := &t.figures[ep]
+	load := int64(-1)
+	if running >= 0 {
+		load = min(running+max(waiting, 0), math.MaxInt32)
+	}
+	f.loadAt.Store(at.UnixNano())
+	f.load.Store(load)
+}
+
+// EngineLoad is ep's last scraped engine load (running + waiting) and its
+// scrape time; known is false until a scrape found the running family.
+func (t *Tracker) EngineLoad(ep int) (load int, at time.Time, known bool) {
+	if ep < 0 || ep >= epset.Max {
+		return 0, time.Time{}, false
+	}
+	f := &t.figures[ep]
+	l := f.load.Load()
+	if l < 0 {
+		return 0, time.Time{}, false
+	}
+	return int(l), time.Unix(0, f.loadAt.Load()), true
 }
 
 var (

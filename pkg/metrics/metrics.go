@@ -151,6 +151,8 @@ type Metrics struct {
 	APIInsecure     prometheus.Gauge       // kvgate_api_insecure
 	APIAuthFailures *prometheus.CounterVec // kvgate_api_auth_failures_total{reason}
 	APIReloads      *prometheus.CounterVec // kvgate_api_reloads_total{file,result}
+	// Active-active replicas (replicas.go).
+	Replicas ReplicaMetrics
 
 	models    modelLabels
 	rulesMu   sync.Mutex
@@ -268,6 +270,7 @@ func New(opts Options) *Metrics {
 	reg.MustRegister(m.APIInsecure)
 	m.APIAuthFailures = f.counter("kvgate_api_auth_failures_total", "Management API requests refused: missing, invalid or forbidden (a read token on a mutating call).", "reason")
 	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
+	m.Replicas = newReplicaMetrics(f)
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
 
 	if !opts.NoProcessCollectors {

@@ -182,6 +182,14 @@ type Options struct {
 	// one for a marginally earlier first token (docs/selection.md).
 	CostWorkWeight int
 	LoadGuard      bool // LLB_KV_LOADGUARD: default off
+	// SessionHash derives an unpinned conversation's tier-1 pair from its
+	// key (LLB_PD_SESSION_HASH, default off; sessionhash.go).
+	SessionHash bool
+	// CursorStart is where the round-robin cursors start (default 0).
+	// Replicas of one fleet start theirs apart, so the requests a client
+	// spreads over them do not reach the same endpoint in step
+	// (docs/replicas.md).
+	CursorStart uint64
 	// SessionHeaders are the request headers that carry a conversation key,
 	// in priority order (default X-Conversation-ID, X-Session-ID).
 	SessionHeaders []string

@@ -216,6 +216,9 @@ func New(rule Rule, opts Options, deps Deps) (*Selector, error) {
 		persist:  newLRU[netip.Addr](opts.MaxSessions),
 		trie:     newTrie(opts.TrieMaxNodes),
 	}
+	for _, c := range []*atomic.Uint64{&s.rrLoad, &s.rrDecode, &s.rrSel, &s.rrNormal} {
+		c.Store(opts.CursorStart)
+	}
 	if s.scorer == nil {
 		s.scorer = nopScorer{}
 	}
@@ -499,6 +502,12 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 
 	// Draining endpoints kept their sessions above; nothing new goes there.
 	prefE, decE = undrained(prefE, c.draining), undrained(decE, c.draining)
+	if s.opts.SessionHash && a.req.SessionKey != "" {
+		if p, dec := s.sessionHome(a.req.SessionKey, prefE, decE, sc); p >= 0 {
+			d.Endpoint, d.Decode, d.Tier = p, dec, TierSession
+			return d
+		}
+	}
 	balanced := spread(prefE, sc) <= int64(c.balanceThreshold)
 	// Tier 1, trie affinity.
 	if c.rule.CacheAware && balanced && a.req.TrieText != "" {

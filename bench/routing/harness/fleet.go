@@ -171,7 +171,8 @@ func freePortPair(host string, offset int) (int, error) {
 	return 0, errors.New("no free port pair")
 }
 
-// Front is what the client talks to: kvgate or the bench proxy.
+// Front is what the client talks to: kvgate or the bench proxy. URL may
+// list several replicas separated by commas (replicas.go).
 type Front struct {
 	URL   string
 	close func()
@@ -306,6 +307,9 @@ func Policies() []string {
 
 // StartFront starts policy name in front of the fleet.
 func StartFront(ctx context.Context, env *Env, f *Fleet, p Profile, name string) (*Front, error) {
+	if n, localOnly, ok := replicaCount(name); ok {
+		return StartKVGateReplicas(ctx, env, f, n, localOnly)
+	}
 	if lb, ok := strings.CutPrefix(name, "kvgate"); ok {
 		return StartKVGate(ctx, env, f, strings.TrimPrefix(lb, "-"))
 	}

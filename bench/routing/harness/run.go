@@ -144,7 +144,7 @@ func RunPoint(ctx context.Context, env *Env, pt Point) (Result, error) {
 func Replay(ctx context.Context, base string, trace []Request, conc int, reqTimeout time.Duration) []Record {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second}}
 	defer client.CloseIdleConnections()
-	rp := &replay{ctx: ctx, client: client, base: base, trace: trace, reqTimeout: reqTimeout,
+	rp := &replay{ctx: ctx, client: client, bases: frontBases(base), trace: trace, reqTimeout: reqTimeout,
 		recs: make([]Record, len(trace)), done: make(map[turnKey]chan struct{}, len(trace))}
 	for _, r := range trace {
 		if r.Conv >= 0 {
@@ -167,7 +167,7 @@ type turnKey struct{ conv, turn int }
 type replay struct {
 	ctx        context.Context
 	client     *http.Client
-	base       string
+	bases      []string // request i goes to bases[i mod len]: clients spread over replicas
 	trace      []Request
 	reqTimeout time.Duration
 	recs       []Record
@@ -204,7 +204,7 @@ func (rp *replay) one(i int) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(rp.ctx, rp.reqTimeout)
-	rp.recs[i] = send(rctx, rp.client, rp.base, r)
+	rp.recs[i] = send(rctx, rp.client, rp.bases[i%len(rp.bases)], r)
 	cancel()
 }
 
@@ -516,6 +516,24 @@ func writeTrace(pt Point, trace []Request, recs []Record) error {
 func WarmUp(ctx context.Context, base string, f *Fleet) error {
 	c := &http.Client{Timeout: 30 * time.Second}
 	defer c.CloseIdleConnections()
+	if err := warmFronts(ctx, c, frontBases(base)); err != nil {
+		return err
+	}
+	return resetCaches(ctx, c, f)
+}
+
+// warmFronts sends the warm-up requests through every front (each replica
+// loads its tokenizers lazily).
+func warmFronts(ctx context.Context, c *http.Client, bases []string) error {
+	for _, base := range bases {
+		if err := warmFront(ctx, c, base); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func warmFront(ctx context.Context, c *http.Client, base string) error {
 	for _, r := range []struct{ path, body string }{
 		{PathCompletion, `{"model":"` + Model + `","prompt":"warm up","max_tokens":1}`},
 		{PathChat, `{"model":"` + Model + `","messages":[{"role":"user","content":"warm up"}],"max_tokens":1}`},
@@ -535,6 +553,11 @@ func WarmUp(ctx context.Context, base string, f *Fleet) error {
 			return fmt.Errorf("warm-up %s: status %d: %.200s", r.path, resp.StatusCode, b)
 		}
 	}
+	return nil
+}
+
+// resetCaches empties every engine's prefix cache.
+func resetCaches(ctx context.Context, c *http.Client, f *Fleet) error {
 	for _, u := range f.URLs() {
 		// 503 means requests still hold blocks (vLLM refuses then): retry
 		// briefly, the warm-up requests have finished.

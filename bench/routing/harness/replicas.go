@@ -1,0 +1,105 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/api"
+	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/gateway"
+)
+
+// Active-active replicas (docs/replicas.md): policy kvgate-xN runs N
+// in-process kvgate replicas with the same rule, as a --rules-file would give
+// them (fixed ep_idx, owned by the file), over the same fleet; the client
+// spreads its requests over the replicas (Front.URL lists them, Replay
+// round-robins). kvgate-x1 is the same path with one replica, the baseline.
+
+// maxReplicas bounds kvgate-xN.
+const maxReplicas = 8
+
+// replicaCount reads N from a kvgate-xN policy name; kvgate-xN-local runs
+// the replicas without the shared load view (each counts its own requests
+// only), for comparison.
+func replicaCount(name string) (n int, localOnly, ok bool) {
+	s, ok := strings.CutPrefix(name, "kvgate-x")
+	if !ok {
+		return 0, false, false
+	}
+	s, localOnly = strings.CutSuffix(s, "-local")
+	n, err := strconv.Atoi(s)
+	return n, localOnly, err == nil && n >= 1 && n <= maxReplicas
+}
+
+// replicaRule is the rule every replica loads: probes and engine scrapes
+// every second, the interval docs/replicas.md suggests for replicas.
+func replicaRule(f *Fleet, host string, port int) (*config.Rule, error) {
+	r := &config.Rule{ServiceID: 1, Args: config.ServiceArguments{ExternalIP: host, Port: port, Protocol: "tcp", Mode: config.ModeFullProxy,
+		KVExactMode: config.KVModeSinglePool, KVZmqPort: f.ZMQPort, KVBlockSize: 16, KVHashAlgo: config.HashSHA256CBOR,
+		ProbeType: config.ProbeHTTP, ProbeReq: config.DefaultProbeHTTPPath, ProbeInterval: 1, ProbeTimeout: 1}}
+	for i, e := range f.Engines {
+		h, p, err := net.SplitHostPort(strings.TrimPrefix(e.URL(), "http://"))
+		if err != nil {
+			return nil, fmt.Errorf("engine URL %q: %w", e.URL(), err)
+		}
+		pn, _ := strconv.Atoi(p)
+		r.Endpoints = append(r.Endpoints, config.Endpoint{Idx: i, IP: h, TargetPort: pn, Weight: 1})
+	}
+	return r, nil
+}
+
+// StartKVGateReplicas starts n kvgate replicas, each on its own port of the
+// fleet's front host, and waits until every one follows every engine.
+func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, localOnly bool) (*Front, error) {
+	settings := config.DefaultSettings()
+	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
+	host := f.Host + "1"
+	var gws []*gateway.Gateway
+	var urls []string
+	stop := func() {
+		for _, g := range gws {
+			g.Shutdown()
+		}
+	}
+	for i := range n {
+		port, err := freePort(host)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		rule, err := replicaRule(f, host, port)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: env.StagingDir, Datapath: "userspace", DecisionHeader: true,
+			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: localOnly,
+			CursorStart: rand.New(rand.NewPCG(uint64(i), 0x5eed)).Uint64()}) // as cmd/kvgate's random start, reproducible
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("kvgate replica %d: %w", i, err)
+		}
+		gws = append(gws, g)
+		if _, err := g.API.ReconcileFile("bench-rules.yaml", []api.FileRule{{Rule: rule, Where: "rules[0]", ServiceIDGiven: true}}); err != nil {
+			stop()
+			return nil, fmt.Errorf("kvgate replica %d rule: %w", i, err)
+		}
+		urls = append(urls, fmt.Sprintf("http://%s:%d", host, port))
+	}
+	for i, g := range gws {
+		if err := waitSubscribers(ctx, g, 1, len(f.Engines)); err != nil {
+			stop()
+			return nil, errors.Join(fmt.Errorf("kvgate replica %d", i), err)
+		}
+	}
+	return &Front{URL: strings.Join(urls, ","), close: stop}, nil
+}
+
+// frontBases splits a Front URL that lists several replicas.
+func frontBases(base string) []string { return strings.Split(base, ",") }

@@ -1,0 +1,75 @@
+package gateway
+
+// The shared load view (docs/replicas.md, "Shared load view"): with several
+// kvgate replicas in front of one fleet, each sees only its own in-flight
+// requests, so the bounded-load cap would let every replica load the same
+// endpoint to its cap. The engines' own count (running + waiting, scraped
+// from /metrics) includes every replica's requests; between two scrapes the
+// replica adds the change in its own in-flight count since the scrape.
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/pkg/epset"
+	"github.com/kvgate/kvgate/pkg/selector"
+)
+
+// engineLoads gives an endpoint's scraped engine load and when it was taken
+// (health.Tracker.EngineLoad, through the rule's current tracker).
+type engineLoads interface {
+	EngineLoad(ep int) (load int, at time.Time, known bool)
+}
+
+// sharedLoads is the selector's L_i for a single-pool rule:
+//
+//	L_i = max(local_i, max(0, engine_i − local_i@scrape) + local_i)
+//
+// local_i is this replica's in-flight count now, engine_i the engine's
+// running + waiting at its last scrape and local_i@scrape this replica's
+// count at that instant; so the other replicas' load is frozen at the scrape
+// and this replica's own is live. A sample older than staleAfter (or none)
+// leaves local_i alone.
+type sharedLoads struct {
+	local  selector.LoadSource
+	engine engineLoads
+	now    func() time.Time
+	// staleAfter is in nanoseconds, updated with the rule's probe interval.
+	staleAfter atomic.Int64
+	atScrape   [epset.Max]atomic.Int64
+}
+
+func newSharedLoads(local selector.LoadSource, engine engineLoads, staleAfter time.Duration) *sharedLoads {
+	s := &sharedLoads{local: local, engine: engine, now: time.Now}
+	s.staleAfter.Store(int64(staleAfter))
+	return s
+}
+
+// scraped takes the snapshot of local_i@scrape; the tracker calls it just
+// before it stores ep's new engine load.
+func (s *sharedLoads) scraped(ep int) {
+	if uint(ep) < epset.Max {
+		s.atScrape[ep].Store(int64(s.local.InFlight(ep)))
+	}
+}
+
+// InFlight implements selector.LoadSource.
+func (s *sharedLoads) InFlight(ep int) int {
+	local := s.local.InFlight(ep)
+	if uint(ep) >= epset.Max {
+		return local
+	}
+	load, at, ok := s.engine.EngineLoad(ep)
+	if !ok || s.now().Sub(at) > time.Duration(s.staleAfter.Load()) {
+		return local
+	}
+	others := max(0, load-int(s.atScrape[ep].Load()))
+	return max(local, others+local)
+}
+
+// sharedStaleAfter is how old a scrape may be before the view falls back to
+// the replica's own count: two probe intervals plus a probe timeout, so one
+// slow or failed scrape does not drop the other replicas' load.
+func sharedStaleAfter(interval, timeout time.Duration) time.Duration {
+	return 2*interval + timeout
+}
