@@ -5,7 +5,7 @@ TESTFLAGS ?= -count=1 -timeout 15m
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: all build test race fuzz bench bench-routing bench-routing-full generate lint fmt demo clean
+.PHONY: all build test race fuzz bench bench-routing bench-routing-full bench-tiers generate lint fmt demo clean
 
 all: build
 
@@ -31,13 +31,17 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-# Every routing policy side by side on simulated fleets (docs/routing-benchmark.md), ~7 min.
+# Every routing policy side by side on simulated fleets (docs/routing-benchmark.md), ~8 min.
 bench-routing:
 	$(GO) run ./bench/routing -mode quick
 
 # The full sweep in the background (~85 min, resumable); progress in bench/routing/out/full.log.
 bench-routing-full:
 	mkdir -p bench/routing/out && nohup $(GO) run ./bench/routing -mode full > bench/routing/out/full.log 2>&1 &
+
+# Tier-aware vs GPU-only scoring with enginesim CPU offload tiers (docs/selection.md), ~2 min.
+bench-tiers:
+	$(GO) run ./bench/tiers
 
 # Rebuilds the committed bpf2go output; needs Debian's clang, llvm and libbpf-dev.
 generate:

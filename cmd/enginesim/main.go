@@ -232,6 +232,8 @@ Example (three engines on separate loopback addresses, same ports):
 	f.IntVar(&cfg.HashBlockSize, "hash-block-size", 0, "hash block size when --block-size is a multiple of it (hybrid models, prefix_match_unit): events carry every k-th hash of the finer chain (0 = --block-size)")
 	f.StringVar(&cfg.HashAlgo, "prefix-caching-hash-algo", def.HashAlgo, "block hash: sha256_cbor, xxhash_cbor, sha256 (pickle) or xxhash (pickle)")
 	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", 0, "KV cache capacity in blocks, block 0 reserved as in vLLM (default: the profile's, 8192 with simple)")
+	f.IntVar(&cfg.NumCPUBlocks, "num-cpu-blocks", 0, "CPU offload tier in blocks, as vLLM's OffloadingConnector num_cpu_blocks: full blocks are also stored in CPU memory and reload from it (0 = off; vLLM engine only)")
+	f.Float64Var(&cfg.CPUReloadUsPerToken, "cpu-reload-us-per-token", def.CPUReloadUsPerToken, "cost of reloading one token's KV from the CPU tier, microseconds (any timing model)")
 	f.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", `ZMQ PUB endpoint to bind (default "tcp://<host>:5557"; "none" disables events)`)
 	f.StringVar(&cfg.ReplayEndpoint, "kv-events-replay-endpoint", "", `ZMQ ROUTER for replay (default: PUB port + 1000 on the PUB host; "none" disables)`)
 	f.StringVar(&cfg.EventLayout, "event-layout", def.EventLayout, "KV-event payload layout: map (vLLM >= 0.26) or array (the last array layout, before 0.26)")

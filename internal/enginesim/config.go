@@ -53,17 +53,20 @@ const (
 	DefaultReplayPortOffset  = 1000
 	DefaultEventLayout       = "map"
 	DefaultPrefillUsPerToken = 60.0
-	DefaultTTFTFloor         = 15 * time.Millisecond
-	DefaultDecodeTokensPerS  = 80.0
-	DefaultMaxNumSeqs        = 64
-	DefaultMaxWaiting        = 4096
-	DefaultMaxModelLen       = 32768
-	DefaultMaxTokens         = 16
-	DefaultReplayBufferSteps = 10000
-	DefaultKVEventsHWM       = 100000
-	DefaultNixlSideChannel   = 5600
-	DefaultKVTransferTimeout = 480 * time.Second // VLLM_NIXL_ABORT_REQUEST_TIMEOUT
-	DefaultMaxRequestBytes   = 8 << 20
+	// DefaultCPUReloadUsPerToken: 128 KiB of KV per token (Llama-3.1-8B,
+	// BF16) over ~50 GB/s of host-to-device copy.
+	DefaultCPUReloadUsPerToken = 2.5
+	DefaultTTFTFloor           = 15 * time.Millisecond
+	DefaultDecodeTokensPerS    = 80.0
+	DefaultMaxNumSeqs          = 64
+	DefaultMaxWaiting          = 4096
+	DefaultMaxModelLen         = 32768
+	DefaultMaxTokens           = 16
+	DefaultReplayBufferSteps   = 10000
+	DefaultKVEventsHWM         = 100000
+	DefaultNixlSideChannel     = 5600
+	DefaultKVTransferTimeout   = 480 * time.Second // VLLM_NIXL_ABORT_REQUEST_TIMEOUT
+	DefaultMaxRequestBytes     = 8 << 20
 )
 
 // Config is everything an engine needs. The zero value of each field means
@@ -104,6 +107,13 @@ type Config struct {
 	HashSeedSet    bool
 
 	NumGPUBlocks int
+	// NumCPUBlocks is the CPU offload tier's size in blocks, named after
+	// vLLM's OffloadingConnector option num_cpu_blocks
+	// (kv_connector_extra_config); 0 turns the tier off. vLLM engine only.
+	NumCPUBlocks int
+	// CPUReloadUsPerToken is the timing model's cost of reloading one token's
+	// KV from the CPU tier to the GPU, µs (docs/enginesim.md, "CPU offload tier").
+	CPUReloadUsPerToken float64
 
 	KVEventsEndpoint string // "tcp://<host>:5557" by default; "none" disables
 	ReplayEndpoint   string // default PUB port + 1000; "none" disables
@@ -246,6 +256,9 @@ func (c Config) withDefaults() Config {
 	if c.NumGPUBlocks == 0 {
 		c.NumGPUBlocks = DefaultNumGPUBlocks
 	}
+	if c.CPUReloadUsPerToken == 0 {
+		c.CPUReloadUsPerToken = DefaultCPUReloadUsPerToken // a free reload is not a model anyone runs
+	}
 	if c.KVEventsEndpoint == "" {
 		c.KVEventsEndpoint = "tcp://" + net.JoinHostPort(c.Host, strconv.Itoa(DefaultKVEventsPort))
 	}
@@ -290,11 +303,12 @@ func (c Config) withDefaults() Config {
 // simple model's constants for --perf-model simple.
 func DefaultConfig() Config {
 	c := Config{
-		Port:              DefaultPort,
-		PerfModel:         DefaultPerfModel,
-		PrefillUsPerToken: DefaultPrefillUsPerToken,
-		TTFTFloor:         DefaultTTFTFloor,
-		DecodeTokensPerS:  DefaultDecodeTokensPerS,
+		Port:                DefaultPort,
+		PerfModel:           DefaultPerfModel,
+		PrefillUsPerToken:   DefaultPrefillUsPerToken,
+		CPUReloadUsPerToken: DefaultCPUReloadUsPerToken,
+		TTFTFloor:           DefaultTTFTFloor,
+		DecodeTokensPerS:    DefaultDecodeTokensPerS,
 	}
 	return c.withDefaults()
 }
@@ -323,6 +337,7 @@ func (c Config) validate() error {
 	if _, err := parseEventLayout(c.EventLayout); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateOffload())
 	errs = append(errs, c.validateEngine())
 	switch c.Role {
 	case RoleBoth, RolePrefill, RoleDecode:

@@ -145,13 +145,17 @@ func (e *Engine) handleDebugMatch(w http.ResponseWriter, r *http.Request) {
 	capBlocks := (len(p.prompt) - 1) / e.cfg.BlockSize
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
-	hit := 0
+	hit, cpuHit := 0, 0
 	if err := e.runInLoop(ctx, func(st *loopState) error {
 		hit = st.pool.lookup(chain[:min(capBlocks, len(chain))])
+		cpuHit = st.cpu.lookup(chain[hit:min(capBlocks, len(chain))])
 		return nil
 	}); err != nil {
 		writeError(w, &badRequest{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"prompt_tokens": len(p.prompt), "cached_tokens": hit * e.cfg.BlockSize})
+	// cpu_cached_tokens: the tokens after the GPU hit that would reload from
+	// the CPU offload tier (0 without one).
+	writeJSON(w, http.StatusOK, map[string]int{"prompt_tokens": len(p.prompt), "cached_tokens": hit * e.cfg.BlockSize,
+		"cpu_cached_tokens": cpuHit * e.cfg.BlockSize})
 }

@@ -65,6 +65,9 @@ type request struct {
 	prefilling  bool // admitted and not yet sampled since: its tokens count as prefill
 	admitted    bool // scheduled at least once (cached_tokens and counters are from then)
 	preemptions int
+
+	offloadPending []string // digests whose CPU store is in flight (offload.go)
+	reloadBlocks   int      // blocks reloaded from the CPU tier at admission
 }
 
 // totalTokens is how many tokens ever hold KV: the prompt and every generated
@@ -96,6 +99,7 @@ type lease struct {
 // loopState is everything the engine loop owns.
 type loopState struct {
 	pool    *blockPool
+	cpu     *cpuTier // nil without --num-cpu-blocks (offload.go)
 	waiting []*request
 	running []*request
 	leases  map[string]lease
@@ -120,7 +124,7 @@ func (e *Engine) run() {
 		return
 	}
 	defer close(e.loopDone)
-	st := &loopState{pool: e.pool, leases: make(map[string]lease)}
+	st := &loopState{pool: e.pool, cpu: e.cpu, leases: make(map[string]lease)}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -216,7 +220,7 @@ func (e *Engine) step(st *loopState, now time.Time) time.Time {
 	}
 
 	e.admit(st, now)
-	e.publishStep(st.pool.takeEvents(), now)
+	e.publishStep(st.stepEvents(), now)
 	e.updateGauges(st)
 
 	var next time.Time
@@ -246,6 +250,7 @@ func (e *Engine) admit(st *loopState, now time.Time) {
 		n := len(r.prompt)
 		capBlocks := (n - 1) / bs // a fully cached prompt still recomputes its last token
 		hit := st.pool.lookup(r.chain[:min(capBlocks, len(r.chain))])
+		reload := e.offloadHit(st, r.chain, hit, capBlocks)
 		total := ceilDiv(r.totalTokens(), bs)
 		if !st.pool.canAdmit(r.chain, hit, total) {
 			break
@@ -256,7 +261,7 @@ func (e *Engine) admit(st *loopState, now time.Time) {
 		// end could reorder them after another request re-storing the
 		// same hash.
 		r.blocks = st.pool.acquireHits(r.chain, hit)
-		r.hitBlocks, r.numCached = hit, hit
+		r.hitBlocks, r.numCached, r.reloadBlocks = hit, hit, reload
 		st.pool.reserve(total - hit)
 		r.reservedRem = total - hit
 		for len(r.blocks) < ceilDiv(n, bs) {
@@ -278,7 +283,14 @@ func (e *Engine) admit(st *loopState, now time.Time) {
 		}
 		// vLLM counts every prompt token here, cached or not.
 		e.metrics.promptTokens.Add(float64(n))
-		r.nextAt = now.Add(e.prefillTime(uncached))
+		if reload > 0 {
+			// Blocks reloaded from CPU count as external hits, as vLLM
+			// counts a connector's, and cost the reload, not a prefill.
+			e.metrics.externalQueries.Add(float64(uncached))
+			e.metrics.externalHits.Add(float64(reload * bs))
+			uncached -= reload * bs
+		}
+		r.nextAt = now.Add(e.prefillTime(uncached) + e.reloadTime(reload*bs))
 		st.running = append(st.running, r)
 	}
 }
@@ -327,7 +339,7 @@ func (e *Engine) advance(st *loopState, r *request) {
 		r.out.send(stepOutput{
 			tokens:       r.output[:1],
 			first:        true,
-			cachedTokens: r.hitBlocks * bs,
+			cachedTokens: (r.hitBlocks + r.reloadBlocks) * bs, // vLLM counts connector-loaded tokens as cached
 			queueTime:    e.model(r.scheduledAt.Sub(r.arrival)),
 			ttft:         ttft,
 		})
@@ -376,6 +388,7 @@ func (e *Engine) cacheComputed(st *loopState, r *request, computed int) {
 		parent = &r.chain[r.numCached-1]
 	}
 	st.pool.cacheFull(r.blocks[r.numCached:full], r.chain[r.numCached:full], parent, r.tokens(r.numCached*bs, full*bs), r.extra, r.numCached)
+	e.offloadStore(st, r, r.chain[:full], r.chain[r.numCached:full])
 	r.numCached = full
 }
 
@@ -383,6 +396,7 @@ func (e *Engine) cacheComputed(st *loopState, r *request, computed int) {
 // the request's blocks and sends the final message.
 func (e *Engine) finishRequest(st *loopState, r *request, reason string) {
 	r.finished = true
+	e.offloadFinish(st, r)
 	st.pool.release(r.reservedRem)
 	r.reservedRem = 0
 	var params map[string]any
@@ -447,7 +461,7 @@ func (e *Engine) resetPrefixCache(ctx context.Context) error {
 		if err := st.pool.reset(); err != nil {
 			return err
 		}
-		e.publishStep(st.pool.takeEvents(), time.Now())
+		e.publishStep(st.stepEvents(), time.Now())
 		return nil
 	})
 }

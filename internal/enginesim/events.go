@@ -37,8 +37,10 @@ func parseEventLayout(s string) (kvevents.Layout, error) {
 func toWireEvents(evs []poolEvent, blockSize int, bytesHashes bool) []kvevents.Event {
 	out := make([]kvevents.Event, 0, len(evs))
 	for _, ev := range evs {
-		switch ev.kind {
-		case eventStored:
+		switch {
+		case ev.medium != "":
+			out = append(out, offloadWireEvent(ev, blockSize))
+		case ev.kind == eventStored:
 			out = append(out, kvevents.Event{
 				Type:            kvevents.BlockStored,
 				BlockHashes:     ev.hashes,
@@ -52,14 +54,14 @@ func toWireEvents(evs []poolEvent, blockSize int, bytesHashes bool) []kvevents.E
 				HasGroupIdx:     true,
 				KVCacheSpecKind: "full_attention",
 			})
-		case eventRemoved:
+		case ev.kind == eventRemoved:
 			out = append(out, kvevents.Event{
 				Type:        kvevents.BlockRemoved,
 				BlockHashes: ev.hashes,
 				Medium:      "GPU",
 				HasGroupIdx: true,
 			})
-		case eventCleared:
+		case ev.kind == eventCleared:
 			out = append(out, kvevents.Event{Type: kvevents.AllBlocksCleared})
 			continue
 		}
@@ -75,6 +77,25 @@ func toWireEvents(evs []poolEvent, blockSize int, bytesHashes bool) []kvevents.E
 		}
 	}
 	return out
+}
+
+// offloadWireEvent is an offload tier's event as OffloadingConnector.take_events
+// builds it (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py):
+// BlockStored with the tier's medium and block size, parent nil, token_ids
+// empty, lora_id and lora_name nil and no group fields; BlockRemoved with
+// the hashes and the medium only.
+func offloadWireEvent(ev poolEvent, blockSize int) kvevents.Event {
+	if ev.kind == eventRemoved {
+		return kvevents.Event{Type: kvevents.BlockRemoved, BlockHashes: ev.hashes, Medium: ev.medium, HasMedium: true}
+	}
+	return kvevents.Event{
+		Type:        kvevents.BlockStored,
+		BlockHashes: ev.hashes,
+		TokenIDs:    []uint32{},
+		BlockSize:   blockSize,
+		Medium:      ev.medium,
+		HasMedium:   true,
+	}
 }
 
 // extraKeysMsgpack is the raw msgpack value of BlockStored.extra_keys: per

@@ -139,6 +139,7 @@ type stepLoad struct {
 	prefillTokens int // prompt (or recomputed) tokens scheduled
 	decodeSeqs    int // sequences decoding one token
 	contextTokens int // KV tokens attended: each scheduled sequence's context after the step
+	reloadTokens  int // tokens reloaded from the CPU offload tier for this step (offload.go)
 }
 
 // duration is the model time of a step with this load.

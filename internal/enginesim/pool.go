@@ -36,6 +36,7 @@ type physBlock struct {
 // consecutive blocks of one request, an eviction, or a full clear.
 type poolEvent struct {
 	kind      eventKind
+	medium    string // "" for the GPU block pool's own events, else an offload tier's (offload.go)
 	hashes    []uint64
 	parent    uint64
 	hasParent bool

@@ -53,7 +53,7 @@ func (r *request) numTokens() int { return len(r.prompt) + r.emitted }
 // one, as they would in vLLM's engine core.
 func (e *Engine) runStepped() {
 	defer close(e.loopDone)
-	st := &loopState{pool: e.pool, leases: make(map[string]lease)}
+	st := &loopState{pool: e.pool, cpu: e.cpu, leases: make(map[string]lease)}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var inFlight *stepPlan
@@ -93,7 +93,7 @@ func (e *Engine) runStepped() {
 			}
 			inFlight = e.scheduleStep(st, start)
 		}
-		e.publishStep(st.pool.takeEvents(), now)
+		e.publishStep(st.stepEvents(), now)
 		e.updateGauges(st)
 
 		rearm(timer, nextWake(st, inFlight))
@@ -226,11 +226,13 @@ func (e *Engine) scheduleStep(st *loopState, start time.Time) *stepPlan {
 		capBlocks := (total - 1) / e.cfg.BlockSize // the last token is always recomputed
 		hit := st.pool.lookup(r.chain[:min(capBlocks, len(r.chain))])
 		computed := hit * e.cfg.BlockSize
-		external := 0
+		external, reload := 0, 0
 		if r.remote != nil && r.preemptions == 0 {
 			// The prefill engine computed everything but the last prompt
 			// token, which vLLM recomputes locally.
 			external = max(len(r.prompt)-1-computed, 0)
+		} else if reload = e.offloadHit(st, r.chain, hit, capBlocks); reload > 0 {
+			external = reload * e.cfg.BlockSize
 		}
 		n := total - computed - external
 		if e.cfg.DisableChunkedPrefill && n > budget {
@@ -247,10 +249,11 @@ func (e *Engine) scheduleStep(st *loopState, start time.Time) *stepPlan {
 		r.prefilling = true
 		if !r.admitted {
 			r.admitted = true
-			r.hitBlocks = hit
+			r.hitBlocks, r.reloadBlocks = hit, reload
 			r.scheduledAt = start
 			e.countAdmission(r, hit, external)
 		}
+		plan.load.reloadTokens += reload * e.cfg.BlockSize
 		e.growTo(st, r, r.numComputed+n)
 		st.running = append(st.running, r)
 		plan.add(r, n, false)
@@ -259,7 +262,7 @@ func (e *Engine) scheduleStep(st *loopState, start time.Time) *stepPlan {
 	if len(plan.batch) == 0 {
 		return nil
 	}
-	plan.model = e.cfg.Step.duration(plan.load)
+	plan.model = e.cfg.Step.duration(plan.load) + e.reloadTime(plan.load.reloadTokens)
 	plan.end = start.Add(e.wall(plan.model))
 	return plan
 }
@@ -288,6 +291,7 @@ func (e *Engine) growTo(st *loopState, r *request, tokens int) {
 // reallocated) and puts it at the front of the waiting queue to recompute
 // its prompt and generated tokens.
 func (e *Engine) preempt(st *loopState, r *request) {
+	e.offloadFinish(st, r)
 	st.pool.free(r.blocks)
 	r.blocks = nil
 	r.numCached = 0
@@ -303,7 +307,7 @@ func (e *Engine) countAdmission(r *request, hit, external int) {
 	n := len(r.prompt)
 	e.metrics.prefixQueries.Add(float64(n))
 	e.metrics.prefixHits.Add(float64(hit * e.cfg.BlockSize))
-	if r.remote != nil {
+	if r.remote != nil || external > 0 {
 		e.metrics.externalQueries.Add(float64(n - hit*e.cfg.BlockSize))
 		e.metrics.externalHits.Add(float64(external))
 	} else if e.cfg.Role == RoleDecode {
@@ -335,7 +339,7 @@ func (e *Engine) completeStep(st *loopState, plan *stepPlan) {
 			r.out.send(stepOutput{
 				tokens:       r.output[:1],
 				first:        true,
-				cachedTokens: r.hitBlocks * e.cfg.BlockSize,
+				cachedTokens: (r.hitBlocks + r.reloadBlocks) * e.cfg.BlockSize, // connector-loaded tokens count, as in vLLM
 				queueTime:    e.model(r.scheduledAt.Sub(r.arrival)),
 				ttft:         ttft,
 			})

@@ -43,8 +43,9 @@ func newSchedHarness(t testing.TB, cfg Config) *schedHarness {
 	if e.pool, err = newBlockPool(cfg.NumGPUBlocks); err != nil {
 		t.Fatal(err)
 	}
+	e.cpu = newCPUTier(cfg.NumCPUBlocks)
 	e.metrics = newEngineMetrics(cfg)
-	return &schedHarness{t: t, e: e, st: &loopState{pool: e.pool, leases: map[string]lease{}}, now: time.Unix(1000, 0)}
+	return &schedHarness{t: t, e: e, st: &loopState{pool: e.pool, cpu: e.cpu, leases: map[string]lease{}}, now: time.Unix(1000, 0)}
 }
 
 func (h *schedHarness) submit(prompt []uint32, maxTokens int) *request {
@@ -67,7 +68,7 @@ func (h *schedHarness) step() *stepPlan {
 	}
 	h.now = plan.end
 	h.e.completeStep(h.st, plan)
-	if ev := h.st.pool.takeEvents(); len(ev) > 0 && len(h.events) < 10000 {
+	if ev := h.st.stepEvents(); len(ev) > 0 && len(h.events) < 10000 {
 		h.events = append(h.events, ev)
 	}
 	return plan

@@ -37,6 +37,7 @@ type Engine struct {
 	cfg        Config
 	hasher     *groupHasher
 	pool       *blockPool
+	cpu        *cpuTier // nil unless NumCPUBlocks > 0
 	metrics    *engineMetrics
 	pub        *publisher
 	layout     kvevents.Layout
@@ -103,6 +104,7 @@ func New(cfg Config) (*Engine, error) {
 	if e.pool, err = newBlockPool(cfg.NumGPUBlocks); err != nil {
 		return nil, fmt.Errorf("enginesim: %w", err)
 	}
+	e.cpu = newCPUTier(cfg.NumCPUBlocks)
 	if cfg.Engine == EngineTRTLLM {
 		e.drain = newTRTDrain(cfg.EventBufferMaxSize, cfg.NumGPUBlocks, cfg.MaxModelLen)
 	}

@@ -51,6 +51,10 @@ type Settings struct {
 	ZeroHitN int
 	// LOXILB_KV_SCORE: leading (alias prefix; the leading run, default) or overlap.
 	Score selector.ScoreMode
+	// LLB_KV_TIER_WEIGHTS: what the leading-run score credits a block on each
+	// offload tier with, relative to one on the GPU. Default
+	// GPU=1.0,CPU=0.8,STORAGE=0.25 (docs/selection.md, "Offload tiers in the score").
+	TierWeights inventory.TierWeights
 	// LOXILB_KV_PROVISIONAL_WEIGHT: credit of a predicted (routed, not yet
 	// reported) block in percent of a stored one, 0-100; 0 turns
 	// provisional blocks off. Default 90 (docs/selection.md).
@@ -110,6 +114,7 @@ func DefaultSettings() Settings {
 		ColdStartSeedN:     selector.DefaultColdStartSeedN,
 		ColdStartMinBlocks: selector.DefaultColdStartMinBlocks,
 		MaxBlocks:          inventory.DefaultMaxBlocks,
+		TierWeights:        inventory.DefaultTierWeights(),
 		ZeroHitN:           selector.DefaultZeroHitN,
 		Score:              selector.ScorePrefix,
 		ProvisionalWeight:  inventory.DefaultProvisionalWeight,
@@ -188,6 +193,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, inventory.MinMaxBlocks, inventory.MaxMaxBlocks)
 	p.integer("LOXILB_KV_ZERO_HIT_N", &s.ZeroHitN, 1, 1<<20)
 	parsed(&p, "LOXILB_KV_SCORE", &s.Score, selector.ParseScoreMode)
+	parsed(&p, "LLB_KV_TIER_WEIGHTS", &s.TierWeights, inventory.ParseTierWeights)
 	p.integer("LOXILB_KV_PROVISIONAL_WEIGHT", &s.ProvisionalWeight, 0, 100)
 	p.integer("LOXILB_KV_COST_WORK_WEIGHT", &s.CostWorkWeight, 0, selector.MaxCostWorkWeight)
 	provTTL := int(s.ProvisionalTTL / time.Millisecond)

@@ -393,7 +393,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if term != nil {
 		clientTLS = term
 	}
-	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks,
+	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks, TierWeights: g.opts.Settings.TierWeights,
 		Observer: ingest.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
 	if err != nil {
 		return fmt.Errorf("service %d: inventory: %w", id, err)

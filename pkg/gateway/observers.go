@@ -103,6 +103,9 @@ func (o subscriberObserver) RecvError(ep ingest.EndpointRef) {
 func (o subscriberObserver) Blocks(ep ingest.EndpointRef, blocks int) {
 	o.m.SetKVBlocks(int(ep.Service), ep.EPIdx, blocks)
 }
+func (o subscriberObserver) OtherMediaBlocks(ep ingest.EndpointRef, blocks int) {
+	o.m.SetKVBlocksOtherMedium(int(ep.Service), ep.EPIdx, blocks)
+}
 func (o subscriberObserver) CapEvicted(ep ingest.EndpointRef, n int) {
 	o.m.InvCapEvicted(int(ep.Service), ep.EPIdx, n)
 }

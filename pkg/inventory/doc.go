@@ -8,8 +8,9 @@
 // prompt block up once for every endpoint and does not allocate. Writers
 // (pkg/kvevents/ingest) mutate it in bounded chunks so scoring never waits
 // behind a whole batch, a clear or a rehash; each endpoint is capped at
-// LOXILB_KV_MAX_BLOCKS, oldest first. Non-GPU media are counted apart and
-// never scored.
+// LOXILB_KV_MAX_BLOCKS, oldest first. Non-GPU media are kept in tables of
+// their own; those that map to a slower tier (tiers.go) extend the scored
+// leading run at their LLB_KV_TIER_WEIGHTS weight.
 //
 // docs/ingest.md ("Inventory index design") explains the layout, the locking
 // and the measurements behind them.

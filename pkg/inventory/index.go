@@ -50,6 +50,9 @@ type Options struct {
 	MaxBlocks int
 	// Observer, if not nil, receives eviction counts.
 	Observer Observer
+	// TierWeights is LLB_KV_TIER_WEIGHTS, what Score credits a block on each
+	// tier with; the zero value means DefaultTierWeights (see tiers.go).
+	TierWeights TierWeights
 }
 
 // Index is the block-hash inventory of one rule's endpoints. Endpoints are
@@ -65,6 +68,8 @@ type Index struct {
 	max      int
 	gpu      *table
 	media    map[string]*table // other media, by upper-case name; guarded by writeMu
+	weights  TierWeights
+	scored   []scoredMedium // media Score credits, best first; changed under rw (tiers.go)
 }
 
 // New returns an empty index.
@@ -75,7 +80,7 @@ func New(opts Options) (*Index, error) {
 	if opts.MaxBlocks < MinMaxBlocks || opts.MaxBlocks > MaxMaxBlocks {
 		return nil, fmt.Errorf("inventory: max blocks %d outside [%d, %d]", opts.MaxBlocks, MinMaxBlocks, MaxMaxBlocks)
 	}
-	ix := &Index{observer: opts.Observer, max: opts.MaxBlocks, media: make(map[string]*table)}
+	ix := &Index{observer: opts.Observer, max: opts.MaxBlocks, media: make(map[string]*table), weights: opts.TierWeights.orDefault()}
 	ix.gpu = newTable(&ix.rw, opts.MaxBlocks, true)
 	// The GPU table's huge-page slabs are not Go heap: unmap them with the index.
 	runtime.AddCleanup(ix, func(a *arena) { a.release() }, ix.gpu.arena)
@@ -124,6 +129,7 @@ func (ix *Index) tableFor(medium string) *table {
 	ix.rw.Lock()
 	t := newTable(&ix.rw, ix.max, false)
 	ix.media[name] = t
+	ix.rebuildScored()
 	ix.rw.Unlock()
 	return t
 }
@@ -263,8 +269,8 @@ func (ix *Index) RankBlocks(ep, rank int) int {
 }
 
 // MediumBlocks returns endpoint ep's block count on each non-GPU medium it
-// has stored on, by upper-case medium name. These blocks are counted apart
-// and do not take part in scoring.
+// has stored on, by upper-case medium name. Those whose medium maps to a
+// slower tier take part in the leading-run score (tiers.go).
 func (ix *Index) MediumBlocks(ep int) map[string]int {
 	out := map[string]int{}
 	if ep < 0 || ep >= epset.Max {
@@ -342,6 +348,11 @@ func (ix *Index) Stats() Stats {
 // hash chains over its parent. Without it, the count is the raw overlap (the
 // spec's literal definition), which also credits blocks after a hole.
 //
+// Once an endpoint has published blocks on a slower tier whose weight is
+// above 0 (CPU, STORAGE), the leading run goes on across tiers and counts
+// each block at its tier's weight (tiers.go, docs/selection.md). The overlap
+// count stays GPU only.
+//
 // Score takes one read lock for the whole prompt and does not allocate.
 func (ix *Index) Score(hashes []uint64, eligible epset.Set, leadingRun bool, counts *[epset.Max]uint32) {
 	*counts = [epset.Max]uint32{}
@@ -349,9 +360,15 @@ func (ix *Index) Score(hashes []uint64, eligible epset.Set, leadingRun bool, cou
 		return
 	}
 	ix.rw.RLock()
-	if leadingRun {
+	switch {
+	case leadingRun && len(ix.scored) > 0:
+		ix.scoreRunTiered(hashes, eligible, counts, nil)
+	case leadingRun:
 		ix.gpu.scoreRun(hashes, eligible, counts)
-	} else {
+		if gw := ix.weights[TierGPU]; gw != weightScale {
+			scaleCounts(counts, eligible, uint32(gw))
+		}
+	default:
 		ix.gpu.scoreOverlap(hashes, eligible, counts)
 	}
 	ix.rw.RUnlock()

@@ -275,10 +275,15 @@ func (o *Overlay) Provisional(ep int) int {
 // count) an endpoint scores the larger of its stored overlap and its
 // weighted predicted overlap.
 func (o *Overlay) Score(hashes []uint64, eligible epset.Set, leadingRun bool, counts *[epset.Max]uint32) {
-	o.base.Score(hashes, eligible, leadingRun, counts)
 	if len(hashes) == 0 || o.live.Load() == 0 || o.opts.Weight == 0 {
+		o.base.Score(hashes, eligible, leadingRun, counts)
 		return
 	}
+	if leadingRun {
+		o.scoreRunWithPredictions(hashes, eligible, counts)
+		return
+	}
+	o.base.Score(hashes, eligible, false, counts)
 	now := o.opts.Now().UnixNano()
 	w := uint64(o.opts.Weight)
 	o.mu.RLock()
@@ -289,14 +294,6 @@ func (o *Overlay) Score(hashes []uint64, eligible epset.Set, leadingRun bool, co
 			continue
 		}
 		stored := counts[ep]
-		if leadingRun {
-			run := int(stored)
-			for run < len(hashes) && pe.holds(hashes[run], now) {
-				run++
-			}
-			counts[ep] = stored + uint32(uint64(run-int(stored))*w/100)
-			continue
-		}
 		n := 0
 		for _, h := range hashes {
 			if pe.holds(h, now) {
@@ -304,6 +301,31 @@ func (o *Overlay) Score(hashes []uint64, eligible epset.Set, leadingRun bool, co
 			}
 		}
 		counts[ep] = max(stored, uint32(uint64(n)*w/100))
+	}
+}
+
+// scoreRunWithPredictions is Score's leading run: each endpoint's run of
+// stored blocks (on any scored tier, docs/selection.md "Offload tiers in the
+// score") is extended from where it really ends by the consecutive blocks
+// predicted for it. The stored part is the index's weighted count.
+func (o *Overlay) scoreRunWithPredictions(hashes []uint64, eligible epset.Set, counts *[epset.Max]uint32) {
+	var runs [epset.Max]uint32
+	o.base.scoreLeadingRuns(hashes, eligible, counts, &runs)
+	now := o.opts.Now().UnixNano()
+	w := uint64(o.opts.Weight)
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	for ep := eligible.Next(0); ep >= 0; ep = eligible.Next(ep + 1) {
+		pe := o.eps[ep]
+		if pe == nil || len(pe.entries) == 0 {
+			continue
+		}
+		start := int(runs[ep])
+		run := start
+		for run < len(hashes) && pe.holds(hashes[run], now) {
+			run++
+		}
+		counts[ep] += uint32(uint64(run-start) * w / 100)
 	}
 }
 

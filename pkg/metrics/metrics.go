@@ -186,7 +186,7 @@ func New(opts Options) *Metrics {
 	m.Tier1TrieHits = f.counter("kvgate_tier1_trie_hits_total", "Requests routed by Tier-1 trie affinity (pd_cache_aware_mode).", "service")
 
 	m.KVBlocks = f.gauge("loxilb_pd_kv_blocks", "Blocks in the endpoint's mirrored KV inventory (GPU medium).", "service", "ep_idx")
-	m.KVBlocksOtherMedium = f.gauge("kvgate_kv_blocks_other_medium", "Blocks the endpoint reported on a non-GPU medium (not scored).", "service", "ep_idx")
+	m.KVBlocksOtherMedium = f.gauge("kvgate_kv_blocks_other_medium", "Blocks the endpoint reported on a non-GPU medium; those on a CPU or STORAGE tier extend the leading-run score (LLB_KV_TIER_WEIGHTS).", "service", "ep_idx")
 	m.EPInfo = f.gauge("loxilb_pd_ep_info", "Always 1: joins ep_idx to the endpoint IP (ep) and its ip:port (addr).", "service", "ep_idx", "ep", "addr")
 	m.SubscriberConnected = f.gauge("loxilb_kv_subscriber_connected", "1 when every rank of the endpoint's KV-event subscriber is connected; ep holds the ep_idx.", "service", "ep")
 	m.SubscriberReconnects = f.counter("loxilb_kv_subscriber_reconnect_total", "Successful KV-event socket rebuilds after receive errors.", "service", "ep")

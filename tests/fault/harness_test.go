@@ -373,6 +373,12 @@ type daemon struct {
 // startDaemon runs kvgate with --datapath dp and waits for its API.
 func (tp *topo) startDaemon(t *testing.T, dp string, grace time.Duration) *daemon {
 	t.Helper()
+	return tp.startDaemonEnv(t, dp, grace)
+}
+
+// startDaemonEnv is startDaemon with extra environment variables.
+func (tp *topo) startDaemonEnv(t *testing.T, dp string, grace time.Duration, env ...string) *daemon {
+	t.Helper()
 	binaries(t)
 	staging := t.TempDir()
 	if err := os.Symlink(filepath.Join(repo, "pkg/tokenizer/testdata/qwen3"), filepath.Join(staging, "Qwen__Qwen3-0.6B")); err != nil {
@@ -393,7 +399,7 @@ func (tp *topo) startDaemon(t *testing.T, dp string, grace time.Duration) *daemo
 	}
 	access := filepath.Join(t.TempDir(), "access.log")
 	d := &daemon{api: api, access: access, tp: tp,
-		proc: start(t, nil, tp.gw, []string{"LLB_KV_NONE_HASH_SEED=0"}, filepath.Join(binDir, "kvgate"),
+		proc: start(t, nil, tp.gw, append([]string{"LLB_KV_NONE_HASH_SEED=0"}, env...), filepath.Join(binDir, "kvgate"),
 			"--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", staging, "--datapath", dp,
 			"--shutdown-grace", grace.String(), "--access-log="+access, "--log-level", "warn")}
 	// Stop it as an operator would, so it removes its BPF pins; whatever a

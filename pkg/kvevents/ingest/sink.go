@@ -19,3 +19,26 @@ type Sink interface {
 }
 
 var _ Sink = (*inventory.Index)(nil)
+
+// otherMediaSink is a Sink that also counts an endpoint's blocks on media
+// other than the GPU (*inventory.Index does).
+type otherMediaSink interface {
+	OtherMediaBlocks(ep int) int
+}
+
+// OtherMediaObserver is an Observer that also takes an endpoint's block count
+// on media other than the GPU (kvgate_kv_blocks_other_medium{service,ep_idx}).
+// Optional: reportBlocks calls it when both the observer and the sink have it.
+type OtherMediaObserver interface {
+	OtherMediaBlocks(ep EndpointRef, blocks int)
+}
+
+// reportBlocks reports endpoint ep's inventory sizes to obs.
+func reportBlocks(obs Observer, ref EndpointRef, inv Sink, ep int) {
+	obs.Blocks(ref, inv.Blocks(ep))
+	if o, ok := obs.(OtherMediaObserver); ok {
+		if s, ok := inv.(otherMediaSink); ok {
+			o.OtherMediaBlocks(ref, s.OtherMediaBlocks(ep))
+		}
+	}
+}

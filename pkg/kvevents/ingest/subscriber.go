@@ -435,7 +435,7 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 	}
 	e.obs.EndpointInfo(e.ref)
 	e.obs.Connected(e.ref, false)
-	e.obs.Blocks(e.ref, t.Inventory.Blocks(t.EPIdx))
+	reportBlocks(e.obs, e.ref, t.Inventory, t.EPIdx)
 	if t.Engine == EngineTRTLLM {
 		p := newDrainPoller(e, t, opts)
 		e.obs.RankConnected(e.ref, 0, false)
@@ -501,7 +501,7 @@ func (e *endpointSub) stop(forget bool) {
 		if err := e.target.Inventory.ClearEndpoint(e.target.EPIdx); err != nil {
 			e.log.Warn("kv subscriber: clearing inventory of removed endpoint failed", "err", err)
 		}
-		e.obs.Blocks(e.ref, e.target.Inventory.Blocks(e.target.EPIdx))
+		reportBlocks(e.obs, e.ref, e.target.Inventory, e.target.EPIdx)
 		if e.target.Granularity != nil {
 			e.target.Granularity.forget(e.target.EPIdx)
 		}
@@ -887,7 +887,7 @@ func (r *rankSub) apply(seq uint64, payload []byte) int {
 	r.seq.Applied(seq)
 	r.lastDigest = maphash.Bytes(r.digestSeed, payload)
 	r.noteSeq()
-	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
+	reportBlocks(r.ep.obs, r.ep.ref, r.ingest.Inventory, r.ingest.EPIdx)
 	return res.Stored
 }
 
@@ -896,7 +896,7 @@ func (r *rankSub) clear(reason ClearReason) {
 		r.log.Warn("kv subscriber: clear failed", "err", err)
 	}
 	r.ep.obs.Cleared(r.ep.ref, r.rank, reason)
-	r.ep.obs.Blocks(r.ep.ref, r.ingest.Inventory.Blocks(r.ingest.EPIdx))
+	reportBlocks(r.ep.obs, r.ep.ref, r.ingest.Inventory, r.ingest.EPIdx)
 }
 
 // replayUsable reports whether a replay may be attempted now, logging once

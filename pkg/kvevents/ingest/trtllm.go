@@ -268,7 +268,7 @@ func (p *drainPoller) apply(evs []trtllm.Event) {
 				"tokens_per_block", res.BlockSize, "kvBlockSize", p.ingest.Granularity.HashBlockSize())
 		}
 	}
-	p.ep.obs.Blocks(p.ep.ref, p.ingest.Inventory.Blocks(p.ingest.EPIdx))
+	reportBlocks(p.ep.obs, p.ep.ref, p.ingest.Inventory, p.ingest.EPIdx)
 }
 
 func (p *drainPoller) warnLost(rank int, last, got int64) {
@@ -293,7 +293,7 @@ func (p *drainPoller) clearAll(reason ClearReason) {
 	p.ep.obs.Cleared(p.ep.ref, 0, reason)
 	clear(p.last)
 	p.knownAll = false
-	p.ep.obs.Blocks(p.ep.ref, p.ingest.Inventory.Blocks(p.ingest.EPIdx))
+	reportBlocks(p.ep.obs, p.ep.ref, p.ingest.Inventory, p.ingest.EPIdx)
 }
 
 // applyTRTLLM applies one drained event on its attention-DP rank.
