@@ -216,7 +216,9 @@ func New(opts Options) (*Gateway, error) {
 	// would otherwise log two WARN lines.
 	tokLog := slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
 	g.auditLog = slog.New(newRateLimitedHandler(g.log.Handler(), warnInterval))
-	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}))
+	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}),
+		tokenizer.WithTokenizerOptions(tokenizer.WithConversationObserver(g.Metrics.ConversationLookup)))
+	g.Metrics.SetConversationCacheSource(func() int { return g.pool.PrefixStats().Bytes })
 	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, g.guard)
 	defer func() {
 		if !built {

@@ -94,6 +94,7 @@ func (h *ruleHealth) newTracker(rule *config.Rule) (*health.Tracker, error) {
 	}
 	bc := health.DefaultBreakerConfig(rule.PDDisagg())
 	bc.FailureThreshold = rule.CircuitBreakerThreshold()
+	bc.Off = !rule.CircuitBreakerEnabled()
 	bc.OriginErrThreshold = h.settings.OriginErrThreshold
 	t, err := health.NewTracker(health.TrackerConfig{ServiceID: uint32(rule.ServiceID), Endpoints: eps, Breaker: bc,
 		ProbeRetries: rule.ProbeRetries(), Observer: healthObserver{h.m}, Logger: h.log, OnEngineLoad: h.engineLoadScraped})
@@ -158,9 +159,11 @@ func (h *ruleHealth) start(rule *config.Rule, sel *selector.Selector) error {
 	return h.restart(rule, h.tracker.Load())
 }
 
+// probeKey names the settings a rule's tracker is built from (probe,
+// endpoints, engine token, whether it has a breaker): a change rebuilds it.
 func probeKey(rule *config.Rule) string {
-	k := fmt.Sprintf("%s|%d|%s|%v|%v|%d|%q|", rule.ProbeType(), rule.Args.ProbePort, rule.ProbePath(), rule.ProbeTimeout(),
-		rule.ProbeInterval(), rule.ProbeRetries(), rule.Args.BackendTokenFile)
+	k := fmt.Sprintf("%s|%d|%s|%v|%v|%d|%q|%v|", rule.ProbeType(), rule.Args.ProbePort, rule.ProbePath(), rule.ProbeTimeout(),
+		rule.ProbeInterval(), rule.ProbeRetries(), rule.Args.BackendTokenFile, rule.CircuitBreakerEnabled())
 	for _, e := range rule.Endpoints {
 		k += fmt.Sprintf("%d=%s:%d,", e.Idx, e.IP, e.TargetPort)
 	}

@@ -132,6 +132,13 @@ func (o subscriberObserver) Replay(ep ingest.EndpointRef, _ int, _ ingest.Replay
 		o.m.SubscriberBatches(int(ep.Service), ep.EPIdx, 0, batches)
 	}
 }
+
+// Applied counts live batches (ingest.BatchObserver).
+func (o subscriberObserver) Applied(ep ingest.EndpointRef, _ int, batches, stored, removed int) {
+	o.m.SubscriberBatches(int(ep.Service), ep.EPIdx, batches, 0)
+	o.m.SubscriberHashes(int(ep.Service), ep.EPIdx, stored, removed)
+}
+
 func (o subscriberObserver) DecodeError(ep ingest.EndpointRef, _ int) {
 	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
 }

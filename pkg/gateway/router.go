@@ -376,6 +376,11 @@ func (r *router) refuse(st *ruleState, f *reqfacts.Facts) string {
 	return ""
 }
 
+// hashChainCacheBytes bounds each rule's cache of recent hash chains
+// (tokens, digests and wire values: about 6.5 MB for eight 100k-token
+// prompts with sha256).
+const hashChainCacheBytes = 16 << 20
+
 // limits bound one request's encode: LLB_KV_MAX_PROMPT_TOKENS, the word
 // bound that keeps BPE from running for seconds on one pathological word,
 // and tokenizeBudget.
@@ -496,7 +501,9 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	}
 	seed, set := rule.HashSeed(env)
 	contract := kvhash.Contract{Algo: algo, BlockSize: rule.BlockSize(), Seed: kvhash.Seed{Value: seed, Set: set}}
-	var opts []kvhash.Option
+	// Recent chains are kept so a growing conversation hashes only its new
+	// blocks (docs/tokenizer.md, "Decision cost at long context").
+	opts := []kvhash.Option{kvhash.WithChainCache(hashChainCacheBytes)}
 	if env.HashDebug {
 		opts = append(opts, kvhash.WithDebugLogger(log))
 	}

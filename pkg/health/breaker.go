@@ -23,6 +23,10 @@ func (s BreakerState) String() string {
 
 // BreakerConfig parameterises a breaker.
 type BreakerConfig struct {
+	// Off: the rule has no breaker (a plain rule without cb_enable; P/D
+	// rules always have one, docs/api.md). Outcomes are not counted, so it
+	// never opens and Allow admits every request.
+	Off bool
 	// FailureThreshold consecutive connect failures open it (default 5; P/D rules 3).
 	FailureThreshold int
 	// OriginErrThreshold consecutive origin 5xx answers open it

@@ -119,15 +119,18 @@ func TestBreakerThresholds(t *testing.T) {
 		origin int    // -1: default
 		events string // C connect failure, 5 origin 5xx, S success
 		open   bool
+		off    bool // the rule has no breaker (cb_enable false)
 	}{
-		{"P/D opens at 3", true, -1, "CCC", true},
-		{"P/D closed at 2", true, -1, "CC", false},
-		{"plain closed at 4", false, -1, "CCCC", false},
-		{"three 5xx open", false, -1, "555", true},
-		{"5xx broken by success", false, -1, "55S5", false},
-		{"5xx and connect counted apart", true, -1, "5C5C", false},
-		{"origin threshold 0 disables", false, 0, "5555555", false},
-		{"origin threshold 1", false, 1, "5", true},
+		{"P/D opens at 3", true, -1, "CCC", true, false},
+		{"P/D closed at 2", true, -1, "CC", false, false},
+		{"plain closed at 4", false, -1, "CCCC", false, false},
+		{"three 5xx open", false, -1, "555", true, false},
+		{"5xx broken by success", false, -1, "55S5", false, false},
+		{"5xx and connect counted apart", true, -1, "5C5C", false, false},
+		{"origin threshold 0 disables", false, 0, "5555555", false, false},
+		{"origin threshold 1", false, 1, "5", true, false},
+		{"off: connect failures not counted", false, -1, "CCCCCCCCCC", false, true},
+		{"off: 5xx not counted", false, 1, "5555", false, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -135,6 +138,7 @@ func TestBreakerThresholds(t *testing.T) {
 			if tc.origin >= 0 {
 				cfg.OriginErrThreshold = tc.origin
 			}
+			cfg.Off = tc.off
 			tr, err := NewTracker(TrackerConfig{Endpoints: []int{4}, Breaker: cfg, Clock: newFakeClock()})
 			if err != nil {
 				t.Fatal(err)
@@ -151,6 +155,9 @@ func TestBreakerThresholds(t *testing.T) {
 			}
 			if got := tr.Breaker(4) == BreakerOpen; got != tc.open {
 				t.Fatalf("open = %v, want %v", got, tc.open)
+			}
+			if tc.off && !tr.Allow(4) {
+				t.Fatal("a rule without a breaker refused a request")
 			}
 		})
 	}

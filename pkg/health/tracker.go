@@ -432,7 +432,7 @@ func (t *Tracker) OriginError(ep int) {
 }
 
 func (t *Tracker) record(ep int, f func(*breaker, time.Time) (Event, bool)) {
-	if !t.members.Has(ep) {
+	if !t.members.Has(ep) || t.breakerCfg.Off {
 		return
 	}
 	now := t.clock.Now()

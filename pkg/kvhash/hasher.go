@@ -86,15 +86,16 @@ func WithDebugLogger(l *slog.Logger) Option {
 	return func(h *Hasher) { h.debug = l }
 }
 
-// Hasher computes block hashes for one contract. It is immutable and safe for
-// concurrent use; per-call scratch space comes from a pool, so hashing does
+// Hasher computes block hashes for one contract. It is immutable (apart from
+// the optional chain cache) and safe for concurrent use; per-call scratch space comes from a pool, so hashing does
 // not allocate in steady state.
 type Hasher struct {
 	contract Contract
 	kind     engineKind
 	noneHash []byte // vLLM's NONE_HASH; empty for SGLang, 8 zero bytes for TensorRT-LLM
 	debug    *slog.Logger
-	scratch  sync.Pool // *scratch
+	scratch  sync.Pool   // *scratch
+	chains   *chainCache // nil: every call hashes every block (WithChainCache)
 }
 
 type scratch struct {
@@ -256,6 +257,9 @@ func (h *Hasher) AppendHashes(dst []uint64, tokens []uint32, extra Extra) []uint
 		return h.appendSGLang(dst, tokens, extra)
 	case engineTRTLLM:
 		return h.appendTRTLLM(dst, tokens, extra)
+	}
+	if h.chains != nil && h.debug == nil {
+		return h.appendCached(dst, tokens, extra)
 	}
 	s := h.scratch.Get().(*scratch)
 	parent := h.noneHash

@@ -27,7 +27,8 @@ func (m *Metrics) scopes() *scoped {
 			m.ProbeUp, m.ProbeTransitions, m.AdminDown, m.EngineQueued, m.EngineCapacity,
 			m.ParityChecked, m.ParityUnchecked, m.ParityMismatch, m.ParityState}
 		svcEP := []partialDeleter{m.SubscriberConnected, m.SubscriberReconnects, m.SubscriberRecvErrors, m.InvCapEvictions,
-			m.RankConnected, m.SubscriberGaps, m.SubscriberClears, m.SubscriberReplays, m.ReplayedBatches, m.EventBatches}
+			m.RankConnected, m.SubscriberGaps, m.SubscriberClears, m.SubscriberReplays, m.ReplayedBatches, m.EventBatches,
+			m.EventHashes}
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
@@ -191,6 +192,17 @@ func (m *Metrics) KVSkip(service int, cause string) {
 // SubscriberReplay counts a replay request; outcome is ok, error or unavailable.
 func (m *Metrics) SubscriberReplay(service, epIdx int, outcome string) {
 	m.SubscriberReplays.WithLabelValues(itoa(service), itoa(epIdx), outcome).Inc()
+}
+
+// SubscriberHashes counts the hashes of one live batch applied, so the
+// ingest rate in hashes per second is a rate() away (docs/ingest.md).
+func (m *Metrics) SubscriberHashes(service, epIdx int, stored, removed int) {
+	if stored > 0 {
+		m.EventHashes.WithLabelValues(itoa(service), itoa(epIdx), "stored").Add(float64(stored))
+	}
+	if removed > 0 {
+		m.EventHashes.WithLabelValues(itoa(service), itoa(epIdx), "removed").Add(float64(removed))
+	}
 }
 
 // SubscriberBatches counts applied batches, live and replayed.

@@ -70,6 +70,7 @@ type Metrics struct {
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
 	EventBatches         *prometheus.CounterVec // kvgate_kv_subscriber_batches_total{service,ep}
+	EventHashes          *prometheus.CounterVec // kvgate_kv_subscriber_hashes_total{service,ep,event}
 	// Live parity self-check (docs/parity.md).
 	ParityChecked   *prometheus.CounterVec // kvgate_kv_parity_checked_total{service,ep_idx}
 	ParityUnchecked *prometheus.CounterVec // kvgate_kv_parity_unchecked_total{service,ep_idx,cause}
@@ -154,6 +155,10 @@ type Metrics struct {
 	// Active-active replicas (replicas.go).
 	Replicas ReplicaMetrics
 
+	// Tokenizers' conversation prefix cache (convcache.go).
+	convLookups *prometheus.CounterVec
+	convReused  prometheus.Counter
+
 	models    modelLabels
 	rulesMu   sync.Mutex
 	ruleIDs   map[int]bool // rules initialised, so InitRule and DeleteRule are idempotent
@@ -204,6 +209,7 @@ func New(opts Options) *Metrics {
 	m.ParityState = f.gauge("kvgate_kv_parity_state", "Live parity of the endpoint's block hashes: -1 after 3 consecutive mismatches, 1 after a match with no mismatch for 60 s, 0 otherwise.", "service", "ep_idx")
 	m.registerUsageAudit(f)
 	m.EventBatches = f.counter("kvgate_kv_subscriber_batches_total", "Live event batches applied.", "service", "ep")
+	m.EventHashes = f.counter("kvgate_kv_subscriber_hashes_total", "Block hashes in the BlockStored (event stored) and BlockRemoved (event removed) events of live batches applied.", "service", "ep", "event")
 
 	m.TTFB = f.histogram("loxilb_proxy_http_ttfb_seconds", "Time from forwarding the request to the backend's first response byte.", ttfbBuckets, "service")
 	m.Requests = f.counter("kvgate_requests_total", "Proxied requests by endpoint and outcome.", "service", "ep_idx", "outcome")
@@ -272,6 +278,8 @@ func New(opts Options) *Metrics {
 	m.APIReloads = f.counter("kvgate_api_reloads_total", "Reloads of the API's token file and certificates, by file and result (ok, error).", "file", "result")
 	m.Replicas = newReplicaMetrics(f)
 	m.VIPAddresses = f.gauge("kvgate_vip_addresses", "Rule VIPs on the --vip-dev device, by owner (kvgate added it, or the host had it).", "owner")
+
+	m.initConversationCache(f)
 
 	if !opts.NoProcessCollectors {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

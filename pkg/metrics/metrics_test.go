@@ -240,3 +240,30 @@ func TestSetEngineFigures(t *testing.T) {
 		}
 	}
 }
+
+func TestConversationLookupCounters(t *testing.T) {
+	m := New(Options{NoProcessCollectors: true})
+	m.ConversationLookup(false, 0)
+	m.ConversationLookup(true, 4096)
+	m.ConversationLookup(true, 100)
+	m.SetConversationCacheSource(func() int { return 12345 })
+	var nilM *Metrics
+	nilM.ConversationLookup(true, 1) // the router's unit tests run without metrics
+	for _, tc := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"hits", testutil.ToFloat64(m.convLookups.WithLabelValues("hit")), 2},
+		{"misses", testutil.ToFloat64(m.convLookups.WithLabelValues("miss")), 1},
+		{"reused bytes", testutil.ToFloat64(m.convReused), 4196},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+	n, err := testutil.GatherAndCount(m.Registry, "kvgate_tokenize_prefix_cache_bytes")
+	if err != nil || n != 1 {
+		t.Fatalf("kvgate_tokenize_prefix_cache_bytes: %d series, %v", n, err)
+	}
+}

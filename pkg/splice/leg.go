@@ -115,8 +115,18 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 	// skb left in the queue would be sent again. After a read that ends in
 	// EAGAIN every queued skb was consumed whole and freed; anything that
 	// arrives later is a fresh, unread skb.
+	// The buffer goes back to its pool as soon as the drain is over: a
+	// spliced response can last minutes, and 2,000 of them holding 64 KiB
+	// each was half the heap in the soak (docs/body-leg.md, "Fault suite").
 	buf := d.drainBuf()
-	defer d.putDrainBuf(buf)
+	held := true
+	release := func() {
+		if held {
+			held = false
+			d.putDrainBuf(buf)
+		}
+	}
+	defer release()
 	for round := 0; ; round++ {
 		n, state, err := drain(brc, *buf)
 		if n > 0 && !write((*buf)[:n]) {
@@ -141,12 +151,14 @@ func (d *Datapath) Run(ctx context.Context, client, backend net.Conn, prefix []b
 				continue
 			}
 			// The backend outruns us: stay in userspace for this body.
+			release()
 			r := d.user.Run(ctx, client, backend, nil, opts)
 			r.Bytes += res.Bytes
 			return r
 		}
 		break
 	}
+	release()
 	if d.beforeInsert != nil {
 		d.beforeInsert()
 	}
@@ -258,6 +270,7 @@ func drain(rc syscall.RawConn, buf []byte) (int, int, error) {
 }
 
 func (d *Datapath) drainBuf() *[]byte {
+	d.drainHeld.Add(1)
 	if b, ok := d.drainBufs.Get().(*[]byte); ok {
 		return b
 	}
@@ -265,7 +278,10 @@ func (d *Datapath) drainBuf() *[]byte {
 	return &b
 }
 
-func (d *Datapath) putDrainBuf(b *[]byte) { d.drainBufs.Put(b) }
+func (d *Datapath) putDrainBuf(b *[]byte) {
+	d.drainHeld.Add(-1)
+	d.drainBufs.Put(b)
+}
 
 // clientWatch is the result of the goroutine that peeks at the client
 // during a splice: done is closed once err (EOF, a reset, or the teardown's

@@ -64,8 +64,10 @@ type Datapath struct {
 	closed  atomic.Bool
 	cgroup  string
 	stopped chan struct{}
-	// drainBufs hold the pre-splice drain of backend receive queues.
+	// drainBufs hold the pre-splice drain of backend receive queues;
+	// drainHeld counts the ones out of the pool.
 	drainBufs sync.Pool
+	drainHeld atomic.Int64
 	ends      *endWatch
 	// beforeInsert, when set (tests only), runs between the pre-splice
 	// drain and the sockhash insertion, to widen that window.

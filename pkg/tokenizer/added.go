@@ -79,6 +79,7 @@ type segment struct {
 	isToken bool
 	id      uint32
 	atStart bool // text begins at offset 0 of the whole input
+	at      int  // byte offset of an added token's match in the split string
 }
 
 func isWordChar(r rune) bool {
@@ -121,7 +122,7 @@ func splitAdded(s string, trie *tokenTrie, tokens []AddedToken, atStart bool, ds
 		if start > textStart {
 			dst = append(dst, segment{text: s[textStart:start], atStart: atStart && textStart == 0})
 		}
-		dst = append(dst, segment{text: s[i:matchEnd], isToken: true, id: tok.ID})
+		dst = append(dst, segment{text: s[i:matchEnd], isToken: true, id: tok.ID, at: i})
 		textStart, i = end, end
 	}
 	if textStart < len(s) {

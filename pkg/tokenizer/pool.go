@@ -312,3 +312,26 @@ func statFiles(dir string) (fileSig, error) {
 	}
 	return sig, nil
 }
+
+// PrefixStats sums the conversation prefix caches of the loaded models
+// (docs/tokenizer.md, "Decision cost at long context").
+func (p *Pool) PrefixStats() PrefixStats {
+	p.mu.RLock()
+	models := make([]*Model, 0, len(p.entries))
+	for _, e := range p.entries {
+		if f := e.fresh.Load(); f != nil && f.model != nil {
+			models = append(models, f.model)
+		}
+	}
+	p.mu.RUnlock()
+	var sum PrefixStats
+	for _, m := range models {
+		s := m.PrefixStats()
+		sum.Hits += s.Hits
+		sum.Misses += s.Misses
+		sum.ReusedBytes += s.ReusedBytes
+		sum.Bytes += s.Bytes
+		sum.Entries += s.Entries
+	}
+	return sum
+}

@@ -56,6 +56,10 @@ type Tokenizer struct {
 	scan   *scanner // GPT-4 family scanner when chunking is safe
 
 	scratch sync.Pool // *encodeScratch
+
+	prefixes *prefixCache // nil: disabled (WithConversationCache(0))
+	// maxAdded is the longest raw-split added token, in bytes.
+	maxAdded int
 }
 
 type encodeScratch struct {
@@ -73,10 +77,24 @@ type options struct {
 	wordCache  int
 	chunkBytes int
 	chunkMin   int
+	convBytes  int
+	convObs    func(hit bool, reusedBytes int)
 }
 
 func defaultOptions() options {
-	return options{wordCache: 1 << 16, chunkBytes: 64 << 20, chunkMin: 1024}
+	return options{wordCache: 1 << 16, chunkBytes: 64 << 20, chunkMin: 1024, convBytes: DefaultConversationCacheBytes}
+}
+
+// WithConversationCache bounds the prefix cache that makes the encode of a
+// growing conversation incremental, in bytes (0 disables it). See
+// docs/tokenizer.md, "Decision cost at long context".
+func WithConversationCache(bytes int) Option { return func(o *options) { o.convBytes = bytes } }
+
+// WithConversationObserver is called after each lookup of the conversation
+// prefix cache (a text long enough to be cached): hit, and the text bytes
+// not encoded again. It must be cheap and must not block.
+func WithConversationObserver(fn func(hit bool, reusedBytes int)) Option {
+	return func(o *options) { o.convObs = fn }
 }
 
 // WithWordCache bounds the per-word BPE cache (entries; 0 disables it).
@@ -182,6 +200,13 @@ func Parse(data []byte, opts ...Option) (*Tokenizer, error) {
 		return nil, err
 	}
 	t.detectChunking(o)
+	if o.convBytes > 0 && !t.rawTrie.empty() {
+		t.prefixes = newPrefixCache(o.convBytes)
+		t.prefixes.observe = o.convObs
+		for _, a := range t.added { // all of them: an upper bound of the raw-split ones
+			t.maxAdded = max(t.maxAdded, len(a.Content))
+		}
+	}
 	t.metaspace = findMetaspace(t.pre)
 	t.spaceMark, t.stripLead = decoderHints(f.Decoder, t.metaspace)
 	return t, nil
@@ -329,7 +354,7 @@ func (t *Tokenizer) EncodeLimited(text string, addSpecialTokens bool, lim Limits
 	if addSpecialTokens {
 		ids = append(ids, t.post.prefix...)
 	}
-	ids, err := t.encodeText(text, ids, newBudget(lim, len(ids)))
+	ids, err := t.encodeReusing(text, ids, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -359,7 +384,10 @@ func (t *Tokenizer) putScratch(s *encodeScratch) {
 	t.scratch.Put(s)
 }
 
-func (t *Tokenizer) encodeText(text string, ids []uint32, b *budget) ([]uint32, error) {
+// encodeText appends the ids of text. With cuts it also records where text
+// can be cut (see prefixCache): each raw-split added token's offset plus
+// cutOffset, and its index in ids minus idsBase.
+func (t *Tokenizer) encodeText(text string, ids []uint32, b *budget, cuts *[]prefixCut, cutOffset, idsBase int) ([]uint32, error) {
 	sc := t.getScratch()
 	defer t.putScratch(sc)
 	sc.budget = b
@@ -369,6 +397,9 @@ func (t *Tokenizer) encodeText(text string, ids []uint32, b *budget) ([]uint32, 
 			break
 		}
 		if seg.isToken {
+			if cuts != nil {
+				*cuts = append(*cuts, prefixCut{at: seg.at + cutOffset, index: len(ids) - idsBase})
+			}
 			ids = append(ids, seg.id)
 			continue
 		}

@@ -310,8 +310,8 @@ func TestFaults(t *testing.T) {
 		}
 	})
 
-	// A backend that breaks every response: each broken response is an
-	// origin failure for the circuit breaker, so after the origin-error
+	// A backend that breaks every response, on a rule with cb_enable: each
+	// broken response is an origin failure for the circuit breaker, so after the origin-error
 	// threshold (LLB_PD_ORIGIN_ERR_THRESHOLD, 3) the breaker opens and
 	// requests go to the healthy endpoint only.
 	t.Run("broken_backend_opens_breaker", func(t *testing.T) {
@@ -319,7 +319,7 @@ func TestFaults(t *testing.T) {
 		brokenServer(t, f.tp, bad)
 		for i, g := range f.paths {
 			port := 8100 + i
-			id := g.d.createRule(t, port, []string{bad, net.JoinHostPort(eng1Addr, fmt.Sprint(engPort))}, nil)
+			id := g.d.createRule(t, port, []string{bad, net.JoinHostPort(eng1Addr, fmt.Sprint(engPort))}, map[string]any{"cb_enable": true})
 			base := fmt.Sprintf("http://%s:%d", gwAddr, port)
 			broken := 0
 			for n := 0; n < 20 && g.d.metric(t, "kvgate_circuit_breaker_state", map[string]string{"service": fmt.Sprint(id), "ep_idx": "0"}) != 1; n++ {

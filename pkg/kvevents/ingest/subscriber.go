@@ -170,6 +170,12 @@ type Options struct {
 	// batches cannot grow the queue without bound. One message always fits,
 	// whatever its size (it is itself bounded by MaxFrameBytes).
 	QueueBytes int64
+	// ReleaseAfter is the queued bytes of a burst (the most a rank's queue
+	// held since it was last empty) at or above which the rank, once its
+	// queue is empty again, has the Go runtime return the freed heap to the
+	// OS (at most once per 5 s per Manager). Default DefaultReleaseAfter
+	// (8 MiB); negative: never.
+	ReleaseAfter int64
 	// MaxFrameBytes is LLB_KV_MAX_FRAME_BYTES: the largest ZMTP frame, and
 	// multipart message, accepted from a publisher or replay socket (default
 	// zmtpguard.DefaultMaxFrameBytes). A peer declaring more loses its
@@ -189,6 +195,8 @@ type Options struct {
 	MaxDrainBytes int
 	// Guard recovers a panic in a rank's goroutines; nil still recovers.
 	Guard *recovery.Guard
+
+	releaser *memReleaser // shared by a Manager's ranks; set by NewManager
 }
 
 func (o Options) withDefaults() Options {
@@ -212,6 +220,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.QueueBytes <= 0 {
 		o.QueueBytes = 256 << 20
+	}
+	if o.ReleaseAfter == 0 {
+		o.ReleaseAfter = DefaultReleaseAfter
 	}
 	if o.MaxFrameBytes <= 0 {
 		o.MaxFrameBytes = zmtpguard.DefaultMaxFrameBytes
@@ -249,7 +260,11 @@ type Manager struct {
 
 // NewManager returns a Manager with no targets.
 func NewManager(opts Options) *Manager {
-	return &Manager{opts: opts.withDefaults(), subs: make(map[string]*endpointSub)}
+	opts = opts.withDefaults()
+	if opts.ReleaseAfter > 0 {
+		opts.releaser = &memReleaser{guard: opts.Guard}
+	}
+	return &Manager{opts: opts, subs: make(map[string]*endpointSub)}
 }
 
 // Reconcile makes the running subscribers match targets: it starts the new
@@ -527,6 +542,7 @@ func (e *endpointSub) rankConnected(rank int, up bool) {
 type rankSub struct {
 	ep     *endpointSub
 	rank   int
+	counts appliedCounts // live batches applied, not yet reported (flushApplied)
 	pub    string
 	replay string
 	opts   Options
@@ -687,6 +703,7 @@ type byteBudget struct {
 	limit int64
 	mu    sync.Mutex
 	used  int64
+	peak  int64         // the most used since used was last 0 (drainedPeak)
 	freed chan struct{} // signalled on release
 }
 
@@ -701,6 +718,7 @@ func (b *byteBudget) acquire(n int64, done <-chan struct{}) bool {
 		b.mu.Lock()
 		if b.used == 0 || b.used+n <= b.limit {
 			b.used += n
+			b.peak = max(b.peak, b.used)
 			b.mu.Unlock()
 			return true
 		}
@@ -711,6 +729,19 @@ func (b *byteBudget) acquire(n int64, done <-chan struct{}) bool {
 			return false
 		}
 	}
+}
+
+// drainedPeak returns the burst's peak and starts a new burst when the
+// budget is empty, and 0 while messages are still queued.
+func (b *byteBudget) drainedPeak() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used != 0 {
+		return 0
+	}
+	p := b.peak
+	b.peak = 0
+	return p
 }
 
 func (b *byteBudget) release(n int64) {
@@ -748,6 +779,10 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 			got = true
 			r.handle(ctx, m)
 			budget.release(m.size)
+			r.flushApplied(len(queue))
+			if len(queue) == 0 && r.opts.releaser != nil && budget.drainedPeak() >= r.opts.ReleaseAfter {
+				r.opts.releaser.request()
+			}
 		}
 	}
 }
@@ -860,11 +895,37 @@ func (r *rankSub) handle(ctx context.Context, m liveMsg) {
 		r.noteSeq()
 		return
 	}
-	r.apply(seq, payload)
+	res := r.apply(seq, payload)
+	r.counts.batches++
+	r.counts.stored += res.Stored
+	r.counts.removed += res.Removed
 }
 
-// apply applies one batch and returns the hashes it stored.
-func (r *rankSub) apply(seq uint64, payload []byte) int {
+// appliedCounts accumulates live batches between reports to a BatchObserver.
+type appliedCounts struct{ batches, stored, removed int }
+
+// appliedFlushBatches bounds how many applied batches a rank holds back
+// from its BatchObserver while a backlog is being applied.
+const appliedFlushBatches = 64
+
+// flushApplied reports the accumulated live batches when the queue is
+// empty or appliedFlushBatches have accumulated: one metric update per
+// batch cost ≈ 0.4–0.6 µs (three labelled counters), a fifth of a small
+// batch's receive and apply, so under a backlog the updates are batched.
+func (r *rankSub) flushApplied(queued int) {
+	c := r.counts
+	if c.batches == 0 || (queued > 0 && c.batches < appliedFlushBatches) {
+		return
+	}
+	r.counts = appliedCounts{}
+	if bo, ok := r.ep.obs.(BatchObserver); ok {
+		bo.Applied(r.ep.ref, r.rank, c.batches, c.stored, c.removed)
+	}
+}
+
+// apply applies one batch and returns what it applied (zero when the
+// payload did not decode).
+func (r *rankSub) apply(seq uint64, payload []byte) IngestResult {
 	res, err := r.ingest.Apply(payload)
 	if err != nil {
 		r.ep.obs.DecodeError(r.ep.ref, r.rank)
@@ -888,7 +949,7 @@ func (r *rankSub) apply(seq uint64, payload []byte) int {
 	r.lastDigest = maphash.Bytes(r.digestSeed, payload)
 	r.noteSeq()
 	reportBlocks(r.ep.obs, r.ep.ref, r.ingest.Inventory, r.ingest.EPIdx)
-	return res.Stored
+	return res
 }
 
 func (r *rankSub) clear(reason ClearReason) {
@@ -1022,7 +1083,7 @@ func (r *rankSub) replayWith(ctx context.Context, start uint64, purpose ReplayPu
 		if r.seq.Known && seq <= r.seq.Last {
 			return nil
 		}
-		hashes += r.apply(seq, payload)
+		hashes += r.apply(seq, payload).Stored
 		// A large inventory takes a while to replay: say how far it got.
 		if now := time.Now(); now.Sub(lastLog) >= replayProgressEvery {
 			lastLog = now

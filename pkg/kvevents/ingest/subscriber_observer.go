@@ -93,6 +93,19 @@ type Observer interface {
 	DecodeError(ep EndpointRef, rank int)
 }
 
+// BatchObserver is an optional extension of Observer: an Observer that also
+// implements it is told of the live batches applied (replayed batches go to
+// Replay) and the hashes their BlockStored and BlockRemoved events carried:
+// after each batch while the rank's queue is empty, every 64 batches while
+// a backlog is applied.
+// The daemon wires it to kvgate_kv_subscriber_batches_total{service,ep} and
+// kvgate_kv_subscriber_hashes_total{service,ep,event}, the counters an
+// operator (and bench/ingest) reads the ingest rate from. It is a separate
+// interface so Observers that do not count batches need not change.
+type BatchObserver interface {
+	Applied(ep EndpointRef, rank int, batches, stored, removed int)
+}
+
 // NopObserver ignores everything; embed it to implement part of Observer.
 type NopObserver struct{}
 
