@@ -227,6 +227,8 @@ Example (three engines on separate loopback addresses, same ports):
 	f.StringVar(&cfg.Model, "model", def.Model, "served model name")
 	f.BoolVar(&cfg.RuntimeLoRA, "allow-runtime-lora-updating", false, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
 	f.StringArrayVar(&cfg.APIKeys, "api-key", nil, "vLLM's --api-key: paths under /v1, /v2, /inference and /cohere answer 401 without Authorization: Bearer KEY; /health and /metrics stay open (repeat the flag for several keys; default $VLLM_API_KEY)")
+	f.StringVar(&cfg.SSLCertFile, "ssl-certfile", "", "vLLM's --ssl-certfile: the HTTP port speaks https only with this certificate (PEM, leaf first; needs --ssl-keyfile)")
+	f.StringVar(&cfg.SSLKeyFile, "ssl-keyfile", "", "vLLM's --ssl-keyfile: the private key of --ssl-certfile (PEM)")
 	f.StringSliceVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapter names served on the model, name[,name] (vLLM's name=path is accepted; the path is ignored): requests naming one hash with its lora_name")
 	f.StringVar(&tokenizerPath, "tokenizer", "", "tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json (chat template)")
 	f.IntVar(&cfg.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")

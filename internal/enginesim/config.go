@@ -184,6 +184,13 @@ type Config struct {
 	// Authorization: Bearer <one of them>, exactly as vLLM (apikey.go).
 	APIKeys []string
 
+	// SSLCertFile and SSLKeyFile are vLLM's --ssl-certfile and
+	// --ssl-keyfile (uvicorn's): when both are set the HTTP port speaks
+	// https only (TLS 1.2+), as an https-only engine behind a security-2
+	// rule does. The ZeroMQ sockets stay plain, as vLLM's.
+	SSLCertFile string
+	SSLKeyFile  string
+
 	NixlSideChannelPort int           // remote_port in kv_transfer_params
 	KVTransferTimeout   time.Duration // prefill role: how long blocks wait for the decoder
 
@@ -317,6 +324,9 @@ func (c Config) stepped() bool { return c.PerfModel != PerfModelSimple }
 
 func (c Config) validate() error {
 	var errs []error
+	if (c.SSLCertFile == "") != (c.SSLKeyFile == "") {
+		errs = append(errs, errors.New("ssl-certfile and ssl-keyfile go together: give both for https, or neither"))
+	}
 	if c.Port < 0 || c.Port > 65535 {
 		errs = append(errs, fmt.Errorf("port %d out of range", c.Port))
 	}

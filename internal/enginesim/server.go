@@ -3,11 +3,13 @@ package enginesim
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -115,7 +117,18 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("enginesim: listen: %w", err)
 	}
 	port := e.ln.Addr().(*net.TCPAddr).Port
-	e.url = "http://" + net.JoinHostPort(cfg.Host, strconv.Itoa(port))
+	scheme := "http"
+	if cfg.SSLCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.SSLCertFile, cfg.SSLKeyFile)
+		if err != nil {
+			e.ln.Close()
+			return nil, fmt.Errorf("enginesim: ssl-certfile/ssl-keyfile: %w", err)
+		}
+		e.ln = tls.NewListener(e.ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"http/1.1"}})
+		scheme = "https"
+	}
+	e.url = scheme + "://" + net.JoinHostPort(cfg.Host, strconv.Itoa(port))
 	if e.cfg.ID == "" {
 		e.cfg.ID = net.JoinHostPort(cfg.Host, strconv.Itoa(port))
 	}
@@ -131,6 +144,11 @@ func New(cfg Config) (*Engine, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		ErrorLog:          nil,
+	}
+	if scheme == "https" {
+		// A tcp probe or a client with the wrong CA fails its handshake on
+		// every try: at debug level, not on stderr each time.
+		e.srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)
 	}
 	if err := e.startDPRanks(); err != nil {
 		if e.pub != nil {

@@ -105,9 +105,6 @@ func validateTLS(r *Rule) error {
 	if a.Security != SecurityPlain && a.Mode != ModeFullProxy {
 		return invalid("serviceArguments.mode", "security %d terminates TLS, which needs mode 4 (fullproxy); got mode %d", a.Security, a.Mode)
 	}
-	if a.Security == SecurityE2EHTTPS && r.ProbeType() == ProbeHTTP {
-		return invalid("serviceArguments.probetype", "http probes speak plain HTTP, and security 2 engines speak TLS; set probetype tcp or none")
-	}
 	if err := validateMTLSFrontend(a); err != nil {
 		return err
 	}

@@ -56,10 +56,20 @@ func TestValidateTLS(t *testing.T) {
 		{"CRL", func(r *Rule) {
 			r.Args.MTLSFrontend = &MTLSFrontend{ClientCertMode: ClientCertRequired, ClientCAPath: "/ca", ClientCRLPath: "/crl"}
 		}, "serviceArguments.mtls_frontend.client_crl_path", "not supported"},
+		// kvgate's own calls to security-2 engines speak https
+		// (pkg/engineclient), so http probes and a backend key are allowed.
 		{"e2ehttps with http probes", func(r *Rule) {
 			r.Args.Security = SecurityE2EHTTPS
 			r.Args.ProbeType = ""
-		}, "serviceArguments.probetype", "tcp or none"},
+		}, "", ""},
+		{"e2ehttps with explicit http probes", func(r *Rule) {
+			r.Args.Security = SecurityE2EHTTPS
+			r.Args.ProbeType = ProbeHTTP
+		}, "", ""},
+		{"e2ehttps with a backend token file", func(r *Rule) {
+			r.Args.Security = SecurityE2EHTTPS
+			r.Args.BackendTokenFile = "/etc/kvgate/backend-tokens/k"
+		}, "", ""},
 		{"backend on https", func(r *Rule) { r.Args.MTLSBackend = &MTLSBackend{BackendCAPath: "/ca"} }, "serviceArguments.mtls_backend", "security 2"},
 		{"backend unverified", func(r *Rule) {
 			r.Args.Security = SecurityE2EHTTPS

@@ -85,12 +85,6 @@ func validateBackendTokenFile(a *ServiceArguments) error {
 	if !filepath.IsAbs(p) {
 		return invalid("serviceArguments.backendTokenFile", "%q is not an absolute path; kvgate's working directory is not the operator's", p)
 	}
-	// A security 2 rule says the path to its engines is encrypted, but
-	// kvgate's own calls to them (scrape, preflight) are still plain HTTP:
-	// they would put the key on the wire in the clear.
-	if a.Security == SecurityE2EHTTPS {
-		return invalid("serviceArguments.backendTokenFile", "not with security 2: kvgate's own calls to the engines (metrics scrape, preflight) are plain HTTP and would carry the key in the clear")
-	}
 	return nil
 }
 

@@ -36,9 +36,6 @@ func TestValidateRejects(t *testing.T) {
 		{"kvExactMode 2 reserved", func(r *Rule) { r.Args.KVExactMode = 2 }, "kvExactMode", "reserved"},
 		{"backendTokenFile relative", func(r *Rule) { r.Args.BackendTokenFile = "engine-key" }, "serviceArguments.backendTokenFile", "not an absolute path"},
 		{"backendTokenFile control character", func(r *Rule) { r.Args.BackendTokenFile = "/etc/kvgate/key\n" }, "serviceArguments.backendTokenFile", "control character"},
-		{"backendTokenFile on a security 2 rule", func(r *Rule) {
-			r.Args.BackendTokenFile, r.Args.Security, r.Args.ProbeType = "/etc/kvgate/backend-tokens/k", SecurityE2EHTTPS, ProbeTCP
-		}, "serviceArguments.backendTokenFile", "not with security 2"},
 		{"backendTokenFile too long", func(r *Rule) { r.Args.BackendTokenFile = "/" + strings.Repeat("k", MaxBackendTokenPathLen) }, "serviceArguments.backendTokenFile", "longer than 4096"},
 		{"security 3", func(r *Rule) { r.Args.Security = 3 }, "serviceArguments.security", "0 plain HTTP, 1 https"},
 		{"security -1", func(r *Rule) { r.Args.Security = -1 }, "serviceArguments.security", "allowed values"},

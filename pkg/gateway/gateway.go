@@ -24,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/datapath"
+	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
@@ -35,6 +36,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/splice"
 	"github.com/kvgate/kvgate/pkg/state"
 	"github.com/kvgate/kvgate/pkg/status"
+	"github.com/kvgate/kvgate/pkg/tlsterm"
 	"github.com/kvgate/kvgate/pkg/tokenizer"
 )
 
@@ -157,6 +159,12 @@ type ruleRuntime struct {
 	// not a KV rule. Guarded by Gateway.mu; the router reads it through
 	// its ruleState.
 	models *ruleModels
+	// term is a TLS rule's terminator (nil on plain rules): preflight's
+	// probe requests verify the VIP against the certificate it serves.
+	term *tlsterm.Terminator
+	// engine is the client of kvgate's own calls to the rule's engines
+	// (probes, scrapes, subscribers, discovery, preflight): https on security 2.
+	engine *engineclient.Client
 	// audit is the rule's per-request usage audit (usageaudit.go).
 	audit *usageAuditor
 }
@@ -385,10 +393,12 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 			stopTLS()
 		}
 	}()
-	backendDial, err := g.backendTLSDial(rule)
+	engineTLS, err := ruleEngineTLS(rule)
 	if err != nil {
 		return err
 	}
+	backendDial := g.backendTLSDial(engineTLS)
+	engine := engineclient.New(engineTLS)
 	var clientTLS fullproxy.TLSTerminator
 	if term != nil {
 		clientTLS = term
@@ -403,6 +413,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return err
 	}
+	rh.engine = engine
 	overlay, err := g.newOverlay(idx)
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
@@ -419,11 +430,12 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	rt := &ruleRuntime{rule: rule, index: idx, overlay: overlay, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS}
+	rt := &ruleRuntime{rule: rule, index: idx, overlay: overlay, sel: sel, loads: loads, health: rh, served: make(chan struct{}), stopTLS: stopTLS,
+		term: term, engine: engine}
 	rt.router = &router{service: id, sel: sel, scores: scores, overlay: overlay, costs: costs, opts: g.selOpts, pool: g.pool, m: g.Metrics, log: g.log.With("service", id),
 		maxTokens: g.opts.Settings.MaxPromptTokens, gate: g.inspect}
 	st.parity = g.newParity(rule, st)
-	rt.models = g.newRuleModels(rule, rh.token, g.reconcile)
+	rt.models = g.newRuleModels(rule, engine, rh.token, g.reconcile)
 	defer func() {
 		if err != nil {
 			rt.models.close()
@@ -587,6 +599,7 @@ func (g *Gateway) remove(rule *config.Rule) {
 		rt.health.close()
 		rt.stopTLS()
 		rt.models.close()
+		rt.engine.CloseIdle()
 	})
 	g.Metrics.DeleteRule(rule.ServiceID)
 	g.Metrics.DeleteModelSeries(rule.ServiceID, -1)
@@ -644,7 +657,7 @@ func (g *Gateway) reconcile() {
 				Service: uint32(r.ServiceID), EPIdx: e.Idx, IP: e.IP, Port: r.ZmqPort(), Ranks: r.DpRankCount(), Engine: engine,
 				ReplayPort: r.Args.KVReplayPort, Inventory: inventory.ModelSink{Inner: rt.sink(), Salt: view.endpointSalt(e.Idx)},
 				Granularity: rt.router.state.Load().gran,
-				Parity:      rt.router.state.Load().parity, Token: rt.health.token,
+				Parity:      rt.router.state.Load().parity, Token: rt.health.token, HTTP: rt.engine,
 			}
 			switch engine {
 			case ingest.EngineTRTLLM:

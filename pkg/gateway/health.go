@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/metrics"
@@ -47,6 +48,9 @@ type ruleHealth struct {
 	// token is the rule's backendTokenFile token, for its probes, scrapes
 	// and KV subscribers.
 	token *ruleToken
+	// engine is the rule's engine-facing client (https on security 2),
+	// shared by every prober the rule starts. Set before start.
+	engine *engineclient.Client
 	// endpointDown is told when the probe marks an endpoint down: the
 	// rule's proxy ends the requests still waiting for that endpoint's
 	// first byte (fullproxy.Server.EndpointDown; docs/dataplane.md, "Hung
@@ -186,7 +190,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
 		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
-		Token: h.token,
+		Token: h.token, Engine: h.engine,
 	}, targets, h.log)
 	if err != nil {
 		return fmt.Errorf("service %d: %w", rule.ServiceID, err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/inventory"
@@ -205,6 +206,7 @@ type ruleModels struct {
 	service  int
 	interval time.Duration
 	client   *http.Client
+	scheme   string // "https" on security-2 rules
 	m        *metrics.Metrics
 	log      *slog.Logger
 	guard    *recovery.Guard
@@ -227,8 +229,9 @@ type ruleModels struct {
 }
 
 // newRuleModels starts discovery for a KV rule; nil when discovery is off
-// or the rule is not a KV rule.
-func (g *Gateway) newRuleModels(rule *config.Rule, token interface{ Token() (string, error) }, changed func()) *ruleModels {
+// or the rule is not a KV rule. engine is the rule's client for kvgate's own
+// engine calls (https on security-2 rules); nil gives a plain-HTTP one.
+func (g *Gateway) newRuleModels(rule *config.Rule, engine *engineclient.Client, token interface{ Token() (string, error) }, changed func()) *ruleModels {
 	iv := g.opts.Settings.ModelDiscoveryInterval
 	if iv <= 0 || !rule.KVEnabled() {
 		return nil
@@ -236,13 +239,11 @@ func (g *Gateway) newRuleModels(rule *config.Rule, token interface{ Token() (str
 	timeout := rule.ProbeTimeout()
 	rm := &ruleModels{service: rule.ServiceID, interval: iv, m: g.Metrics, log: g.log.With("service", rule.ServiceID),
 		guard: g.guard, changed: changed, token: token, served: map[int]models.Served{}, wake: make(chan struct{}, 1),
-		client: &http.Client{Timeout: timeout, Transport: &http.Transport{
-			DialContext:           (&net.Dialer{Timeout: timeout}).DialContext,
-			MaxIdleConnsPerHost:   1,
-			IdleConnTimeout:       2 * iv,
-			ResponseHeaderTimeout: timeout,
-		}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 	}
+	if engine == nil {
+		engine = engineclient.New(nil)
+	}
+	rm.client, rm.scheme = engine.HTTP(timeout), engine.Scheme()
 	rm.setEndpoints(rule)
 	ctx, cancel := context.WithCancel(context.Background())
 	rm.stop, rm.done = cancel, make(chan struct{})
@@ -399,7 +400,7 @@ func (rm *ruleModels) fetch(ctx context.Context, addr string) (models.Served, er
 	if rm.token != nil {
 		tok, _ = rm.token.Token() // a token file that fails to load: the call goes without, as the probes do
 	}
-	return models.Fetch(ctx, rm.client, "http://"+addr, tok)
+	return models.Fetch(ctx, rm.client, rm.scheme+"://"+addr, tok)
 }
 
 // apply records a round's answers. A failed read keeps what the endpoint
@@ -525,7 +526,7 @@ func (g *Gateway) updateRuleModels(rt *ruleRuntime, updated *config.Rule) *ruleM
 	want := g.opts.Settings.ModelDiscoveryInterval > 0 && updated.KVEnabled()
 	switch {
 	case want && rt.models == nil:
-		rt.models = g.newRuleModels(updated, rt.health.token, g.reconcile)
+		rt.models = g.newRuleModels(updated, rt.engine, rt.health.token, g.reconcile)
 		g.watchModelBlocksLocked(rt)
 	case !want && rt.models != nil:
 		old := rt.models

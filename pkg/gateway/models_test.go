@@ -199,7 +199,7 @@ func TestDiscoveryRereads(t *testing.T) {
 	m := metrics.New(metrics.Options{NoProcessCollectors: true})
 	g := &Gateway{opts: Options{Settings: s}, Metrics: m, log: quietLogger(), guard: recovery.New(quietLogger(), m)}
 	var changes atomic.Int32
-	rm := g.newRuleModels(rule, nil, func() { changes.Add(1) })
+	rm := g.newRuleModels(rule, nil, nil, func() { changes.Add(1) })
 	defer rm.close()
 	base := func() string {
 		v := rm.current()

@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testcerts"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
+	"github.com/kvgate/kvgate/pkg/tlsterm"
 )
 
 // oneEndpoint routes every request to addr.
@@ -67,11 +68,11 @@ func BenchmarkBackendTLSPool(b *testing.B) {
 	ca, pair, caFile := engineCerts(b, dir)
 	tlsAddr := startKeepAliveEngine(b, pair)
 	plainAddr := startKeepAliveEngine(b, nil)
-	caPool, mtime, err := loadCAFile(caFile)
+	engineTLS, err := tlsterm.NewEngineTLS(caFile)
 	if err != nil {
 		b.Fatal(err)
 	}
-	resumed := newBackendTLSDialer(&backendRoots{path: caFile, pool: caPool, seen: mtime}, nil)
+	resumed := newBackendTLSDialer(engineTLS, nil)
 	var d net.Dialer
 	full := func(ctx context.Context, addr string) (net.Conn, error) {
 		nc, err := d.DialContext(ctx, "tcp", addr)

@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/kvhash"
 	"github.com/kvgate/kvgate/pkg/preflight"
@@ -90,4 +92,28 @@ func (s preflightSource) Tier15Hits(service, epIdx int) float64 {
 		return 0
 	}
 	return m.Counter.GetValue()
+}
+
+// EngineClient is the rule's engine-facing client (https on security 2).
+func (s preflightSource) EngineClient(service int) *engineclient.Client {
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	if rt, ok := s.g.rules[service]; ok {
+		return rt.engine
+	}
+	return nil
+}
+
+// VIPClientTLS pins the certificate the rule's listener serves now.
+func (s preflightSource) VIPClientTLS(service int) (*tls.Config, error) {
+	s.g.mu.Lock()
+	rt, ok := s.g.rules[service]
+	s.g.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("service %d is not running", service)
+	}
+	if rt.term == nil {
+		return nil, nil
+	}
+	return rt.term.SelfClientConfig(), nil
 }

@@ -6,17 +6,12 @@ package gateway
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/kvgate/kvgate/internal/recovery"
 	"github.com/kvgate/kvgate/pkg/config"
@@ -108,84 +103,38 @@ func (g *Gateway) ruleTLS(rule *config.Rule) (t *tlsterm.Terminator, stop func()
 	return t, cancel, nil
 }
 
-// maxCABytes bounds a backend CA bundle.
-const maxCABytes = 1 << 20
-
-// backendRoots is a security-2 rule's CA pool, re-read when its file
-// changes (checked at most once per caCheckEvery, on the dial path).
-type backendRoots struct {
-	path string
-	mu   sync.Mutex
-	pool *x509.CertPool
-	seen time.Time // mtime of the loaded file
-	next time.Time // earliest next stat
-}
-
-const caCheckEvery = time.Second
-
-func loadCAFile(path string) (*x509.CertPool, time.Time, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxCABytes+1))
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	if len(b) > maxCABytes {
-		return nil, time.Time{}, fmt.Errorf("%s is larger than %d bytes", path, maxCABytes)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, time.Time{}, fmt.Errorf("%s holds no PEM certificate", path)
-	}
-	return pool, fi.ModTime(), nil
-}
-
-func (r *backendRoots) get() *x509.CertPool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	if now.Before(r.next) {
-		return r.pool
-	}
-	r.next = now.Add(caCheckEvery)
-	fi, err := os.Stat(r.path)
-	if err != nil || fi.ModTime().Equal(r.seen) {
-		return r.pool
-	}
-	if pool, mtime, err := loadCAFile(r.path); err == nil {
-		r.pool, r.seen = pool, mtime
-	}
-	return r.pool
-}
-
 // backendTLSDial is a security-2 rule's backend dialer: TCP (tagged for the
-// load map like every backend socket), then a TLS 1.2+ handshake verified
-// against mtls_backend.backend_ca_path (the system's roots when empty) for
-// the endpoint's IP. Sessions are resumed from a per-rule cache, so only
-// the first connection to an engine pays the full handshake (bench:
-// BenchmarkBackendTLSDial). The handshake is bounded by the caller's
-// context (the connect timeout).
-func (g *Gateway) backendTLSDial(rule *config.Rule) (func(ctx context.Context, addr string) (net.Conn, error), error) {
+// load map like every backend socket), then a TLS 1.2+ handshake with the
+// rule's engine TLS (tlsterm.EngineTLS: verified against
+// mtls_backend.backend_ca_path, or the system's roots when empty, for the
+// endpoint's IP, the CA file followed as it changes). Sessions are resumed
+// from the rule's cache, so only the first connection to an engine pays the
+// full handshake (bench: BenchmarkBackendTLSDial). The handshake is bounded
+// by the caller's context (the connect timeout).
+func (g *Gateway) backendTLSDial(engineTLS *tlsterm.EngineTLS) func(ctx context.Context, addr string) (net.Conn, error) {
+	if engineTLS == nil {
+		return nil
+	}
+	return newBackendTLSDialer(engineTLS, g.dialControl())
+}
+
+// ruleEngineTLS is a security-2 rule's TLS towards its engines, shared by
+// the data-plane dialer and kvgate's own calls (engineclient); nil for the
+// other rules. A CA file that does not load is a 400 naming the field.
+func ruleEngineTLS(rule *config.Rule) (*tlsterm.EngineTLS, error) {
 	if !rule.BackendTLS() {
 		return nil, nil
 	}
-	var roots *backendRoots
-	if b := rule.Args.MTLSBackend; b != nil && b.BackendCAPath != "" {
-		pool, mtime, err := loadCAFile(b.BackendCAPath)
-		if err != nil {
-			return nil, &config.ValidationError{Field: "serviceArguments.mtls_backend.backend_ca_path",
-				Msg: fmt.Sprintf("serviceArguments.mtls_backend.backend_ca_path: %v", err)}
-		}
-		roots = &backendRoots{path: b.BackendCAPath, pool: pool, seen: mtime}
+	caFile := ""
+	if b := rule.Args.MTLSBackend; b != nil {
+		caFile = b.BackendCAPath
 	}
-	return newBackendTLSDialer(roots, g.dialControl()), nil
+	e, err := tlsterm.NewEngineTLS(caFile)
+	if err != nil {
+		return nil, &config.ValidationError{Field: "serviceArguments.mtls_backend.backend_ca_path",
+			Msg: fmt.Sprintf("serviceArguments.mtls_backend.backend_ca_path: %v", err)}
+	}
+	return e, nil
 }
 
 // backendPool is a rule's engine connection pool: security-2 rules only,
@@ -204,24 +153,13 @@ func (g *Gateway) backendPool(rule *config.Rule) *fullproxy.PoolOptions {
 	return &o
 }
 
-func newBackendTLSDialer(roots *backendRoots, control func(network, address string, c syscall.RawConn) error) func(ctx context.Context, addr string) (net.Conn, error) {
+func newBackendTLSDialer(engineTLS *tlsterm.EngineTLS, control func(network, address string, c syscall.RawConn) error) func(ctx context.Context, addr string) (net.Conn, error) {
 	d := &net.Dialer{Control: control}
-	cache := tls.NewLRUClientSessionCache(256)
 	return func(ctx context.Context, addr string) (net.Conn, error) {
 		nc, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return nil, err
 		}
-		host, _, _ := net.SplitHostPort(addr)
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host, NextProtos: []string{"http/1.1"}, ClientSessionCache: cache}
-		if roots != nil {
-			cfg.RootCAs = roots.get()
-		}
-		tc := tls.Client(nc, cfg)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			nc.Close()
-			return nil, fmt.Errorf("TLS to %s: %w", addr, err)
-		}
-		return tc, nil
+		return engineTLS.Client(ctx, nc, addr)
 	}
 }

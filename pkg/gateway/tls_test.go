@@ -3,10 +3,11 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/metrics"
+	"github.com/kvgate/kvgate/pkg/tlsterm"
 )
 
 func TestRuleLeg(t *testing.T) {
@@ -124,12 +126,11 @@ func TestBackendTLSDial(t *testing.T) {
 	dir := t.TempDir()
 	_, pair, caFile := engineCerts(t, dir)
 	eng := startTLSEngine(t, pair)
-	pool, mtime, err := loadCAFile(caFile)
+	engineTLS, err := tlsterm.NewEngineTLS(caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots := &backendRoots{path: caFile, pool: pool, seen: mtime}
-	dial := newBackendTLSDialer(roots, nil)
+	dial := newBackendTLSDialer(engineTLS, nil)
 	for i := 0; i < 4; i++ {
 		if err := dialOnce(t, dial, eng.addr); err != nil {
 			t.Fatalf("dial %d: %v", i, err)
@@ -144,24 +145,7 @@ func TestBackendTLSDial(t *testing.T) {
 	if err := dialOnce(t, dial, stranger.addr); err == nil {
 		t.Fatal("an engine certificate from another CA was accepted")
 	}
-	// A replaced CA file is followed: an engine the new CA signed is
-	// trusted (the file is re-read when its mtime moves, at most once per
-	// caCheckEvery).
-	newCA, newPair, _ := engineCerts(t, t.TempDir())
-	other := startTLSEngine(t, newPair)
-	if err := newCA.WriteCA(caFile); err != nil {
-		t.Fatal(err)
-	}
-	future := time.Now().Add(time.Minute)
-	if err := os.Chtimes(caFile, future, future); err != nil {
-		t.Fatal(err)
-	}
-	roots.mu.Lock()
-	roots.next = time.Time{}
-	roots.mu.Unlock()
-	if err := dialOnce(t, dial, other.addr); err != nil {
-		t.Fatalf("after the CA file changed: %v", err)
-	}
+	// The CA file's reload is tlsterm's (TestEngineTLSFollowsCAFile).
 }
 
 // BenchmarkBackendTLSDial: what a request pays to open its engine
@@ -171,7 +155,7 @@ func BenchmarkBackendTLSDial(b *testing.B) {
 	dir := b.TempDir()
 	ca, pair, caFile := engineCerts(b, dir)
 	eng := startTLSEngine(b, pair)
-	pool, mtime, err := loadCAFile(caFile)
+	engineTLS, err := tlsterm.NewEngineTLS(caFile)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -210,7 +194,7 @@ func BenchmarkBackendTLSDial(b *testing.B) {
 	}{
 		{"plain-tcp", func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }, plainLn.Addr().String()},
 		{"tls-full-handshake", full, eng.addr},
-		{"tls-resumed", newBackendTLSDialer(&backendRoots{path: caFile, pool: pool, seen: mtime}, nil), eng.addr},
+		{"tls-resumed", newBackendTLSDialer(engineTLS, nil), eng.addr},
 		// Not what kvgate does: how much of a handshake is the key exchange
 		// (Go's default hybrid X25519MLKEM768 against X25519 alone).
 		{"tls-full-handshake-x25519-only", x25519Dial(ca, false), eng.addr},
@@ -246,6 +230,47 @@ func x25519Dial(ca *testcerts.CA, resume bool) func(ctx context.Context, addr st
 			return nil, err
 		}
 		return tc, nil
+	}
+}
+
+// TestRuleEngineTLS: only security-2 rules get an engine TLS (the other
+// rules' own calls stay plain HTTP), and a CA file that cannot serve is a
+// 400 naming mtls_backend.backend_ca_path.
+func TestRuleEngineTLS(t *testing.T) {
+	_, _, caFile := engineCerts(t, t.TempDir())
+	missing := filepath.Join(t.TempDir(), "none.crt")
+	cases := []struct {
+		name     string
+		security int
+		caPath   string
+		wantTLS  bool
+		errField string
+	}{
+		{"plain", config.SecurityPlain, "", false, ""},
+		{"https to clients only", config.SecurityHTTPS, "", false, ""},
+		{"e2ehttps with a CA file", config.SecurityE2EHTTPS, caFile, true, ""},
+		{"e2ehttps with the system's roots", config.SecurityE2EHTTPS, "", true, ""},
+		{"e2ehttps with a missing CA file", config.SecurityE2EHTTPS, missing, false, "serviceArguments.mtls_backend.backend_ca_path"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rule := &config.Rule{}
+			rule.Args.Security = c.security
+			if c.caPath != "" {
+				rule.Args.MTLSBackend = &config.MTLSBackend{BackendCAPath: c.caPath}
+			}
+			e, err := ruleEngineTLS(rule)
+			if c.errField != "" {
+				var ve *config.ValidationError
+				if !errors.As(err, &ve) || ve.Field != c.errField || !strings.Contains(ve.Msg, missing) {
+					t.Fatalf("want a 400 on %s naming %s, got %v", c.errField, missing, err)
+				}
+				return
+			}
+			if err != nil || (e != nil) != c.wantTLS {
+				t.Fatalf("engine TLS %v, err %v; want TLS %v", e, err, c.wantTLS)
+			}
+		})
 	}
 }
 

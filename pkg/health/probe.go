@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/recovery"
+	"github.com/kvgate/kvgate/pkg/engineclient"
 )
 
 // Probe types (probetype).
@@ -49,6 +50,9 @@ type ProbeConfig struct {
 	// Authorization: Bearer on the http probe and the scrape (never on
 	// clients' requests; docs/security.md).
 	Token TokenSource
+	// Engine is the rule's engine-facing client (https on security-2
+	// rules); nil means plain HTTP with a client of the prober's own.
+	Engine *engineclient.Client
 }
 
 // TokenSource supplies the bearer token kvgate sends to a rule's engines
@@ -133,16 +137,11 @@ func NewProber(t *Tracker, cfg ProbeConfig, targets []Target, log *slog.Logger) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: cfg.Timeout}).DialContext,
-		MaxIdleConnsPerHost:   1,
-		IdleConnTimeout:       2 * cfg.Interval,
-		ResponseHeaderTimeout: cfg.Timeout,
-		DisableCompression:    true,
+	if cfg.Engine == nil {
+		cfg.Engine = engineclient.New(nil)
 	}
 	return &Prober{tracker: t, cfg: cfg, targets: targets, log: log, missing: map[string]bool{}, lastErr: map[string]string{},
-		client: &http.Client{Transport: tr, Timeout: cfg.Timeout,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
+		client: cfg.Engine.HTTP(cfg.Timeout)}, nil
 }
 
 // Run probes every target each interval (the first at once) until ctx ends.
@@ -224,14 +223,14 @@ func (p *Prober) Probe(ctx context.Context, tg Target) error {
 		}
 		return c.Close()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+p.cfg.Path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.cfg.Engine.Scheme()+"://"+addr+p.cfg.Path, nil)
 	if err != nil {
 		return fmt.Errorf("http probe %s: %w", addr, err)
 	}
 	sent := p.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("http probe %s: %w", addr, err)
+		return fmt.Errorf("http probe %s: %w", addr, engineclient.Explain(err))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxProbeBody))
 	resp.Body.Close()
@@ -301,14 +300,14 @@ func (p *Prober) Scrape(ctx context.Context, tg Target) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	addr := net.JoinHostPort(tg.Host, strconv.Itoa(tg.Port))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+p.cfg.MetricsPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.cfg.Engine.Scheme()+"://"+addr+p.cfg.MetricsPath, nil)
 	if err != nil {
 		return fmt.Errorf("scrape %s: %w", addr, err)
 	}
 	sent := p.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("scrape %s: %w", addr, err)
+		return fmt.Errorf("scrape %s: %w", addr, engineclient.Explain(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

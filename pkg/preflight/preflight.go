@@ -20,6 +20,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -34,6 +35,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/apiauth"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/usageaudit"
@@ -94,6 +96,13 @@ type Source interface {
 	Inventory(service, epIdx int) ([]uint64, bool)
 	// Tier15Hits reads loxilb_pd_kv_tier15_hits_total{service,ep_idx}.
 	Tier15Hits(service, epIdx int) float64
+	// EngineClient is the rule's engine-facing client, https on a
+	// security-2 rule (nil: plain HTTP).
+	EngineClient(service int) *engineclient.Client
+	// VIPClientTLS is what the probe requests verify the rule's VIP with
+	// when it terminates TLS (security >= 1): it accepts the certificate
+	// kvgate serves there now. nil for a plain rule.
+	VIPClientTLS(service int) (*tls.Config, error)
 }
 
 // Runner runs preflights. Safe for concurrent use.
@@ -111,13 +120,35 @@ type Runner struct {
 	// tokenErr is why it could not be read.
 	token    string
 	tokenErr error
+	// engine is the rule's engine client for one run (client is over it);
+	// vipScheme is https on a TLS rule, and vipErr why the probe requests
+	// cannot verify its VIP.
+	engine    *engineclient.Client
+	vipScheme string
+	vipErr    error
 }
+
+// Timeouts of one engine call and of one probe request through the VIP (a
+// loaded engine may take longer than a metrics scrape to answer one).
+const (
+	engineCallTimeout   = 5 * time.Second
+	vipProbeTimeout     = 20 * time.Second
+	vipProbeDialTimeout = 2 * time.Second
+)
 
 // New returns a Runner reading src.
 func New(src Source) *Runner {
-	tr := &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, DisableKeepAlives: true}
-	return &Runner{src: src, client: &http.Client{Timeout: 5 * time.Second, Transport: tr},
-		probeClient: &http.Client{Timeout: 20 * time.Second, Transport: tr}, InventoryWait: 5 * time.Second}
+	engine := engineclient.New(nil)
+	return &Runner{src: src, engine: engine, client: engine.HTTP(engineCallTimeout),
+		probeClient: vipClient(nil), vipScheme: "http", InventoryWait: 5 * time.Second}
+}
+
+// vipClient sends the probe requests through the VIP, like any client:
+// one connection per request, verified with cfg on a TLS rule.
+func vipClient(cfg *tls.Config) *http.Client {
+	tr := &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: vipProbeDialTimeout}).DialContext, DisableKeepAlives: true,
+		TLSClientConfig: cfg, TLSHandshakeTimeout: vipProbeDialTimeout}
+	return &http.Client{Timeout: vipProbeTimeout, Transport: tr}
 }
 
 // maxBody bounds what the preflight reads from an engine or the VIP.
@@ -146,6 +177,22 @@ func (r *Runner) forRule(rule *config.Rule) *Runner {
 	run.token, run.tokenErr = "", nil
 	if path := rule.Args.BackendTokenFile; path != "" {
 		run.token, run.tokenErr = apiauth.LoadBackendTokenFile(path)
+	}
+	if r.src == nil {
+		return &run
+	}
+	if ec := r.src.EngineClient(rule.ServiceID); ec != nil {
+		run.engine = ec
+		run.client = ec.HTTP(engineCallTimeout)
+	}
+	if rule.TerminatesTLS() {
+		run.vipScheme = "https"
+		cfg, err := r.src.VIPClientTLS(rule.ServiceID)
+		run.vipErr = err
+		if err == nil && cfg == nil {
+			run.vipErr = errors.New("the rule's TLS terminator is not running")
+		}
+		run.probeClient = vipClient(cfg)
 	}
 	return &run
 }
@@ -256,18 +303,23 @@ func (r *Runner) do(req *http.Request) (int, []byte, error) {
 	return resp.StatusCode, b, err
 }
 
-func baseURL(e config.Endpoint) string {
-	return "http://" + net.JoinHostPort(e.IP, strconv.Itoa(e.TargetPort))
+// baseURL is the endpoint's address with the rule's scheme (https on a
+// security-2 rule).
+func (r *Runner) baseURL(e config.Endpoint) string {
+	return r.engine.URL(e.IP, e.TargetPort, "")
 }
 
 // checkHealth is check 1: /health and /v1/models, and what the engine serves.
 func (r *Runner) checkHealth(ctx context.Context, f *endpointFacts) Check {
 	c := Check{ID: CheckHealth, EPIdx: f.ep.Idx}
-	base := baseURL(f.ep)
+	base := r.baseURL(f.ep)
 	code, _, err := r.get(ctx, base+"/health")
 	if err != nil || code != http.StatusOK {
 		c.Result, c.Detail = Fail, fmt.Sprintf("GET %s/health: %s", base, r.httpErr(code, err))
 		c.Fix = fixFor(code, "start the engine, or correct the endpoint's address and port in the rule")
+		if engineclient.Hint(err) != "" {
+			c.Fix = fixTLS
+		}
 		return c
 	}
 	code, body, err := r.get(ctx, base+"/v1/models")
@@ -306,7 +358,7 @@ func (r *Runner) checkHealth(ctx context.Context, f *endpointFacts) Check {
 // rule's backendTokenFile.
 func (r *Runner) httpErr(code int, err error) string {
 	if err != nil {
-		return err.Error()
+		return engineclient.Explain(err).Error()
 	}
 	s := "HTTP " + strconv.Itoa(code)
 	if code != http.StatusUnauthorized && code != http.StatusForbidden {
@@ -320,6 +372,10 @@ func (r *Runner) httpErr(code int, err error) string {
 	}
 	return s + ": engine refused the token of backendTokenFile (is it the engine's current key?)"
 }
+
+// fixTLS is the fix of an engine call whose TLS handshake failed on a
+// security-2 rule (the detail carries engineclient's hint of which part).
+const fixTLS = "give the engine a certificate for the endpoint's address signed by a CA in the rule's mtls_backend.backend_ca_path, or serve it over https (docs/security.md, \"kvgate's own calls to the engines\")"
 
 // fixFor is the fix of a failed engine call: the token's when the engine
 // refused kvgate's credentials, else otherwise.
@@ -348,7 +404,7 @@ func (r *Runner) checkMetrics(ctx context.Context, rule *config.Rule, f *endpoin
 		return r.checkServerInfo(ctx, rule, f, "/server_info", "tokens_per_block", "kv_cache_hash_algo")
 	}
 	c := Check{ID: CheckMetrics, EPIdx: f.ep.Idx}
-	base := baseURL(f.ep)
+	base := r.baseURL(f.ep)
 	code, body, err := r.get(ctx, base+"/metrics")
 	if err != nil || code != http.StatusOK {
 		c.Result, c.Detail, c.Fix = Fail, fmt.Sprintf("GET %s/metrics: %s", base, r.httpErr(code, err)), fixFor(code, "expose vLLM's Prometheus /metrics on the serving port")
@@ -408,7 +464,7 @@ func (r *Runner) checkMetrics(ctx context.Context, rule *config.Rule, f *endpoin
 // the v1 hash kvgate computes (docs/engines.md).
 func (r *Runner) checkServerInfo(ctx context.Context, rule *config.Rule, f *endpointFacts, path, sizeKey, algoKey string) Check {
 	c := Check{ID: CheckMetrics, EPIdx: f.ep.Idx}
-	base := baseURL(f.ep)
+	base := r.baseURL(f.ep)
 	code, body, err := r.get(ctx, base+path)
 	if err != nil || code != http.StatusOK {
 		c.Result = Warn
@@ -579,7 +635,7 @@ func (r *Runner) checkTokenizer(ctx context.Context, f *endpointFacts, model str
 		c.Result, c.Detail, c.Fix = Fail, fmt.Sprintf("model %s: kvgate cannot tokenize: %v", model, err), "restage the tokenizer at "+path
 		return c
 	}
-	resp, body, err := r.postJSON(ctx, baseURL(f.ep)+"/tokenize", map[string]any{"model": model, "prompt": tokenizerSample})
+	resp, body, err := r.postJSON(ctx, r.baseURL(f.ep)+"/tokenize", map[string]any{"model": model, "prompt": tokenizerSample})
 	if err != nil || resp.StatusCode != http.StatusOK {
 		code := 0
 		if resp != nil {
@@ -688,7 +744,12 @@ func (r *Runner) probe(ctx context.Context, rule *config.Rule, facts []*endpoint
 		c.Result, c.Detail, c.Fix = Fail, "kvgate cannot hash the probe prompt: "+err.Error(), "fix the tokenizer and hash-contract rows above"
 		return c, nil
 	}
-	vip := "http://" + net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port)) + "/v1/completions"
+	vip := r.vipScheme + "://" + net.JoinHostPort(rule.Args.ExternalIP, strconv.Itoa(rule.Args.Port)) + "/v1/completions"
+	if r.vipErr != nil {
+		c.Result, c.Detail = Fail, "probe requests through "+vip+": cannot verify the VIP's certificate: "+r.vipErr.Error()
+		c.Fix = "check the rule's certificate in --tls-cert-dir (docs/security.md)"
+		return c, nil
+	}
 	body := map[string]any{"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
 	resp, _, err := r.postWith(ctx, r.probeClient, vip, body)
 	if err != nil || resp.StatusCode != http.StatusOK {
@@ -863,7 +924,7 @@ func countIn(inv, want []uint64) int {
 }
 
 func (r *Runner) engineCounter(ctx context.Context, e config.Endpoint, name string) (float64, bool) {
-	code, body, err := r.get(ctx, baseURL(e)+"/metrics")
+	code, body, err := r.get(ctx, r.baseURL(e)+"/metrics")
 	if err != nil || code != http.StatusOK {
 		return 0, false
 	}

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"strconv"
 
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/sglang"
@@ -102,8 +100,9 @@ func (in *Ingester) applySGLang(payload []byte) (IngestResult, error) {
 // has no such route (404), or ctx ends; the events' block_size decides
 // either way.
 func readSGLangPageSize(ctx context.Context, t Target, opts Options, log *slog.Logger) {
-	url := "http://" + net.JoinHostPort(t.IP, strconv.Itoa(t.HTTPPort)) + "/get_server_info"
-	client := &http.Client{Timeout: opts.DrainTimeout}
+	ec := t.httpClient()
+	url := ec.URL(t.IP, t.HTTPPort, "/get_server_info")
+	client := ec.HTTP(opts.DrainTimeout)
 	delay := opts.RebuildDelay
 	for ctx.Err() == nil {
 		size, done, err := getPageSize(ctx, client, url, t)

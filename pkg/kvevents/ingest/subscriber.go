@@ -19,6 +19,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvgate/kvgate/internal/recovery"
+	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents"
@@ -56,6 +57,18 @@ type Target struct {
 	// /get_server_info, TensorRT-LLM's drain and /server_info). It must be
 	// one value for the rule's life: targets are compared.
 	Token TokenSource
+	// HTTP is the rule's engine-facing client for those calls (https on
+	// security-2 rules; nil: plain HTTP). One value for the rule's life,
+	// like Token.
+	HTTP *engineclient.Client
+}
+
+// httpClient is t's engine client, plain HTTP when the rule gave none.
+func (t Target) httpClient() *engineclient.Client {
+	if t.HTTP == nil {
+		return engineclient.New(nil)
+	}
+	return t.HTTP
 }
 
 // TokenSource supplies the bearer token for a target's HTTP calls ("" none).

@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/kvevents/trtllm"
 )
@@ -114,11 +113,12 @@ func (p *drainPoller) readServerInfo(ctx context.Context) {
 }
 
 func newDrainPoller(e *endpointSub, t Target, opts Options) *drainPoller {
-	url := "http://" + net.JoinHostPort(t.IP, strconv.Itoa(t.Port)) + trtllmDrainPath
+	ec := t.httpClient()
+	url := ec.URL(t.IP, t.Port, trtllmDrainPath)
 	return &drainPoller{
 		ep:     e,
 		url:    url,
-		client: &http.Client{Timeout: opts.DrainTimeout},
+		client: ec.HTTP(opts.DrainTimeout),
 		opts:   opts,
 		log:    opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx, "drain", url),
 		ingest: Ingester{Inventory: t.Inventory, EPIdx: t.EPIdx, Engine: EngineTRTLLM, Granularity: t.Granularity},
@@ -188,7 +188,7 @@ func (p *drainPoller) poll(ctx context.Context) (n int, err error) {
 	p.ep.target.authorize(req)
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("drain: %w", err)
+		return 0, fmt.Errorf("drain: %w", engineclient.Explain(err))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(p.opts.MaxDrainBytes)+1))
