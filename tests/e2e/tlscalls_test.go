@@ -194,6 +194,9 @@ func TestEngineTLSCalls(t *testing.T) {
 		waitFor(t, "the engine scrape over https", 20*time.Second, func() bool {
 			return tg.metric(t, "kvgate_endpoint_capacity_blocks", svc) > 0
 		})
+		waitFor(t, "model discovery over https", 20*time.Second, func() bool {
+			return tg.metric(t, "kvgate_endpoint_models", svc) >= 1
+		})
 		tg.waitSubscribed(t, id, 1)
 		rep := runPreflightJSON(t, tg.api, id)
 		for _, c := range rep.Checks {
