@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/testnet"
 )
 
@@ -165,36 +164,9 @@ func TestEngineRequiresKey(t *testing.T) {
 
 	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
 	keyDir := t.TempDir()
-	daemon := exec.Command(filepath.Join(dir, "kvgate"), "--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", stagingDir(t),
+	tg, daemon := startGatewayProcess(t, filepath.Join(dir, "kvgate"), api, "--state-dir", t.TempDir(), "--tokenizer-dir", stagingDir(t),
 		"--datapath", "userspace", "--decision-header", "--backend-token-dir", keyDir)
-	daemon.Env = append(os.Environ(), "LLB_KV_NONE_HASH_SEED=0")
-	var logs syncbuf.Buffer
-	daemon.Stdout, daemon.Stderr = &logs, &logs
-	if err := daemon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = daemon.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = daemon.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = daemon.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("kvgate log:\n%s", logs.String())
-		}
-	})
-	tg := &testGateway{api: "http://" + api}
-	waitFor(t, "the management API", 20*time.Second, func() bool {
-		resp, err := http.Get(tg.api + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil
-	})
+	logs := daemon.logs
 
 	vip, vipPort := block+"1", testnet.Port(t, block+"1")
 	rulePath := fmt.Sprintf("%s/netlox/v1/config/loadbalancer/externalipaddress/%s/port/%d/protocol/tcp", tg.api, vip, vipPort)
@@ -297,7 +269,7 @@ func TestEngineRequiresKey(t *testing.T) {
 	})
 
 	t.Run("a key rotation recovers without restarting kvgate", func(t *testing.T) {
-		pid := daemon.Process.Pid
+		pid := daemon.cmd.Process.Pid
 		eng.stop()
 		eng.start(t, secondKey)
 		waitFor(t, "the refusal of the old token in kvgate's log", 20*time.Second, func() bool {
@@ -310,11 +282,11 @@ func TestEngineRequiresKey(t *testing.T) {
 			t.Fatalf("a client with the new key: %d %s", code, body)
 		}
 		select {
-		case <-exited:
+		case <-daemon.exited:
 			t.Fatal("kvgate exited during the rotation")
 		default:
 		}
-		if daemon.Process.Pid != pid {
+		if daemon.cmd.Process.Pid != pid {
 			t.Fatal("kvgate restarted")
 		}
 	})

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/enginesim"
-	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/testcerts"
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/engineclient"
@@ -133,36 +132,9 @@ func TestEngineTLSCalls(t *testing.T) {
 	keyFile := filepath.Join(keyDir, "engine-key")
 	writeKeyFile(t, keyFile, "sk-stale-key", 0o600)
 	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
-	daemon := exec.Command(filepath.Join(dir, "kvgate"), "--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", stagingDir(t),
+	tg, daemon := startGatewayProcess(t, filepath.Join(dir, "kvgate"), api, "--state-dir", t.TempDir(), "--tokenizer-dir", stagingDir(t),
 		"--datapath", "userspace", "--decision-header", "--backend-token-dir", keyDir, "--tls-cert-dir", certDir)
-	daemon.Env = append(os.Environ(), "LLB_KV_NONE_HASH_SEED=0")
-	var logs syncbuf.Buffer
-	daemon.Stdout, daemon.Stderr = &logs, &logs
-	if err := daemon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = daemon.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = daemon.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = daemon.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("kvgate log:\n%s", logs.String())
-		}
-	})
-	tg := &testGateway{api: "http://" + api}
-	waitFor(t, "the management API", 20*time.Second, func() bool {
-		resp, err := http.Get(tg.api + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil
-	})
+	logs := daemon.logs
 
 	vip := block + "1"
 	rule := func(e *httpsEngine) (int, int) {
