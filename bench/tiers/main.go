@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/enginesim"
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/gateway"
 	"github.com/kvgate/kvgate/pkg/inventory"
@@ -131,7 +132,7 @@ func runPolicy(o options, tok enginesim.Tokenizer, stage, weights string) (resul
 	block := fmt.Sprintf("127.%d.%d.", 100+rand.IntN(150), rand.IntN(250))
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	engines, zmq, err := enginesim.StartGroup(o.engines, 10,
-		func() (int, error) { return freePortPair(block+"11", 1000) },
+		func() (int, error) { return testnet.FreePortPair(block+"11", 1000) },
 		func(i, port int) enginesim.Config {
 			host := fmt.Sprintf("%s%d", block, 11+i)
 			return enginesim.Config{Host: host, ID: fmt.Sprintf("engine-%d", i), Model: model, Tokenizer: tok,
@@ -215,7 +216,7 @@ func runPolicy(o options, tok enginesim.Tokenizer, stage, weights string) (resul
 
 func applyRule(g *gateway.Gateway, block string, zmq int, engines []*enginesim.Engine) (string, error) {
 	host := block + "1"
-	port, err := freePort(host)
+	port, err := testnet.FreePort(host)
 	if err != nil {
 		return "", err
 	}
@@ -288,30 +289,4 @@ func scrape(cl *http.Client, base, name string) float64 {
 		}
 	}
 	return 0
-}
-
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("listen %s: %w", host, err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func freePortPair(host string, offset int) (int, error) {
-	for range 100 {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-		if err != nil {
-			return 0, fmt.Errorf("listen %s: %w", host, err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port+offset)))
-		l.Close()
-		if err == nil {
-			l2.Close()
-			return port, nil
-		}
-	}
-	return 0, errors.New("no free port pair")
 }

@@ -37,31 +37,48 @@ func Block(t testing.TB) string {
 // listens on it when Port returns).
 func Port(t testing.TB, host string) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	p, err := FreePort(host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // PortPair returns a port p free on host such that p+offset is free as well
 // (a ZeroMQ PUB port and its replay port).
 func PortPair(t testing.TB, host string, offset int) int {
 	t.Helper()
+	p, err := FreePortPair(host, offset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// FreePort is Port for callers without a testing.TB (the bench commands).
+func FreePort(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("listen %s: %w", host, err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// FreePortPair is PortPair for callers without a testing.TB.
+func FreePortPair(host string, offset int) (int, error) {
 	for range 100 {
 		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
-			t.Fatal(err)
+			return 0, fmt.Errorf("listen %s: %w", host, err)
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l2, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port+offset)))
 		l.Close()
 		if err == nil {
 			l2.Close()
-			return port
+			return port, nil
 		}
 	}
-	t.Fatal("no free port pair")
-	return 0
+	return 0, fmt.Errorf("no free port pair on %s (offset %d)", host, offset)
 }

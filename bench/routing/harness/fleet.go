@@ -3,7 +3,6 @@ package harness
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/enginesim"
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/gateway"
 	"github.com/kvgate/kvgate/pkg/selector"
@@ -121,7 +121,7 @@ func StartFleet(env *Env, p Profile) (*Fleet, error) {
 	for range 10 {
 		block := fmt.Sprintf("127.%d.%d.", 100+rand.IntN(150), rand.IntN(250))
 		engines, port, err := enginesim.StartGroup(p.Engines, 10,
-			func() (int, error) { return freePortPair(block+"11", 1000) },
+			func() (int, error) { return testnet.FreePortPair(block+"11", 1000) },
 			func(i, port int) enginesim.Config {
 				host := fmt.Sprintf("%s%d", block, 11+i)
 				cfg := enginesim.Config{
@@ -143,32 +143,6 @@ func StartFleet(env *Env, p Profile) (*Fleet, error) {
 		lastErr = err
 	}
 	return nil, fmt.Errorf("start fleet: %w", lastErr)
-}
-
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("listen %s: %w", host, err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func freePortPair(host string, offset int) (int, error) {
-	for range 100 {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-		if err != nil {
-			return 0, fmt.Errorf("listen %s: %w", host, err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port+offset)))
-		l.Close()
-		if err == nil {
-			l2.Close()
-			return port, nil
-		}
-	}
-	return 0, errors.New("no free port pair")
 }
 
 // Front is what the client talks to: kvgate or the bench proxy. URL may
@@ -215,7 +189,7 @@ func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb string) (*Front, er
 		return nil, fmt.Errorf("kvgate: %w", err)
 	}
 	host := f.Host + "1"
-	port, err := freePort(host)
+	port, err := testnet.FreePort(host)
 	if err != nil {
 		g.Shutdown()
 		return nil, err

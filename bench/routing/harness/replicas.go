@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/gateway"
@@ -68,7 +69,7 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, localOn
 		}
 	}
 	for i := range n {
-		port, err := freePort(host)
+		port, err := testnet.FreePort(host)
 		if err != nil {
 			stop()
 			return nil, err
