@@ -247,6 +247,7 @@ func waitSubscribers(ctx context.Context, g *gateway.Gateway, id, n int) error {
 // kvgateKnobs applies a kvgate policy's "@" settings, for tuning:
 // "mlf150" (LOXILB_KV_MEAN_LOAD_FACTOR), "provw100"
 // (LOXILB_KV_PROVISIONAL_WEIGHT), "costw100" (LOXILB_KV_COST_WORK_WEIGHT),
+// "gain50" (LOXILB_KV_CAP_FULL_GAIN),
 // joined by "-".
 func kvgateKnobs(spec string, s *config.Settings) error {
 	if spec == "" {
@@ -261,8 +262,10 @@ func kvgateKnobs(spec string, s *config.Settings) error {
 			s.ProvisionalWeight, err = strconv.Atoi(part[5:])
 		case strings.HasPrefix(part, "costw"):
 			s.CostWorkWeight, err = strconv.Atoi(part[5:])
+		case strings.HasPrefix(part, "gain"):
+			s.CapFullGain, err = strconv.Atoi(part[4:])
 		default:
-			err = fmt.Errorf("unknown setting %q (want mlfN, provwN, costwN)", part)
+			err = fmt.Errorf("unknown setting %q (want mlfN, provwN, costwN, gainN)", part)
 		}
 		if err != nil {
 			return fmt.Errorf("policy settings %q: %w", spec, err)
