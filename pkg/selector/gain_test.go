@@ -26,8 +26,8 @@ func TestGainCapFor(t *testing.T) {
 	}
 }
 
-// TestGainScaledCap: with LOXILB_KV_CAP_FULL_GAIN set, the hard-family cap
-// of an endpoint shrinks toward the fleet mean as its overlap advantage over
+// TestGainScaledCap: with LOXILB_KV_CAP_FULL_GAIN set, the bounded-load cap
+// (hard, adaptive, cost) of an endpoint shrinks toward the fleet mean as its overlap advantage over
 // the least-loaded endpoint shrinks; without it (want0) every mode decides
 // as before. Four endpoints, one capacity each, an 8-block prompt.
 func TestGainScaledCap(t *testing.T) {
@@ -99,11 +99,13 @@ func TestGainScaledCap(t *testing.T) {
 			with: want{0, false, 8}, without: want{0, false, 8},
 		},
 		{
-			// cost: equal learned speed (cold-start price), no pending work:
-			// the least uncached tokens, ep0; the cost arm has its own cap.
-			name: "cost unchanged", mode: LBCost, gain: 100,
+			// cost: equal learned speed (cold-start price), no pending work, so
+			// the least uncached tokens (ep0) wins under the plain fleet cap
+			// (4); scaled, ep0's cap is 2 and ep1, ep2 (no gain) are at the
+			// mean, 2: only ep3 is under its cap.
+			name: "cost scales its fleet cap", mode: LBCost, gain: 100,
 			overlap: map[int]int{0: 8, 1: 7, 2: 7, 3: 7}, loads: map[int]int{0: 2, 1: 2, 2: 2, 3: 1},
-			with: want{0, false, 8}, without: want{0, false, 8},
+			with: want{3, true, 7}, without: want{0, false, 8},
 		},
 	}
 	for _, tc := range tests {

@@ -247,11 +247,11 @@ func (g gainRef) mlf(mlf int64, score uint32) int64 {
 }
 
 // gainCap computes the gain reference over the eligible endpoints. Only the
-// bounded-load modes (hard, adaptive) scale their cap.
+// modes with a bounded-load cap (hard, adaptive, cost) scale it.
 func (s *Selector) gainCap(el []int16, sc *scratch, nh int) gainRef {
 	pct := int64(s.opts.CapFullGain)
 	mode := s.opts.LBMode
-	if pct <= 0 || len(el) == 0 || (mode != LBHard && mode != LBAdaptive) {
+	if pct <= 0 || len(el) == 0 || (mode != LBHard && mode != LBAdaptive && mode != LBCost) {
 		return gainRef{}
 	}
 	ref := -1
