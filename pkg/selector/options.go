@@ -151,7 +151,7 @@ const (
 	DefaultColdStartMinBlocks = 16
 	DefaultZeroHitN           = 50
 	DefaultCostWorkWeight     = 300
-	DefaultCapFullGain        = 0
+	DefaultCapFullGain        = 100
 	MaxCapFullGain            = 100
 	MaxCostWorkWeight         = 1000
 	DefaultMaxSessions        = 4096
