@@ -151,7 +151,7 @@ const (
 	DefaultColdStartMinBlocks = 16
 	DefaultZeroHitN           = 50
 	DefaultCostWorkWeight     = 300
-	DefaultCapFullGain        = 100
+	DefaultCapFullGain        = 0
 	MaxCapFullGain            = 100
 	MaxCostWorkWeight         = 1000
 	DefaultMaxSessions        = 4096

@@ -195,20 +195,21 @@ func herd(t *testing.T, rule Rule, opts Options, n, conc, steps int) (worst floa
 // TestHerding: one hot prefix, 8 endpoints, concurrency 32. With the blend
 // the busiest endpoint stays within the cap factor of the mean; pure argmax
 // herds everything onto one endpoint. Every endpoint soon holds the hot
-// prefix, so the gain-scaled cap (the default) balances them to the mean
-// (max ≤ ceil(31/8) = 4 against a mean of 4 at the worst step → 1.25, where
-// the spec's cap, CapFullGain 0, allows ceil(1.75·31/8) = 7 → 1.75).
+// prefix, so the gain-scaled cap (LOXILB_KV_CAP_FULL_GAIN=100) balances
+// them to the mean (max ≤ ceil(31/8) = 4 against a mean of 4 at the worst
+// step → 1.25), where the spec's cap (the default, CapFullGain 0) allows
+// ceil(1.75·31/8) = 7 → 1.75.
 func TestHerding(t *testing.T) {
 	const n, conc, steps = 8, 32, 4000
-	spec := DefaultOptions()
-	spec.CapFullGain = 0
+	gain := DefaultOptions()
+	gain.CapFullGain = 100
 	tests := []struct {
 		name  string
 		opts  Options
 		bound float64
 	}{
-		{"gain-scaled cap (default)", DefaultOptions(), 1.25},
-		{"spec cap", spec, 1.75},
+		{"spec cap (default)", DefaultOptions(), 1.75},
+		{"gain-scaled cap", gain, 1.25},
 	}
 	for _, tc := range tests {
 		worst, lost, hits := herd(t, poolRule(n, 0), tc.opts, n, conc, steps)
