@@ -418,14 +418,14 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	var scorer selector.Scorer = idx
+	var scorer, confirmed selector.Scorer = idx, nil
 	if overlay != nil {
-		scorer = overlay
+		scorer, confirmed = overlay, idx
 	}
 	scores := newTimedScorer(scorer)
 	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Confirmed: confirmed, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
