@@ -1,6 +1,7 @@
 package selector
 
 import (
+	"encoding/binary"
 	"strings"
 
 	"github.com/kvgate/kvgate/pkg/epset"
@@ -62,8 +63,8 @@ func coldKey(hashes []uint64, minBlocks int) uint64 {
 
 // coldPlace is the cold placement of a request tier 1.5 did not route for
 // want of a holder (no_worker, or shallow: too little overlap to count):
-// the eligible endpoint of highest rendezvous weight under the bounded-load
-// cap, sc.load holding the loads. -1 when the option is off, the prompt has
+// the eligible endpoint of highest rendezvous weight among the least loaded
+// (coldHashPick), sc.load holding the loads. -1 when the option is off, the prompt has
 // no full block or nothing is eligible.
 func (s *Selector) coldPlace(req *Request, elig epset.Set, sc *scratch, d *Decision) int {
 	if s.opts.ColdPlacement != ColdPlacementHash || len(req.Hashes) == 0 {
@@ -72,15 +73,51 @@ func (s *Selector) coldPlace(req *Request, elig epset.Set, sc *scratch, d *Decis
 	if d.Reason != ReasonNoWorker && d.Reason != ReasonShallow {
 		return -1
 	}
-	return boundedHashPick(elig, coldKey(req.Hashes, d.MinBlocks), sc, s.opts.MeanLoadFactor)
+	return coldHashPick(elig, coldKey(req.Hashes, d.MinBlocks), sc)
+}
+
+// coldSlack is how far above the least-loaded eligible endpoint a cold
+// prompt's endpoint may be. A cold prompt has no cached prefix to keep, so
+// its cap is the tightest that still lets replicas agree: the rule's
+// bounded-load cap (LOXILB_KV_MEAN_LOAD_FACTOR) let unique prompts pile up
+// on whichever endpoints their hashes favoured, and the routing benchmark's
+// nosharing TTFT p90 rose 1.8× over round-robin (docs/replicas.md).
+const coldSlack = 1
+
+// coldHashPick is the eligible endpoint of highest rendezvous weight among
+// those whose load is at most the least load plus coldSlack; sc.load must
+// hold the loads. -1 for an empty set. Replicas whose views of the loads
+// differ by less than the slack pick alike, and a key moves only when its
+// endpoint leaves or loads up.
+func coldHashPick(set epset.Set, h uint64, sc *scratch) int {
+	members := list(set, &sc.memb)
+	if len(members) == 0 {
+		return -1
+	}
+	least := sc.load[members[0]]
+	for _, m := range members[1:] {
+		least = min(least, sc.load[m])
+	}
+	best, bw := -1, uint64(0)
+	for _, m := range members {
+		if sc.load[m] > least+coldSlack {
+			continue
+		}
+		if w := rendezvousWeight(h, int(m)); best < 0 || w > bw {
+			best, bw = int(m), w
+		}
+	}
+	return best
 }
 
 // onlyPredicted reports, with cold placement on and a provisional overlay
 // in front of the inventory, that no eligible endpoint has confirmed (by an
 // engine's BlockStored) the blocks that key the prompt's placement: every
 // holder tier 1.5 found is a prediction of this replica's own, which other
-// replicas do not share. Such a prompt is placed as a cold one, so the
-// replicas agree on where its prefix is computed even when the cap moves it.
+// replicas do not share. Such a prompt is placed by the same rendezvous
+// order, under the rule's bounded-load cap (a predicted prefix is worth
+// keeping, so not the cold slack), so the replicas agree on where its prefix
+// is computed even when the cap moves it.
 func (s *Selector) onlyPredicted(req *Request, mb int, el []int16, elig epset.Set, sc *scratch) bool {
 	if s.opts.ColdPlacement != ColdPlacementHash || s.confirmed == nil {
 		return false
@@ -93,4 +130,12 @@ func (s *Selector) onlyPredicted(req *Request, mb int, el []int16, elig epset.Se
 		}
 	}
 	return true
+}
+
+// rendezvousWeight is the weight of endpoint ep for key h, the one
+// boundedHashPick ranks by: no per-process seed, so alike on every replica.
+func rendezvousWeight(h uint64, ep int) uint64 {
+	var buf [8]byte
+	binary.LittleEndian.PutUint64(buf[:], uint64(ep))
+	return mix64(h ^ mix64(binary.LittleEndian.Uint64(buf[:])+0x9e3779b97f4a7c15))
 }

@@ -1,7 +1,6 @@
 package selector
 
 import (
-	"encoding/binary"
 	"log/slog"
 	"sort"
 	"testing"
@@ -13,13 +12,8 @@ import (
 // hashOrder is the rendezvous order of key over eps, highest weight first:
 // what cold placement walks past endpoints at the cap.
 func hashOrder(key uint64, eps []int) []int {
-	weight := func(ep int) uint64 {
-		var buf [8]byte
-		binary.LittleEndian.PutUint64(buf[:], uint64(ep))
-		return mix64(key ^ mix64(binary.LittleEndian.Uint64(buf[:])+0x9e3779b97f4a7c15))
-	}
 	out := append([]int(nil), eps...)
-	sort.Slice(out, func(i, j int) bool { return weight(out[i]) > weight(out[j]) })
+	sort.Slice(out, func(i, j int) bool { return rendezvousWeight(key, out[i]) > rendezvousWeight(key, out[j]) })
 	return out
 }
 
@@ -123,32 +117,26 @@ func TestColdPlacementStability(t *testing.T) {
 	}
 }
 
-// TestColdPlacementCap: an endpoint at the bounded-load cap
-// ceil(mlf·(L+1)/(100·n)) is passed over for the next one in the prompt's
-// rendezvous order; under the cap the order's first wins whatever the loads.
+// TestColdPlacementCap: a cold prompt goes to the first endpoint of its
+// rendezvous order whose load is at most the least load plus one; an
+// endpoint further above is passed over for the next in the order.
 func TestColdPlacementCap(t *testing.T) {
 	req := coldPrompt(7)
 	order := hashOrder(coldKey(req.Hashes, 1), []int{0, 1, 2, 3})
 	for _, c := range []struct {
 		name  string
 		loads map[int]int // by rank in the order
-		mlf   int
-		want  int // rank in the order
+		want  int         // rank in the order
 	}{
-		{"idle", nil, 175, 0},
-		// L = 3, n = 4: cap ceil(1.75·4/4) = 2; the first holds 1.
-		{"first under the cap", map[int]int{0: 1, 1: 1, 2: 1}, 175, 0},
-		// L = 4: cap ceil(1.75·5/4) = 3; the first holds 4 > 3.
-		{"first at the cap", map[int]int{0: 4}, 175, 1},
-		// L = 8: cap ceil(1.75·9/4) = 4; first and second at 4.
-		{"first two at the cap", map[int]int{0: 4, 1: 4}, 175, 2},
-		// mlf 100, L = 3: cap ceil(4/4) = 1; only the last is idle.
-		{"tight cap", map[int]int{0: 1, 1: 1, 2: 1}, 100, 3},
+		{"idle", nil, 0},
+		{"first one above the least", map[int]int{0: 1}, 0},
+		{"all loaded alike", map[int]int{0: 5, 1: 5, 2: 5, 3: 5}, 0},
+		{"first two above the least", map[int]int{0: 2, 1: 3}, 2},
+		{"first past the slack", map[int]int{0: 6, 1: 5, 2: 5, 3: 4}, 1},
+		{"only the last is light enough", map[int]int{0: 3, 1: 3, 2: 3, 3: 1}, 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			o := coldOpts(ColdPlacementHash)
-			o.MeanLoadFactor = c.mlf
-			e := newEnv(t, poolRule(4, SelRR), o)
+			e := newEnv(t, poolRule(4, SelRR), coldOpts(ColdPlacementHash))
 			for rank, l := range c.loads {
 				e.loads.l[order[rank]] = l
 			}

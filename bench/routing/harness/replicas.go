@@ -30,9 +30,11 @@ const maxReplicas = 8
 // "local" runs the replicas without the shared load view (each counts its
 // own requests only), "hash" turns on cold placement by the prompt's hash
 // (LLB_KV_COLD_PLACEMENT=hash), "sel" forces the rule's sel for cold
-// requests, for comparison.
+// requests, for comparison; "decayN" decays the other replicas' part of the
+// shared load view with a half-life of N ms.
 type ReplicaFlags struct {
 	LocalOnly bool
+	HalfLife  time.Duration
 	// ColdPlacement is LLB_KV_COLD_PLACEMENT; nil keeps kvgate's default.
 	ColdPlacement *selector.ColdPlacement
 }
@@ -56,6 +58,11 @@ func replicaCount(name string) (n int, flags ReplicaFlags, ok bool) {
 			p, _ := selector.ParseColdPlacement(f)
 			flags.ColdPlacement = &p
 		default:
+			ms, err := strconv.Atoi(strings.TrimPrefix(f, "decay"))
+			if strings.HasPrefix(f, "decay") && err == nil && ms > 0 && ms <= 60000 {
+				flags.HalfLife = time.Duration(ms) * time.Millisecond
+				continue
+			}
 			return 0, flags, false
 		}
 	}
@@ -107,7 +114,7 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, flags R
 			return nil, err
 		}
 		g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: env.StagingDir, Datapath: "userspace", DecisionHeader: true,
-			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: flags.LocalOnly,
+			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: flags.LocalOnly, SharedLoadHalfLife: flags.HalfLife,
 			CursorStart: rand.New(rand.NewPCG(uint64(i), 0x5eed)).Uint64()}) // as cmd/kvgate's random start, reproducible
 		if err != nil {
 			stop()
