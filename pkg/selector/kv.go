@@ -139,11 +139,25 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 
 	var w int
 	var spilled bool
+	var mlf int64
+	if s.opts.LBMode == LBCost {
+		// The cost arm weighs every eligible endpoint against the fleet
+		// cap itself, so spill relief has nothing left to do.
+		w = s.costArm(c, el, sc, req, arg)
+		spilled = w != arg
+	} else {
+		w, spilled, mlf = s.blend(c, el, sc, int64(best), arg)
+	}
+	if !spilled && s.opts.LBMode != LBOff && s.opts.LBMode != LBCost && c.relief {
+		if r := s.relief(c, el, sc, w, mlf); r != w {
+			w, spilled = r, true
+		}
+	}
+	// A prefix held only by this replica's predictions goes where every
+	// replica would place it (coldplace.go).
 	if s.onlyPredicted(req, mb, el, elig, sc) {
 		w = boundedHashPick(elig, coldKey(req.Hashes, mb), sc, s.opts.MeanLoadFactor)
 		spilled, d.ColdPlaced = w != arg, true
-	} else {
-		w, spilled = s.place(c, el, sc, req, int64(best), arg)
 	}
 	score := int(counts[w])
 
@@ -163,25 +177,6 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 	d.Endpoint, d.Tier, d.Reason = w, TierKV, ReasonHit
 	d.Score, d.Spilled, d.ColdSeed = score, spilled, seeded
 	return true
-}
-
-// place is tier 1.5's choice among the scored endpoints: the load blend
-// (or the cost arm), then spill relief. It reports the winner and whether it
-// moved off the argmax.
-func (s *Selector) place(c *compiled, el []int16, sc *scratch, req *Request, best int64, arg int) (int, bool) {
-	if s.opts.LBMode == LBCost {
-		// The cost arm weighs every eligible endpoint against the fleet
-		// cap itself, so spill relief has nothing left to do.
-		w := s.costArm(c, el, sc, req, arg)
-		return w, w != arg
-	}
-	w, spilled, mlf := s.blend(c, el, sc, best, arg)
-	if !spilled && s.opts.LBMode != LBOff && c.relief {
-		if r := s.relief(c, el, sc, w, mlf); r != w {
-			w, spilled = r, true
-		}
-	}
-	return w, spilled
 }
 
 // requestGuard runs the guards that need only the rule and the request's
