@@ -70,6 +70,8 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LOXILB_KV_PROVISIONAL_WEIGHT": "0"}, func(s Settings) bool { return s.ProvisionalWeight == 0 }},
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": " Hash "}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementHash }},
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": "sel"}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementSel }},
+		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "250"}, func(s Settings) bool { return s.LoadScrapeInterval == 250*time.Millisecond }},
+		{map[string]string{}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
 		{map[string]string{"LOXILB_KV_COST_WORK_WEIGHT": "100"}, func(s Settings) bool { return s.CostWorkWeight == 100 }},
 		{map[string]string{"LOXILB_KV_PROVISIONAL_TTL_MS": "2500"}, func(s Settings) bool { return s.ProvisionalTTL == 2500*time.Millisecond }},
 		{map[string]string{"LLB_KV_REPLAY_PORT_OFFSET": "0"}, func(s Settings) bool { return s.ReplayPortOffset == 0 }},
@@ -138,6 +140,8 @@ func TestSettingsErrorsNameVariable(t *testing.T) {
 		"LLB_PD_MAX_TOTAL_INFLIGHT":      "3000000000",
 		"LLB_PD_ORIGIN_ERR_THRESHOLD":    "-1",
 		"LLB_PD_DECODE_ONLY_FALLBACK":    "2",
+		"LLB_KV_COLD_PLACEMENT":          "round-robin",
+		"LLB_KV_LOAD_SCRAPE_MS":          "99",
 	}
 	for name, val := range bad {
 		_, err := SettingsFromLookup(lookupOf(map[string]string{name: val}))

@@ -190,7 +190,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	}
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
-		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
+		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), ScrapeInterval: h.settings.LoadScrapeInterval, Guard: h.guard,
 		Token: h.token, Engine: h.engine,
 	}, targets, h.log)
 	if err != nil {

@@ -31,10 +31,12 @@ const maxReplicas = 8
 // own requests only), "hash" turns on cold placement by the prompt's hash
 // (LLB_KV_COLD_PLACEMENT=hash), "sel" forces the rule's sel for cold
 // requests, for comparison; "decayN" decays the other replicas' part of the
-// shared load view with a half-life of N ms.
+// shared load view with a half-life of N ms; "scrapeN" scrapes the engines'
+// load every N ms (LLB_KV_LOAD_SCRAPE_MS) instead of with each 1 s probe.
 type ReplicaFlags struct {
 	LocalOnly bool
 	HalfLife  time.Duration
+	Scrape    time.Duration
 	// ColdPlacement is LLB_KV_COLD_PLACEMENT; nil keeps kvgate's default.
 	ColdPlacement *selector.ColdPlacement
 }
@@ -58,15 +60,23 @@ func replicaCount(name string) (n int, flags ReplicaFlags, ok bool) {
 			p, _ := selector.ParseColdPlacement(f)
 			flags.ColdPlacement = &p
 		default:
-			ms, err := strconv.Atoi(strings.TrimPrefix(f, "decay"))
-			if strings.HasPrefix(f, "decay") && err == nil && ms > 0 && ms <= 60000 {
-				flags.HalfLife = time.Duration(ms) * time.Millisecond
-				continue
+			if !durationFlag(f, "decay", &flags.HalfLife) && !durationFlag(f, "scrape", &flags.Scrape) {
+				return 0, flags, false
 			}
-			return 0, flags, false
 		}
 	}
 	return n, flags, true
+}
+
+// durationFlag reads "<prefix>N" (N ms, 1..60000) into dst.
+func durationFlag(f, prefix string, dst *time.Duration) bool {
+	v, ok := strings.CutPrefix(f, prefix)
+	ms, err := strconv.Atoi(v)
+	if !ok || err != nil || ms < 1 || ms > 60000 {
+		return false
+	}
+	*dst = time.Duration(ms) * time.Millisecond
+	return true
 }
 
 // replicaRule is the rule every replica loads: probes and engine scrapes
@@ -94,6 +104,7 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, flags R
 	if flags.ColdPlacement != nil {
 		settings.ColdPlacement = *flags.ColdPlacement
 	}
+	settings.LoadScrapeInterval = flags.Scrape
 	host := f.Host + "1"
 	var gws []*gateway.Gateway
 	var urls []string
