@@ -64,8 +64,8 @@ func coldKey(hashes []uint64, minBlocks int) uint64 {
 // coldPlace is the cold placement of a request tier 1.5 did not route for
 // want of a holder (no_worker, or shallow: too little overlap to count):
 // the eligible endpoint of highest rendezvous weight among the least loaded
-// (coldHashPick), sc.load holding the loads. -1 when the option is off, the prompt has
-// no full block or nothing is eligible.
+// (coldHashPick), sc.load holding the loads. -1 when the option is off, the
+// prompt has no full block or nothing is eligible.
 func (s *Selector) coldPlace(req *Request, elig epset.Set, sc *scratch, d *Decision) int {
 	if s.opts.ColdPlacement != ColdPlacementHash || len(req.Hashes) == 0 {
 		return -1
@@ -125,7 +125,9 @@ func (s *Selector) onlyPredicted(req *Request, mb int, el []int16, elig epset.Se
 	k := coldKeyBlocks(mb, len(req.Hashes))
 	s.confirmed.Score(req.Hashes[:k], elig, true, &sc.confirmed)
 	for _, m := range el {
-		if int(sc.confirmed[m]) >= k {
+		// Any credit counts: an offloaded block scores below a whole one
+		// (LLB_KV_TIER_WEIGHTS) but is still the engine's own.
+		if sc.confirmed[m] > 0 {
 			return false
 		}
 	}

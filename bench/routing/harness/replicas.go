@@ -32,9 +32,11 @@ const maxReplicas = 8
 // (LLB_KV_COLD_PLACEMENT=hash), "sel" forces the rule's sel for cold
 // requests, for comparison; "decayN" decays the other replicas' part of the
 // shared load view with a half-life of N ms; "scrapeN" scrapes the engines'
-// load every N ms (LLB_KV_LOAD_SCRAPE_MS) instead of with each 1 s probe.
+// load every N ms (LLB_KV_LOAD_SCRAPE_MS) instead of with each 1 s probe;
+// "lc" gives the rule sel 4 (least connections) instead of round-robin.
 type ReplicaFlags struct {
 	LocalOnly bool
+	LeastConn bool
 	HalfLife  time.Duration
 	Scrape    time.Duration
 	// ColdPlacement is LLB_KV_COLD_PLACEMENT; nil keeps kvgate's default.
@@ -56,6 +58,8 @@ func replicaCount(name string) (n int, flags ReplicaFlags, ok bool) {
 		switch f {
 		case "local":
 			flags.LocalOnly = true
+		case "lc":
+			flags.LeastConn = true
 		case "hash", "sel":
 			p, _ := selector.ParseColdPlacement(f)
 			flags.ColdPlacement = &p
@@ -123,6 +127,9 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, flags R
 		if err != nil {
 			stop()
 			return nil, err
+		}
+		if flags.LeastConn {
+			rule.Args.Sel = selector.SelLeastConn
 		}
 		g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: env.StagingDir, Datapath: "userspace", DecisionHeader: true,
 			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: flags.LocalOnly, SharedLoadHalfLife: flags.HalfLife,
