@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -136,11 +137,11 @@ func printStatus(out io.Writer, st status.Status) error {
 		fmt.Fprintf(out, "RULE %d%s  %s  %s  %s  parity %s  path %s\n", r.ServiceID, name, r.VIP, r.Mode, contract, r.Parity, r.Datapath)
 		fmt.Fprintf(out, "  hits %s (total %s)  misses %s\n", num(r.HitsWindow), num(r.HitsTotal), misses(r.MissesWindow))
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  EP\tADDRESS\tROLE\tHEALTH\tBREAKER\tADMIN\tIN-FLIGHT\tBLOCKS\tSUBSCRIBER\tLAST EVENT\tHITS\tHIT RATE")
+		fmt.Fprintln(tw, "  EP\tADDRESS\tROLE\tHEALTH\tBREAKER\tADMIN\tIN-FLIGHT\tBLOCKS\tSUBSCRIBER\tLAST EVENT\tHITS\tHIT RATE\tMODELS")
 		for _, e := range r.Endpoints {
 			sub, last := subscriberColumns(e.Subscriber)
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.EPIdx, e.Addr, e.Role, e.Health, e.Breaker, e.Admin,
-				num(e.Inflight), num(e.Blocks), sub, last, num(e.HitsTotal), spark(e.HitRate))
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.EPIdx, e.Addr, e.Role, e.Health, e.Breaker, e.Admin,
+				num(e.Inflight), num(e.Blocks), sub, last, num(e.HitsTotal), spark(e.HitRate), modelsColumn(e.Models))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -164,6 +165,31 @@ func subscriberColumns(s *status.Subscriber) (sub, last string) {
 		last = (time.Duration(a) * time.Second).String() + " ago"
 	}
 	return sub, last
+}
+
+// modelsColumn is the MODELS cell: what the endpoint's /v1/models listed
+// (adapters as name<parent>), when it was read, and a failed last read;
+// "-" when the rule runs no model discovery.
+func modelsColumn(m *status.EndpointModels) string {
+	if m == nil {
+		return "-"
+	}
+	names := slices.Clone(m.Served)
+	for _, a := range m.Adapters {
+		names = append(names, a.Name+"<"+a.Parent+">")
+	}
+	out := strings.Join(names, ",")
+	switch {
+	case m.CheckedAgeSeconds < 0:
+		return "reading"
+	case out == "":
+		out = "none"
+	}
+	out += " (read " + (time.Duration(m.CheckedAgeSeconds) * time.Second).String() + " ago)"
+	if m.Error != "" {
+		out += " READ FAILED: " + oneLine(m.Error)
+	}
+	return out
 }
 
 func misses(m map[string]float64) string {

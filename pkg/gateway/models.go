@@ -222,6 +222,10 @@ type ruleModels struct {
 	addrs  map[int]string // ep_idx → "ip:port"
 	served map[int]models.Served
 	tried  epset.Set // endpoints read at least once (answer or error)
+	// checked and readErr are when each endpoint's last read ended and
+	// why it failed ("" it did not): what status and preflight show.
+	checked map[int]time.Time
+	readErr map[int]string
 	kicks  epset.Set // endpoints to read now
 	wake   chan struct{}
 	stop   context.CancelFunc
@@ -238,7 +242,8 @@ func (g *Gateway) newRuleModels(rule *config.Rule, engine *engineclient.Client, 
 	}
 	timeout := rule.ProbeTimeout()
 	rm := &ruleModels{service: rule.ServiceID, interval: iv, m: g.Metrics, log: g.log.With("service", rule.ServiceID),
-		guard: g.guard, changed: changed, token: token, served: map[int]models.Served{}, wake: make(chan struct{}, 1),
+		guard: g.guard, changed: changed, token: token, served: map[int]models.Served{},
+		checked: map[int]time.Time{}, readErr: map[int]string{}, wake: make(chan struct{}, 1),
 	}
 	if engine == nil {
 		engine = engineclient.New(nil)
@@ -269,14 +274,14 @@ func (rm *ruleModels) setEndpoints(rule *config.Rule) {
 				delete(rm.served, e.Idx)
 				dropped = true
 			}
-			rm.tried.Remove(e.Idx)
+			rm.forgetRead(e.Idx)
 			rm.kicks.Add(e.Idx)
 		}
 	}
 	for ep := range old {
 		if _, stays := rm.addrs[ep]; !stays {
 			delete(rm.served, ep)
-			rm.tried.Remove(ep)
+			rm.forgetRead(ep)
 			rm.m.DeleteModelSeries(rm.service, ep)
 			dropped = true
 		}
@@ -286,6 +291,27 @@ func (rm *ruleModels) setEndpoints(rule *config.Rule) {
 	}
 	rm.mu.Unlock()
 	rm.signal()
+}
+
+// forgetRead drops what ep's reads left behind; the caller holds rm.mu.
+func (rm *ruleModels) forgetRead(ep int) {
+	rm.tried.Remove(ep)
+	delete(rm.checked, ep)
+	delete(rm.readErr, ep)
+}
+
+// State is what discovery knows of ep (false: not one of the rule's
+// endpoints).
+func (rm *ruleModels) State(ep int) (models.EndpointState, bool) {
+	if rm == nil {
+		return models.EndpointState{}, false
+	}
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	if _, ok := rm.addrs[ep]; !ok {
+		return models.EndpointState{}, false
+	}
+	return models.EndpointState{Served: rm.served[ep], CheckedAt: rm.checked[ep], Err: rm.readErr[ep]}, true
 }
 
 // kick reads ep's /v1/models now (its probe came up: it may be a new
@@ -407,6 +433,7 @@ func (rm *ruleModels) fetch(ctx context.Context, addr string) (models.Served, er
 // last listed (a restarting engine is excluded by its probe meanwhile);
 // an endpoint never read stays a candidate for every model.
 func (rm *ruleModels) apply(res []fetched) {
+	now := time.Now()
 	rm.mu.Lock()
 	rekeyed, first := false, false
 	for _, r := range res {
@@ -417,7 +444,10 @@ func (rm *ruleModels) apply(res []fetched) {
 			rm.tried.Add(r.ep)
 			first = true
 		}
+		rm.checked[r.ep] = now
+		rm.readErr[r.ep] = ""
 		if r.err != nil {
+			rm.readErr[r.ep] = r.err.Error()
 			rm.m.ModelDiscoveryError(rm.service)
 			rm.log.Debug("model discovery: /v1/models not read; keeping what the endpoint listed before", "ep", r.ep, "err", r.err)
 			continue

@@ -239,6 +239,20 @@ func TestDiscoveryRereads(t *testing.T) {
 	if base() != "model-b" || changes.Load() != 2 {
 		t.Fatalf("a failed read changed the view: base %q, %d changes", base(), changes.Load())
 	}
+	// What status and preflight show: the kept listing, when, and why the
+	// last read failed; a good read clears the error.
+	st, ok := rm.State(0)
+	if !ok || st.Served.Base() != "model-b" || st.Served.Adapters["b-lora"] != "model-b" || st.CheckedAt.IsZero() || !strings.Contains(st.Err, "status 500") {
+		t.Fatalf("state after a failed read: %+v %v", st, ok)
+	}
+	if _, ok := rm.State(7); ok {
+		t.Fatal("state of an endpoint the rule does not have")
+	}
+	mu.Lock()
+	status, body = 200, `{"data":[{"id":"model-b"}]}`
+	mu.Unlock()
+	rm.kick(0)
+	wait("the good read to clear the error", func() bool { st, _ := rm.State(0); return st.Err == "" && len(st.Served.Adapters) == 0 })
 }
 
 // gatheredSum sums a family's samples from the registry.
