@@ -226,10 +226,10 @@ type ruleModels struct {
 	// why it failed ("" it did not): what status and preflight show.
 	checked map[int]time.Time
 	readErr map[int]string
-	kicks  epset.Set // endpoints to read now
-	wake   chan struct{}
-	stop   context.CancelFunc
-	done   chan struct{}
+	kicks   epset.Set // endpoints to read now
+	wake    chan struct{}
+	stop    context.CancelFunc
+	done    chan struct{}
 }
 
 // newRuleModels starts discovery for a KV rule; nil when discovery is off
