@@ -16,6 +16,8 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/kvhash"
+	"github.com/kvgate/kvgate/pkg/models"
+	"github.com/kvgate/kvgate/pkg/status"
 )
 
 // modelB is a second model that shares model's tokenizer and, through
@@ -37,7 +39,7 @@ func TestManyModelsOneRule(t *testing.T) {
 		t.Skip("builds two binaries")
 	}
 	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim")
+	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim", "../../cmd/kvctl")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -91,6 +93,30 @@ func TestManyModelsOneRule(t *testing.T) {
 		return tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "0"}) == 2 &&
 			tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "3"}) == 1
 	})
+
+	// The operator sees what was discovered: status JSON, kvctl status and
+	// kvctl preflight.
+	wantServed := map[int]servedWant{
+		0: {models: []string{model}, adapters: []models.Adapter{{Name: "sql-lora", Parent: model}}},
+		1: {models: []string{model}, adapters: []models.Adapter{{Name: "sql-lora", Parent: model}}},
+		2: {models: []string{modelB}}, 3: {models: []string{modelB}},
+	}
+	checkStatusModels(t, tg, id, wantServed)
+	kvctl := filepath.Join(dir, "kvctl")
+	out := runKvctl(t, kvctl, "status", "--api-server", tg.api)
+	for _, want := range []string{"MODELS", model + ",sql-lora<" + model + ">", modelB + " (read "} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("kvctl status lacks %q:\n%s", want, out)
+		}
+	}
+	out = runKvctl(t, kvctl, "preflight", "--no-probe", "--service-id", svc, "--api-server", tg.api)
+	t.Logf("kvctl preflight --no-probe:\n%s", out)
+	for ep, w := range wantServed {
+		row := modelsRow(out, ep)
+		if !strings.Contains(row, "PASS") || !strings.Contains(row, "serves "+w.models[0]) || len(w.adapters) > 0 && !strings.Contains(row, "sql-lora (of "+model+")") {
+			t.Fatalf("kvctl preflight's models row of ep %d is %q:\n%s", ep, row, out)
+		}
+	}
 
 	url := fmt.Sprintf("http://%s:%d/v1/completions", vip, vport)
 	engineOf := func(ep int) string { return fmt.Sprintf("%s:%d", hosts[ep], eport) }
@@ -177,6 +203,8 @@ func TestManyModelsOneRule(t *testing.T) {
 		t.Fatalf("late-lora served by %q, want %s (the only engine that loaded it)", late.engine, engineOf(2))
 	}
 	t.Logf("runtime adapter routed %v after it was loaded (LLB_KV_MODEL_DISCOVERY_SEC=1)", time.Since(loaded).Round(10*time.Millisecond))
+	wantServed[2] = servedWant{models: []string{modelB}, adapters: []models.Adapter{{Name: "late-lora", Parent: modelB}}}
+	checkStatusModels(t, tg, id, wantServed)
 
 	for _, c := range []struct {
 		name   string
@@ -220,4 +248,63 @@ func sameHashes(t *testing.T, tg *testGateway, service int, epA, epB, prompt str
 			}
 		}
 	}
+}
+
+type servedWant struct {
+	models   []string
+	adapters []models.Adapter
+}
+
+// checkStatusModels checks each endpoint's models object in the daemon's
+// GET /netlox/v1/status against want: served names, adapters with parent,
+// a recent read and no error.
+func checkStatusModels(t *testing.T, tg *testGateway, service int, want map[int]servedWant) {
+	t.Helper()
+	resp, err := http.Get(tg.api + "/netlox/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st status.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	for _, r := range st.Rules {
+		if r.ServiceID != service {
+			continue
+		}
+		if len(r.Endpoints) != len(want) {
+			t.Fatalf("status shows %d endpoints, want %d", len(r.Endpoints), len(want))
+		}
+		for _, e := range r.Endpoints {
+			w, m := want[e.EPIdx], e.Models
+			if m == nil || !slices.Equal(m.Served, w.models) || !slices.Equal(m.Adapters, w.adapters) || m.Error != "" ||
+				m.CheckedAt == nil || m.CheckedAgeSeconds < 0 || m.CheckedAgeSeconds > 30 {
+				t.Fatalf("status of ep %d: models %+v, want served %v adapters %v, read recently without error", e.EPIdx, m, w.models, w.adapters)
+			}
+		}
+		return
+	}
+	t.Fatalf("status has no rule %d", service)
+}
+
+// runKvctl runs the real kvctl binary and returns its output; a non-zero
+// exit fails the test.
+func runKvctl(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kvctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// modelsRow is kvctl preflight's models row of ep ("" none).
+func modelsRow(out string, ep int) string {
+	for line := range strings.SplitSeq(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "models" && f[1] == strconv.Itoa(ep) {
+			return line
+		}
+	}
+	return ""
 }
