@@ -205,11 +205,15 @@ func metricLabel(name string) string {
 type ruleModels struct {
 	service  int
 	interval time.Duration
-	client   *http.Client
-	scheme   string // "https" on security-2 rules
-	m        *metrics.Metrics
-	log      *slog.Logger
-	guard    *recovery.Guard
+	// retry is how soon a failed read is tried again: the rule's
+	// probeInterval (at most interval), so an engine that was restarting
+	// when it was read is listed once it serves.
+	retry  time.Duration
+	client *http.Client
+	scheme string // "https" on security-2 rules
+	m      *metrics.Metrics
+	log    *slog.Logger
+	guard  *recovery.Guard
 	// changed is told when an endpoint's key changed (its subscriber must
 	// restart under the new key) or an endpoint was read the first time.
 	changed func()
@@ -241,7 +245,7 @@ func (g *Gateway) newRuleModels(rule *config.Rule, engine *engineclient.Client, 
 		return nil
 	}
 	timeout := rule.ProbeTimeout()
-	rm := &ruleModels{service: rule.ServiceID, interval: iv, m: g.Metrics, log: g.log.With("service", rule.ServiceID),
+	rm := &ruleModels{service: rule.ServiceID, interval: iv, retry: min(iv, rule.ProbeInterval()), m: g.Metrics, log: g.log.With("service", rule.ServiceID),
 		guard: g.guard, changed: changed, token: token, served: map[int]models.Served{},
 		checked: map[int]time.Time{}, readErr: map[int]string{}, wake: make(chan struct{}, 1),
 	}
@@ -362,6 +366,8 @@ func (rm *ruleModels) current() *modelView {
 func (rm *ruleModels) run(ctx context.Context) {
 	t := time.NewTicker(rm.interval)
 	defer t.Stop()
+	retry := time.NewTimer(rm.retry)
+	defer retry.Stop()
 	for {
 		var due epset.Set
 		rm.mu.Lock()
@@ -370,10 +376,19 @@ func (rm *ruleModels) run(ctx context.Context) {
 		if !due.Empty() {
 			rm.round(ctx, due)
 		}
+		retry.Reset(rm.retry)
 		select {
 		case <-ctx.Done():
 			return
 		case <-rm.wake:
+		case <-retry.C:
+			rm.mu.Lock()
+			for ep, e := range rm.readErr {
+				if e != "" {
+					rm.kicks.Add(ep)
+				}
+			}
+			rm.mu.Unlock()
 		case <-t.C:
 			rm.mu.Lock()
 			for ep := range rm.addrs {
@@ -512,6 +527,36 @@ func kickModels(prev func(ep int), r *router) func(ep int) {
 			prev(ep)
 		}
 		r.state.Load().models.kick(ep)
+	}
+}
+
+// reconnect is one KV subscriber's rebuilt socket.
+type reconnect struct{ service, ep int }
+
+// reconnectQueue bounds the rebuilds waiting for followReconnects; more are
+// dropped (a fleet-wide blip), and the interval re-reads those endpoints.
+const reconnectQueue = 256
+
+// followReconnects re-reads an endpoint's /v1/models when its KV-event
+// subscription was rebuilt. An engine restarted faster than probeRetries
+// probes never goes probe-down, so no probe-up kick follows; its event
+// socket still drops and reconnects, and the new engine may serve another
+// model. A reconnect without a restart costs one GET.
+func (g *Gateway) followReconnects(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case rc := <-g.reconnects:
+			g.mu.Lock()
+			rt, ok := g.rules[rc.service]
+			var rm *ruleModels
+			if ok {
+				rm = rt.models
+			}
+			g.mu.Unlock()
+			rm.kick(rc.ep)
+		}
 	}
 }
 
