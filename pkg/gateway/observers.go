@@ -117,7 +117,8 @@ func (o subscriberObserver) OtherMediaBlocks(ep ingest.EndpointRef, blocks int) 
 func (o subscriberObserver) CapEvicted(ep ingest.EndpointRef, n int) {
 	o.m.InvCapEvicted(int(ep.Service), ep.EPIdx, n)
 }
-func (o subscriberObserver) Sequence(ep ingest.EndpointRef, _ int, c ingest.SeqCase, _ uint64) {
+func (o subscriberObserver) Sequence(ep ingest.EndpointRef, _ int, c ingest.SeqCase, missing uint64) {
+	o.m.SeqMissingAdd(int(ep.Service), ep.EPIdx, missing) // only gaps skip numbers
 	switch kind := c.String(); kind {
 	case "small_gap":
 		o.m.SubscriberGap(int(ep.Service), ep.EPIdx, "small")
@@ -149,6 +150,7 @@ func (o subscriberObserver) Applied(ep ingest.EndpointRef, _ int, batches, store
 
 func (o subscriberObserver) DecodeError(ep ingest.EndpointRef, _ int) {
 	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
+	o.m.DecodeError(int(ep.Service), ep.EPIdx)
 }
 
 // parityObserver feeds the live parity self-check's metrics.
