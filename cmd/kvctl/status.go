@@ -42,7 +42,8 @@ func newStatusCmd() *cobra.Command {
 		Long: `Show what kvgate's status page shows (GET /netlox/v1/status): the problems to look at
 first, then per rule its mode, contract, parity state, hits and misses by reason over the
 last minutes, and per endpoint its role, health, breaker, admin state, in-flight requests,
-inventory blocks, subscriber state, last-event age, hits and a hit-rate spark line.
+inventory blocks, subscriber state, last-event age, hits, a hit-rate spark line and the
+models its GET /v1/models listed (adapters as name<parent>; when read; a failed read).
 
 --watch redraws every --interval until interrupted (or --count times).`,
 		Args: cobra.NoArgs,

@@ -3,8 +3,8 @@
 // `kvctl status` prints: per rule its mode, contract, parity state, hits,
 // misses by reason over the last minutes and the data path; per endpoint its
 // role, health, breaker, admin state, in-flight requests, inventory,
-// subscriber state and a hit-rate history; and the problems an operator
-// should look at first.
+// subscriber state, a hit-rate history and what model discovery read from
+// its /v1/models; and the problems an operator should look at first.
 //
 // The collector reads what the daemon already exports: the rule table, the
 // subscribers' state and kvgate's own Prometheus registry, which it samples
