@@ -14,6 +14,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -190,7 +191,18 @@ func modelsColumn(m *status.EndpointModels) string {
 	if m.Error != "" {
 		out += " READ FAILED: " + oneLine(m.Error)
 	}
-	return out
+	return printable(out)
+}
+
+// printable replaces control characters (C0 and C1: a terminal may act on
+// them) with '?': the names come from the engines.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 func misses(m map[string]float64) string {

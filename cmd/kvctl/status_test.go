@@ -121,6 +121,7 @@ func TestModelsColumn(t *testing.T) {
 		{"aliases and adapters", &status.EndpointModels{Served: []string{"a/b", "b"}, Adapters: []models.Adapter{{Name: "x", Parent: "a/b"}}, CheckedAgeSeconds: 65},
 			"a/b,b,x<a/b> (read 1m5s ago)"},
 		{"failed, kept", &status.EndpointModels{Served: []string{"m"}, CheckedAgeSeconds: 2, Error: "status\n500"}, "m (read 2s ago) READ FAILED: status 500"},
+		{"a C1 control in a name", &status.EndpointModels{Served: []string{"a\u009b2Jb"}, CheckedAgeSeconds: 0}, "a?2Jb (read 0s ago)"},
 	}
 	for _, tc := range tests {
 		if got := modelsColumn(tc.in); got != tc.want {

@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Bounds of one /v1/models answer.
@@ -174,7 +175,7 @@ func checkName(n string) error {
 		return fmt.Errorf("name %q has surrounding spaces", n)
 	}
 	for _, r := range n {
-		if r < 0x20 || r == 0x7f || r == '\uFFFD' {
+		if unicode.IsControl(r) || r == '\uFFFD' { // C0, DEL and C1: a terminal may act on them
 			return fmt.Errorf("name %q has a control or invalid character", n)
 		}
 	}
