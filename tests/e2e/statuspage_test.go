@@ -59,7 +59,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		if err != nil {
 			t.Fatalf("read the models cells: %v", err)
 		}
-		return len(cells) == 2 && strings.HasPrefix(cells[0], model+" ") && strings.HasPrefix(cells[1], model+" ")
+		return len(cells) == 2 && strings.HasPrefix(cells[0], model+"read ") && strings.HasPrefix(cells[1], model+"read ")
 	})
 	for _, c := range cells {
 		if !strings.Contains(c, "read ") || strings.Contains(c, "read failed") {
