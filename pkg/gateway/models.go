@@ -205,10 +205,11 @@ func metricLabel(name string) string {
 type ruleModels struct {
 	service  int
 	interval time.Duration
-	// retry is how soon a failed read is tried again: the rule's
-	// probeInterval (at most interval), so an engine that was restarting
-	// when it was read is listed once it serves.
-	retry  time.Duration
+	// retry is how soon a failed read is tried again, in nanoseconds: the
+	// rule's probeInterval (at most interval), so an engine that was
+	// restarting when it was read is listed once it serves. A rule update
+	// sets it.
+	retry  atomic.Int64
 	client *http.Client
 	scheme string // "https" on security-2 rules
 	m      *metrics.Metrics
@@ -245,7 +246,7 @@ func (g *Gateway) newRuleModels(rule *config.Rule, engine *engineclient.Client, 
 		return nil
 	}
 	timeout := rule.ProbeTimeout()
-	rm := &ruleModels{service: rule.ServiceID, interval: iv, retry: min(iv, rule.ProbeInterval()), m: g.Metrics, log: g.log.With("service", rule.ServiceID),
+	rm := &ruleModels{service: rule.ServiceID, interval: iv, m: g.Metrics, log: g.log.With("service", rule.ServiceID),
 		guard: g.guard, changed: changed, token: token, served: map[int]models.Served{},
 		checked: map[int]time.Time{}, readErr: map[int]string{}, wake: make(chan struct{}, 1),
 	}
@@ -266,6 +267,7 @@ func (g *Gateway) newRuleModels(rule *config.Rule, engine *engineclient.Client, 
 // setEndpoints follows a rule update: departed or moved endpoints forget
 // what they served, new ones are read at once.
 func (rm *ruleModels) setEndpoints(rule *config.Rule) {
+	rm.retry.Store(int64(min(rm.interval, rule.ProbeInterval())))
 	rm.mu.Lock()
 	old := rm.addrs
 	rm.addrs = make(map[int]string, len(rule.Endpoints))
@@ -366,7 +368,7 @@ func (rm *ruleModels) current() *modelView {
 func (rm *ruleModels) run(ctx context.Context) {
 	t := time.NewTicker(rm.interval)
 	defer t.Stop()
-	retry := time.NewTimer(rm.retry)
+	retry := time.NewTimer(time.Duration(rm.retry.Load()))
 	defer retry.Stop()
 	for {
 		var due epset.Set
@@ -376,7 +378,7 @@ func (rm *ruleModels) run(ctx context.Context) {
 		if !due.Empty() {
 			rm.round(ctx, due)
 		}
-		retry.Reset(rm.retry)
+		retry.Reset(time.Duration(rm.retry.Load()))
 		select {
 		case <-ctx.Done():
 			return
