@@ -1,6 +1,7 @@
 package selector
 
 import (
+	"errors"
 	"log/slog"
 	"sort"
 	"testing"
@@ -234,4 +235,25 @@ func TestColdPlacementPD(t *testing.T) {
 	if prefills.Len() != 4 {
 		t.Fatalf("prefill endpoints used: %v", prefills)
 	}
+}
+
+// FuzzParseColdPlacement: any input parses to a known value whose String
+// parses back to itself, or is refused with a ParseError; never a panic.
+func FuzzParseColdPlacement(f *testing.F) {
+	for _, s := range []string{"", "sel", "hash", " HASH ", "rr"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParseColdPlacement(s)
+		if err != nil {
+			var pe *ParseError
+			if !errors.As(err, &pe) {
+				t.Fatalf("%q: error %v is not a ParseError", s, err)
+			}
+			return
+		}
+		if back, err := ParseColdPlacement(p.String()); err != nil || back != p {
+			t.Fatalf("%q: %v does not round-trip (%v, %v)", s, p, back, err)
+		}
+	})
 }
