@@ -56,7 +56,7 @@ func run() error {
 	flag.Float64Var(&c.seen, "seen", 0.9, "fraction of the prompt seen before in warm mode")
 	flag.IntVar(&c.blockSize, "block-size", 16, "KV block size in tokens")
 	flag.StringVar(&c.modes, "modes", "cold,warm", "modes to run, in order")
-	flag.StringVar(&c.variants, "variants", "before,after", "before: tokenizer conversation cache and hash chain cache off; after: both on (the daemon's defaults)")
+	flag.StringVar(&c.variants, "variants", "before,after", "before: message cache, tokenizer conversation cache and hash chain cache off; after: all on (the daemon's defaults)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured requests here")
 	flag.Parse()
 	if c.requests < 1 || c.tokens < 1000 || c.seen <= 0 || c.seen >= 1 {
@@ -183,6 +183,10 @@ func measure(c config, mode, variant string) (*result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hasher: %w", err)
 	}
+	var fopts reqfacts.Options
+	if variant == "after" {
+		fopts.Messages = reqfacts.NewMessageCache(reqfacts.DefaultMessageCacheBytes) // as the gateway's rules
+	}
 	r := rand.New(rand.NewPCG(1, 2))
 	const model = "Qwen/Qwen3-0.6B"
 	seenTokens := int(float64(c.tokens) * c.seen)
@@ -193,7 +197,7 @@ func measure(c config, mode, variant string) (*result, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := decide(m, h, b); err != nil {
+		if _, err := decide(m, h, fopts, b); err != nil {
 			return nil, err
 		}
 	}
@@ -211,7 +215,7 @@ func measure(c config, mode, variant string) (*result, error) {
 			return nil, err
 		}
 		cpu0 := cpuTime()
-		st, err := decide(m, h, b)
+		st, err := decide(m, h, fopts, b)
 		res.cpu = append(res.cpu, cpuTime()-cpu0)
 		if err != nil {
 			return nil, err
@@ -251,10 +255,10 @@ func (st *stageTimes) stage(name string, fn func()) {
 
 // decide runs what router.prepare runs for a chat request with KV routing:
 // extract the facts, render + encode, hash the blocks.
-func decide(m *tokenizer.Model, h *kvhash.Hasher, raw []byte) (stageTimes, error) {
+func decide(m *tokenizer.Model, h *kvhash.Hasher, fopts reqfacts.Options, raw []byte) (stageTimes, error) {
 	st := stageTimes{d: map[string]time.Duration{}, cpu: map[string]time.Duration{}}
 	var f reqfacts.Facts
-	st.stage("extract", func() { f = reqfacts.ExtractPath("/v1/chat/completions", raw, "", reqfacts.Options{}) })
+	st.stage("extract", func() { f = reqfacts.ExtractPath("/v1/chat/completions", raw, "", fopts) })
 	if f.Problem != "" {
 		return st, fmt.Errorf("extract: %s", f.Problem)
 	}
