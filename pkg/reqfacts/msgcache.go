@@ -43,6 +43,10 @@ const (
 type MessageCache struct {
 	limit int64
 	seed  maphash.Seed
+	// minBytes and startBytes are minCachedMessageBytes and
+	// messageStartBytes; tests lower them to exercise the cache on small
+	// arrays.
+	minBytes, startBytes int
 
 	mu      sync.Mutex
 	used    int64
@@ -91,7 +95,12 @@ func NewMessageCache(limit int64) *MessageCache {
 	if limit <= 0 {
 		return nil
 	}
-	return &MessageCache{limit: limit, seed: maphash.MakeSeed(), byStart: map[uint64][]*messageEntry{}}
+	return newMessageCache(limit, minCachedMessageBytes, messageStartBytes)
+}
+
+func newMessageCache(limit int64, minBytes, startBytes int) *MessageCache {
+	startBytes = max(min(startBytes, minBytes), 1) // the lookup key must exist in every cached array
+	return &MessageCache{limit: limit, seed: maphash.MakeSeed(), minBytes: max(minBytes, 1), startBytes: startBytes, byStart: map[uint64][]*messageEntry{}}
 }
 
 // MessageCacheStats are a cache's counters since it was made.
@@ -112,10 +121,10 @@ func (c *MessageCache) Stats() MessageCacheStats {
 }
 
 func (c *MessageCache) startKey(rest []byte) (uint64, bool) {
-	if len(rest) < minCachedMessageBytes {
+	if len(rest) < c.minBytes {
 		return 0, false
 	}
-	return maphash.Bytes(c.seed, rest[:messageStartBytes]), true
+	return maphash.Bytes(c.seed, rest[:c.startBytes]), true
 }
 
 // lookup finds the cached array sharing the most leading messages with
