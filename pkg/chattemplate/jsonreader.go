@@ -133,12 +133,15 @@ func (r *JSONReader) String() (string, error) {
 		case c == '"':
 			s := r.data[start:i]
 			if high && !utf8.Valid(s) {
-				return r.slowString(start)
+				return r.slowString(start, start)
 			}
 			r.pos = i + 1
 			return string(s), nil
 		case c == '\\':
-			return r.slowString(start)
+			if high && !utf8.Valid(r.data[start:i]) {
+				return r.slowString(start, start)
+			}
+			return r.slowString(start, i)
 		case c < 0x20:
 			r.pos = i
 			return "", r.fail("control character in string")
@@ -151,10 +154,15 @@ func (r *JSONReader) String() (string, error) {
 }
 
 // slowString unquotes a string with escapes or invalid UTF-8 from start
-// (just after its opening quote), as encoding/json's unquote does.
-func (r *JSONReader) slowString(start int) (string, error) {
-	out := make([]byte, 0, 64)
-	i := start
+// (just after its opening quote), as encoding/json's unquote does; the
+// bytes from start to plain are valid UTF-8 without escapes.
+func (r *JSONReader) slowString(start, plain int) (string, error) {
+	size := plain - start + 64
+	if end := closingQuote(r.data, plain); end >= 0 {
+		size = end - start // unquoting only shrinks, but for U+FFFD replacements
+	}
+	out := append(make([]byte, 0, size), r.data[start:plain]...)
+	i := plain
 	for i < len(r.data) {
 		c := r.data[i]
 		switch {
@@ -222,6 +230,20 @@ func (r *JSONReader) escape(out []byte, i int) ([]byte, int, error) {
 	}
 	r.pos = i
 	return nil, 0, r.fail("bad escape")
+}
+
+// closingQuote is the offset of the quote that ends a string whose
+// unread part starts at i, or -1.
+func closingQuote(data []byte, i int) int {
+	for ; i < len(data); i++ {
+		switch data[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return -1
 }
 
 // lowSurrogate reads a \uXXXX escape at i, if there is one.
