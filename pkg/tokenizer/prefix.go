@@ -3,7 +3,6 @@ package tokenizer
 import (
 	"container/list"
 	"hash/maphash"
-	"slices"
 	"sync"
 	"unicode/utf8"
 )
@@ -225,12 +224,6 @@ func (t *Tokenizer) encodeReusing(text string, ids []uint32, lim Limits) ([]uint
 		if !b.ids(base + cut.index) {
 			return nil, b.failed()
 		}
-	}
-	// Room for the reused ids and the tail's (about a third of its bytes on
-	// prose), so a long prompt's ids are not copied again and again as
-	// they grow.
-	ids = slices.Grow(ids, cut.index+(len(text)-cut.at)/3+16)
-	if from != nil {
 		ids = append(ids, from.ids[:cut.index]...)
 		n := 0
 		for n < len(from.cuts) && from.cuts[n].at < cut.at {
