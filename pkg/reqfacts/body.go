@@ -190,9 +190,11 @@ func decodeMessageArray(r *chattemplate.JSONReader, cache *MessageCache) ([]map[
 	prev, reused := cache.lookup(rest)
 	var dec decodedMessages
 	more := true
+	reusedBytes := 0
 	if reused > 0 {
 		dec = prev.dec.prefix(reused)
-		r.Seek(start + dec.ends[reused-1])
+		reusedBytes = dec.ends[reused-1]
+		r.Seek(start + reusedBytes)
 		var err error
 		if more, err = r.Next(']'); err != nil {
 			return nil, err
@@ -217,6 +219,6 @@ func decodeMessageArray(r *chattemplate.JSONReader, cache *MessageCache) ([]map[
 			return nil, err
 		}
 	}
-	cache.store(rest[:r.Offset()-start], dec, prev)
+	cache.store(rest[:r.Offset()-start], dec, prev, reusedBytes)
 	return dec.msgs, nil
 }

@@ -223,3 +223,31 @@ func FuzzScanBody(f *testing.F) {
 		}
 	})
 }
+
+// TestMessageCacheSegments: a conversation growing for many turns keeps
+// its cached bytes in a bounded number of segments, copies only each turn's
+// new bytes until that bound, and every turn's facts equal a full read.
+func TestMessageCacheSegments(t *testing.T) {
+	cache := newMessageCache(64<<20, 64, 32)
+	msgs := []string{msg("system", strings.Repeat("s", 500))}
+	for turn := range 3 * maxSegments {
+		msgs = append(msgs, msg("user", fmt.Sprintf("question %d %s", turn, strings.Repeat("q", 50))))
+		body := chatBody(msgs...)
+		got := Extract(body, "", Options{Messages: cache})
+		if want := Extract(body, "", Options{}); !reflect.DeepEqual(got, want) {
+			t.Fatalf("turn %d: cached facts differ from a full read", turn)
+		}
+		cache.mu.Lock()
+		for _, e := range cache.byStart {
+			for _, entry := range e {
+				if len(entry.raw) > maxSegments+1 {
+					t.Fatalf("turn %d: %d segments, at most %d", turn, len(entry.raw), maxSegments+1)
+				}
+				if turn > 0 && turn < maxSegments && len(entry.raw) != turn+1 {
+					t.Fatalf("turn %d: %d segments, want one per turn (the new bytes only)", turn, len(entry.raw))
+				}
+			}
+		}
+		cache.mu.Unlock()
+	}
+}

@@ -57,7 +57,11 @@ type MessageCache struct {
 }
 
 type messageEntry struct {
-	raw   []byte // the whole array, from '[' to ']'
+	// raw is the whole array, from '[' to ']', in segments: the bytes an
+	// entry reused from the one it replaced stay in that entry's segments
+	// (never written after they are stored), so a turn copies only its new
+	// bytes.
+	raw   [][]byte
 	dec   decodedMessages
 	cost  int64
 	start uint64
@@ -145,7 +149,7 @@ func (c *MessageCache) lookup(rest []byte) (*messageEntry, int) {
 	var best *messageEntry
 	bestN := 0
 	for _, e := range candidates {
-		common := commonPrefix(e.raw, rest)
+		common := commonPrefixSegments(e.raw, rest)
 		n := sort.Search(len(e.dec.ends), func(i int) bool { return e.dec.ends[i] > common })
 		if n > bestN {
 			best, bestN = e, n
@@ -164,6 +168,57 @@ func (c *MessageCache) lookup(rest []byte) (*messageEntry, int) {
 	return best, bestN
 }
 
+// commonPrefixSegments is commonPrefix of the concatenated segments and b.
+func commonPrefixSegments(segs [][]byte, b []byte) int {
+	n := 0
+	for _, seg := range segs {
+		c := commonPrefix(seg, b[n:])
+		n += c
+		if c < len(seg) {
+			break
+		}
+	}
+	return n
+}
+
+// maxSegments bounds an entry's segments: past it the array is copied
+// whole again.
+const maxSegments = 64
+
+// segmentsFor is raw as segments: its first reused bytes taken from prev's
+// segments, the rest copied.
+func segmentsFor(raw []byte, prev *messageEntry, reused int) [][]byte {
+	var segs [][]byte
+	if prev != nil && reused > 0 && len(prev.raw) < maxSegments {
+		for _, seg := range prev.raw {
+			if reused <= 0 {
+				break
+			}
+			take := min(len(seg), reused)
+			segs = append(segs, seg[:take])
+			reused -= take
+		}
+	}
+	if reused > 0 || segs == nil {
+		return [][]byte{bytes.Clone(raw)}
+	}
+	n := 0
+	for _, seg := range segs {
+		n += len(seg)
+	}
+	return append(segs, bytes.Clone(raw[n:]))
+}
+
+// segmentsCost is the memory the segments keep alive: whole backing arrays
+// (a reused segment keeps all of its array, shared or not).
+func segmentsCost(segs [][]byte) int64 {
+	n := int64(0)
+	for _, seg := range segs {
+		n += int64(cap(seg)) + 24
+	}
+	return n
+}
+
 // commonPrefix is the length of the longest common prefix of a and b.
 func commonPrefix(a, b []byte) int {
 	n := min(len(a), len(b))
@@ -178,9 +233,10 @@ func commonPrefix(a, b []byte) int {
 	return i
 }
 
-// store keeps a decoded array (raw is copied); it replaces prev, the entry
-// its leading messages came from, which it extends.
-func (c *MessageCache) store(raw []byte, dec decodedMessages, prev *messageEntry) {
+// store keeps a decoded array (raw is copied, but for its first reused
+// bytes, which prev holds already); it replaces prev, the entry its leading
+// messages came from, which it extends.
+func (c *MessageCache) store(raw []byte, dec decodedMessages, prev *messageEntry, reused int) {
 	if c == nil || len(dec.msgs) == 0 {
 		return
 	}
@@ -188,11 +244,15 @@ func (c *MessageCache) store(raw []byte, dec decodedMessages, prev *messageEntry
 	if !ok {
 		return
 	}
-	cost := int64(len(raw)) + dec.costs[len(dec.costs)-1] + 64
+	if int64(len(raw)) > c.limit {
+		return
+	}
+	segs := segmentsFor(raw, prev, reused)
+	cost := segmentsCost(segs) + dec.costs[len(dec.costs)-1] + 64
 	if cost > c.limit {
 		return
 	}
-	e := &messageEntry{raw: bytes.Clone(raw), dec: dec.prefix(len(dec.msgs)), cost: cost, start: key}
+	e := &messageEntry{raw: segs, dec: dec.prefix(len(dec.msgs)), cost: cost, start: key}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if prev != nil && prev.elem != nil {
