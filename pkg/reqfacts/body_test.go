@@ -165,12 +165,22 @@ func TestMessageCacheReuses(t *testing.T) {
 	turn1 := []string{msg("system", long), msg("user", long)}
 	turn2 := append(append([]string(nil), turn1...), msg("assistant", "a"), msg("user", "b"))
 	cache := newMessageCache(1<<20, 64, 32)
+	var observed []int
+	cache.Observe(func(hit bool, reused int) {
+		if hit != (reused > 0) {
+			t.Errorf("observed hit %v with %d bytes reused", hit, reused)
+		}
+		observed = append(observed, reused)
+	})
 	Extract(chatBody(turn1...), "", Options{Messages: cache})
 	Extract(chatBody(turn2...), "", Options{Messages: cache})
 	st := cache.Stats()
 	wantReused := int64(len("[" + strings.Join(turn1, ",")))
 	if st.Hits != 1 || st.ReusedBytes != wantReused || st.Entries != 1 {
 		t.Fatalf("stats %+v, want 1 hit reusing %d bytes and the second turn replacing the first", st, wantReused)
+	}
+	if len(observed) != 2 || observed[0] != 0 || int64(observed[1]) != wantReused {
+		t.Fatalf("observed lookups %v, want a miss then %d bytes reused", observed, wantReused)
 	}
 }
 

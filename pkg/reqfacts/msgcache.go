@@ -54,6 +54,15 @@ type MessageCache struct {
 	lru     list.List // of *messageEntry, most recently used first
 
 	lookups, hits, reusedBytes atomic.Int64
+	observe                    func(hit bool, reusedBytes int) // nil: none
+}
+
+// Observe calls fn after every lookup of an array large enough to cache
+// (for the daemon's metrics). Call it before the cache is used.
+func (c *MessageCache) Observe(fn func(hit bool, reusedBytes int)) {
+	if c != nil {
+		c.observe = fn
+	}
 }
 
 type messageEntry struct {
@@ -156,10 +165,16 @@ func (c *MessageCache) lookup(rest []byte) (*messageEntry, int) {
 		}
 	}
 	if best == nil {
+		if c.observe != nil {
+			c.observe(false, 0)
+		}
 		return nil, 0
 	}
 	c.hits.Add(1)
 	c.reusedBytes.Add(int64(best.dec.ends[bestN-1]))
+	if c.observe != nil {
+		c.observe(true, best.dec.ends[bestN-1])
+	}
 	c.mu.Lock()
 	if best.elem != nil {
 		c.lru.MoveToFront(best.elem)
