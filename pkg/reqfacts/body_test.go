@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvgate/kvgate/pkg/chattemplate"
@@ -259,5 +260,31 @@ func TestMessageCacheSegments(t *testing.T) {
 			}
 		}
 		cache.mu.Unlock()
+	}
+}
+
+// TestMessageCacheConcurrent: requests of several growing conversations
+// through one cache at once (run under -race) all get a full read's facts.
+func TestMessageCacheConcurrent(t *testing.T) {
+	cache := newMessageCache(256<<10, 64, 32)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msgs := []string{msg("system", "shared system prompt "+strings.Repeat("p", 300))}
+			for turn := range 30 {
+				msgs = append(msgs, msg("user", fmt.Sprintf("conversation %d turn %d", g%2, turn)))
+				body := chatBody(msgs...)
+				if got, want := Extract(body, "", Options{Messages: cache}), Extract(body, "", Options{}); !reflect.DeepEqual(got, want) {
+					t.Errorf("conversation %d turn %d: cached facts differ from a full read", g, turn)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if st := cache.Stats(); st.Hits == 0 || st.Bytes > 256<<10 {
+		t.Fatalf("stats %+v: want hits within the bound", st)
 	}
 }
