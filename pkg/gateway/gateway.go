@@ -109,14 +109,17 @@ type Options struct {
 
 // Gateway is the running daemon minus its flags.
 type Gateway struct {
-	opts    Options
-	log     *slog.Logger
-	Metrics *metrics.Metrics
-	API     *api.Server
-	pool    *tokenizer.Pool
-	ready   *preloader
-	subs    *ingest.Manager
-	leg     *datapath.Selected
+	opts Options
+	// reconnects carries the KV subscribers' socket rebuilds to model
+	// discovery (followReconnects): a restarted engine may serve another model.
+	reconnects chan reconnect
+	log        *slog.Logger
+	Metrics    *metrics.Metrics
+	API        *api.Server
+	pool       *tokenizer.Pool
+	ready      *preloader
+	subs       *ingest.Manager
+	leg        *datapath.Selected
 	// slots keeps the BPF load map's endpoint registrations; nil when the
 	// body leg has no load map (userspace path).
 	slots   *loadSlots
@@ -235,7 +238,8 @@ func New(opts Options) (*Gateway, error) {
 	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
 	so.PollMin, so.PollMax = opts.Settings.TRTLLMPollMin, opts.Settings.TRTLLMPollMax
 	so.Logger = g.log
-	so.Observer = subscriberObserver{g.Metrics}
+	g.reconnects = make(chan reconnect, reconnectQueue)
+	so.Observer = subscriberObserver{m: g.Metrics, reconnects: g.reconnects}
 	so.Guard = g.guard
 	g.subs = ingest.NewManager(so)
 
@@ -274,6 +278,7 @@ func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	g.guard.Go(recovery.API, func() { apiErr <- g.API.Serve(ctx, apiLn) })
 	g.guard.Go(recovery.Poller, func() { g.status.Run(ctx) })
+	g.guard.Go(recovery.Poller, func() { g.followReconnects(ctx) })
 	if g.rulesFile != nil {
 		g.guard.Go(recovery.Poller, func() { g.rulesFile.Run(ctx) })
 	}
@@ -405,7 +410,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		clientTLS = term
 	}
 	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks, TierWeights: g.opts.Settings.TierWeights,
-		Observer: ingest.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
+		Observer: ingest.InventoryObserver(subscriberObserver{m: g.Metrics}, uint32(id))})
 	if err != nil {
 		return fmt.Errorf("service %d: inventory: %w", id, err)
 	}
