@@ -393,6 +393,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return err
 	}
+	st.facts.Messages.Observe(g.Metrics.MessageLookup)
 	term, stopTLS, err := g.ruleTLS(rule)
 	if err != nil {
 		return err
@@ -541,6 +542,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	if err != nil {
 		return err
 	}
+	st.facts.Messages.Observe(g.Metrics.MessageLookup)
 	if err := rt.sel.SetRule(selectorRule(updated)); err != nil {
 		return fmt.Errorf("service %d: %w", updated.ServiceID, err)
 	}

@@ -165,6 +165,10 @@ type Metrics struct {
 	convLookups *prometheus.CounterVec
 	convReused  prometheus.Counter
 
+	// Decoded-message cache of the chat bodies (msgcache.go).
+	msgLookups *prometheus.CounterVec
+	msgReused  prometheus.Counter
+
 	models    modelLabels
 	rulesMu   sync.Mutex
 	ruleIDs   map[int]bool // rules initialised, so InitRule and DeleteRule are idempotent
@@ -289,6 +293,7 @@ func New(opts Options) *Metrics {
 	m.modelSeries()
 
 	m.initConversationCache(f)
+	m.initMessageCache(f)
 
 	if !opts.NoProcessCollectors {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
