@@ -1,0 +1,198 @@
+package inventory
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/epset"
+)
+
+// checkRobinHood fails unless every entry of s is found by lookup with its
+// holder set, and every entry's probe path from its home is occupied by
+// entries displaced at least as far (the order that lets lookups of absent
+// keys stop early and backward-shift deletion stay correct).
+func checkRobinHood(t *testing.T, s *shard, want map[uint64]uint32) {
+	t.Helper()
+	n := len(s.slots)
+	used := 0
+	for i := range s.slots {
+		if s.slots[i].id == emptySet {
+			continue
+		}
+		used++
+		d := displacement(s.slots[i].key(), i, n)
+		for back := 1; back <= d; back++ {
+			q := (i - back + n) % n
+			if s.slots[q].id == emptySet || displacement(s.slots[q].key(), q, n) < d-back {
+				t.Fatalf("slot %d (displacement %d): slot %d on its probe path breaks the order", i, d, q)
+			}
+		}
+	}
+	if used != len(want) || s.used != len(want) {
+		t.Fatalf("%d slots used (counted %d), want %d", used, s.used, len(want))
+	}
+	for k, id := range want {
+		if got := s.lookup(k); got != id {
+			t.Fatalf("key %#x: lookup %d, want %d", k, got, id)
+		}
+	}
+}
+
+// keysFor returns n distinct 56-bit keys drawn as the case asks.
+func keysFor(r *rand.Rand, n int, pick func(*rand.Rand) uint64) []uint64 {
+	seen := map[uint64]bool{}
+	out := make([]uint64, 0, n)
+	for len(out) < n {
+		k := pick(r) & keyMask
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// TestRebuildKeepsEveryEntry rebuilds shards of every shape the table
+// produces (growth by 2 and by 1/8, a copy at the same size, shrinking, a
+// full shard, clusters that wrap past the end, keys sharing one home slot)
+// and checks that the result holds exactly the same entries in Robin Hood
+// order, also after deleting half of them.
+func TestRebuildKeepsEveryEntry(t *testing.T) {
+	uniform := func(r *rand.Rand) uint64 { return r.Uint64() }
+	// Keys packed into a few home slots: most entries share their old home
+	// with others and come in arbitrary key order.
+	clustered := func(r *rand.Rand) uint64 { return r.Uint64N(8)<<50 | r.Uint64N(1<<20) }
+	// Keys at the top of the key space wrap past the shard's end.
+	top := func(r *rand.Rand) uint64 {
+		if r.IntN(2) == 0 {
+			return keyMask - r.Uint64N(1<<44)
+		}
+		return r.Uint64()
+	}
+	for _, tc := range []struct {
+		name     string
+		from, to int
+		entries  int
+		pick     func(*rand.Rand) uint64
+	}{
+		{"double small", 16, 32, 13, uniform},
+		{"grow by an eighth", 1024, 1152, 870, uniform},
+		{"grow by an eighth, at most load", 4096, 4608, 4096 * maxLoadNum / maxLoadDen, uniform},
+		{"same size", 512, 512, 400, uniform},
+		{"shrink", 1152, 700, 280, uniform},
+		{"shrink to nearly full", 1000, 300, 290, uniform},
+		{"shared homes", 2048, 2304, 1700, clustered},
+		{"shared homes, shrink", 2048, 1024, 900, clustered},
+		{"wrapping clusters", 1024, 1152, 860, top},
+		{"wrapping clusters, shrink", 1024, 600, 500, top},
+		{"single slot shard", 16, 16, 1, uniform},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(tc.from), uint64(tc.entries)))
+			s := shard{slots: make([]slot, tc.from)}
+			want := map[uint64]uint32{}
+			for i, k := range keysFor(r, tc.entries, tc.pick) {
+				id := uint32(i%7 + 1)
+				j, d, _ := s.find(k)
+				s.insertAt(j, d, uint64(i%200)<<keyBits|k, id)
+				want[k] = id
+			}
+			checkRobinHood(t, &s, want)
+			ns := s.rebuiltInto(make([]slot, tc.to))
+			checkRobinHood(t, &ns, want)
+			for k := range want {
+				if r.IntN(2) == 0 {
+					i, _, found := ns.find(k)
+					if !found {
+						t.Fatalf("key %#x not found for deletion", k)
+					}
+					ns.deleteAt(i)
+					delete(want, k)
+				}
+			}
+			checkRobinHood(t, &ns, want)
+		})
+	}
+}
+
+// TestGrowthKeepsCapAndRemoves drives an index through many rounds of shard
+// growth, segment rebuilds and shrinking (on the Go heap and in slabs) while
+// endpoints run at their cap and blocks are removed between growth steps,
+// and checks the index against the model and the cap after every step.
+func TestGrowthKeepsCapAndRemoves(t *testing.T) {
+	const capBlocks = 6000
+	for _, tc := range []struct {
+		name   string
+		slabs  bool
+		remove int // per mille of each batch removed again right away
+	}{
+		{"heap, adds only", false, 0},
+		{"heap, removes during growth", false, 300},
+		{"slabs, adds only", true, 0},
+		{"slabs, removes during growth", true, 300},
+		{"slabs, most removed", true, 900},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := newIndex(t, capBlocks)
+			if tc.slabs {
+				useTinySlabs(ix)
+			}
+			r := rand.New(rand.NewPCG(11, uint64(tc.remove)))
+			live := [2][]uint64{} // per endpoint, oldest first
+			for step := range 40 {
+				for ep := range live {
+					batch := make([]uint64, 400)
+					for i := range batch {
+						batch[i] = r.Uint64()
+					}
+					must(t, ix.Add(ep, 0, "", batch))
+					var gone []uint64
+					for _, h := range batch {
+						if r.IntN(1000) < tc.remove {
+							gone = append(gone, h)
+						} else {
+							live[ep] = append(live[ep], h)
+						}
+					}
+					must(t, ix.Remove(ep, 0, "", gone))
+					// Hashes are stored in batches, so generations follow the
+					// order of live: the cap evicts from the front.
+					if over := len(live[ep]) - capBlocks; over > 0 {
+						live[ep] = live[ep][over:]
+					}
+				}
+				for ep := range live {
+					got := ix.Blocks(ep)
+					if got > capBlocks {
+						t.Fatalf("step %d: endpoint %d holds %d blocks, over the cap %d", step, ep, got, capBlocks)
+					}
+					snap := ix.Snapshot(ep)
+					if len(snap) != got {
+						t.Fatalf("step %d: endpoint %d: Blocks %d, snapshot %d", step, ep, got, len(snap))
+					}
+					// Eviction is by generation, not exact order: every
+					// snapshot entry must be live in the model, and the
+					// newest batch must be fully present.
+					want := slices.Clone(live[ep])
+					slices.Sort(want)
+					for _, h := range snap {
+						if _, ok := slices.BinarySearch(want, h); !ok {
+							t.Fatalf("step %d: endpoint %d holds %#x, which was removed or never stored", step, ep, h)
+						}
+					}
+					newest := live[ep][max(0, len(live[ep])-100):]
+					var counts [epset.Max]uint32
+					ix.Score(newest, epset.Of(ep), false, &counts)
+					if int(counts[ep]) != len(newest) {
+						t.Fatalf("step %d: endpoint %d scores %d of its %d newest blocks", step, ep, counts[ep], len(newest))
+					}
+				}
+			}
+			st := ix.Stats()
+			if st.Used > 2*capBlocks {
+				t.Fatalf("table holds %d hashes for 2 endpoints capped at %d", st.Used, capBlocks)
+			}
+		})
+	}
+}
