@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -192,6 +193,94 @@ func TestGrowthKeepsCapAndRemoves(t *testing.T) {
 			st := ix.Stats()
 			if st.Used > 2*capBlocks {
 				t.Fatalf("table holds %d hashes for 2 endpoints capped at %d", st.Used, capBlocks)
+			}
+		})
+	}
+}
+
+// TestExpectStored: a reservation grows the table once to hold the burst
+// (adding it then grows nothing), never past the cap of the endpoints that
+// hold or reserve blocks, changes no count or score, and withdrawing it or
+// removing blocks while it stands keeps the index exact.
+func TestExpectStored(t *testing.T) {
+	const capBlocks = 200_000
+	for _, tc := range []struct {
+		name      string
+		slabs     bool
+		reserve   int // announced by endpoint 0
+		add       int // then stored by endpoint 0
+		removeAll bool
+		maxSlots  int  // bound on the table's slots after the reservation
+		noGrowth  bool // adding the burst grows no shard
+		failMaps  bool // every slab mapping fails: the reservation grows shards on the Go heap
+	}{
+		{"heap, burst fits", false, 150_000, 120_000, false, 150_000*5/4 + 2*numShards*minShardSlots, true, false},
+		{"slabs, burst fits", true, 150_000, 120_000, false, 150_000*5/4 + 2*numShards*minShardSlots, true, false},
+		// Two endpoints hold or reserve blocks: the table stops at twice the cap.
+		{"slabs, over the cap", true, 10 * capBlocks, 50_000, false, 2*capBlocks*5/4 + 2*numShards*minShardSlots, false, false},
+		{"slabs, removed while reserved", true, 150_000, 100_000, true, 150_000*5/4 + 2*numShards*minShardSlots, false, false},
+		{"too small to reserve", true, minReserve - 1, 1000, false, 4 * numShards * minShardSlots, false, false},
+		{"slabs, mapping fails", true, 150_000, 120_000, false, 150_000*5/4 + 2*numShards*minShardSlots, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := newIndex(t, capBlocks)
+			if tc.slabs {
+				useTinySlabs(ix)
+			}
+			if tc.failMaps {
+				ix.writeMu.Lock()
+				ix.gpu.arena.mapSlab = func(int) ([]byte, []byte, error) { return nil, nil, errors.New("injected mapping failure") }
+				ix.writeMu.Unlock()
+			}
+			r := rand.New(rand.NewPCG(5, uint64(tc.reserve)))
+			other := make([]uint64, 1000)
+			for i := range other {
+				other[i] = r.Uint64()
+			}
+			must(t, ix.Add(1, 0, "", other))
+			ix.ExpectStored(0, tc.reserve)
+			ix.ExpectStored(-1, tc.reserve)        // ignored
+			ix.ExpectStored(epset.Max, tc.reserve) // ignored
+			reserved := ix.Stats()
+			if reserved.Slots > tc.maxSlots {
+				t.Fatalf("reservation of %d gave %d slots, want at most %d", tc.reserve, reserved.Slots, tc.maxSlots)
+			}
+			if ix.Blocks(0) != 0 || ix.Blocks(1) != len(other) || reserved.Used != len(other) {
+				t.Fatalf("a reservation changed the counts: %d, %d, used %d", ix.Blocks(0), ix.Blocks(1), reserved.Used)
+			}
+			batch := make([]uint64, tc.add)
+			for i := range batch {
+				batch[i] = r.Uint64()
+			}
+			for i := 0; i < len(batch); i += 256 {
+				must(t, ix.Add(0, 0, "", batch[i:min(i+256, len(batch))]))
+			}
+			// The burst is a fifth below the reservation: at this size a
+			// shard's share varies by a few percent, and none may grow.
+			// Without the reservation the table grows from empty by an
+			// eighth at a time.
+			if st := ix.Stats(); tc.noGrowth && st.Slots != reserved.Slots {
+				t.Fatalf("the reserved burst still grew the table: %d slots, reserved %d", st.Slots, reserved.Slots)
+			}
+			want := batch
+			if tc.removeAll {
+				must(t, ix.Remove(0, 0, "", batch[:len(batch)/2]))
+				want = batch[len(batch)/2:]
+			}
+			ix.ExpectStored(0, 0)
+			snap := ix.Snapshot(0)
+			sorted := slices.Clone(want)
+			slices.Sort(sorted)
+			if !slices.Equal(snap, sorted) {
+				t.Fatalf("endpoint 0 holds %d hashes, want %d", len(snap), len(sorted))
+			}
+			var counts [epset.Max]uint32
+			ix.Score(want[:100], epset.Of(0, 1), false, &counts)
+			if counts[0] != 100 || counts[1] != 0 {
+				t.Fatalf("scores %d, %d; want 100, 0", counts[0], counts[1])
+			}
+			if got := ix.Snapshot(1); len(got) != len(other) {
+				t.Fatalf("endpoint 1 holds %d, want %d", len(got), len(other))
 			}
 		})
 	}

@@ -306,6 +306,9 @@ type table struct {
 	totalSlots int
 	sparse     [numShards / 64]uint64 // shards to consider shrinking
 	arena      *arena                 // huge-page slabs for big segments; nil keeps every shard on the Go heap
+
+	reserved    [epset.Max]int // hashes each endpoint announced it is about to store (reserve.go)
+	reservedSum int
 }
 
 func newTable(rw *sync.RWMutex, maxBlocks int, huge bool) *table {
