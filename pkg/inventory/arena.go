@@ -209,6 +209,7 @@ func (t *table) segmentBytes(seg, si, n int) int {
 // false (nothing changed) when no slab could be mapped.
 func (t *table) rebuildSegment(seg, si, n int) bool {
 	first := seg * shardsPerSegment
+	share := t.reservedShare()
 	var sizes [shardsPerSegment]int
 	for k := range sizes {
 		j := first + k
@@ -221,6 +222,10 @@ func (t *table) rebuildSegment(seg, si, n int) bool {
 			m = grownSize(m)
 		case s.sparse():
 			m = max(minShardSlots, s.used*5/3+1)
+		}
+		// A reserved burst reaches every shard: grow them all in this pass.
+		if r := reservedSlots(s, share, m); r > 0 && j != si {
+			m = r
 		}
 		sizes[k] = m
 	}

@@ -6,8 +6,10 @@ import "github.com/kvgate/kvgate/pkg/epset"
 // from empty to millions of hashes is then rebuilt dozens of times on the
 // way, every entry moved about nine times (docs/ingest.md "Growth"). When
 // the caller knows a burst is coming (a subscriber's receive backlog), it
-// reserves the room instead, and each segment grows once, to the size the
-// burst will fill at reserveLoad.
+// reserves the room instead: the next time a shard fills up it grows
+// straight to the size the burst will fill at reserveLoad, and a segment
+// rebuild grows its other shards to theirs, so a burst costs a rebuild or
+// two instead of dozens.
 
 const (
 	// A reservation sizes a shard so that its reserved hashes bring it to
@@ -35,10 +37,11 @@ var (
 // ExpectStored tells the index that endpoint ep is about to store about n more
 // distinct GPU hashes (all of ep's ranks together), replacing ep's previous
 // reservation; 0 withdraws it. The reservations of all endpoints add up, and
-// shards whose ordinary growth would not cover their share grow at once to
-// hold it. The table never grows past what the cap allows: every endpoint
-// that holds or reserves blocks at LOXILB_KV_MAX_BLOCKS. A reservation only
-// sizes the table; it stores nothing and changes no count or score.
+// a shard that must grow while they stand grows to hold its share of them
+// rather than by an eighth. The table never grows past what the cap allows:
+// every endpoint that holds or reserves blocks at LOXILB_KV_MAX_BLOCKS. A
+// reservation only sizes the table; it stores nothing and changes no count
+// or score.
 func (ix *Index) ExpectStored(ep, n int) {
 	if ep < 0 || ep >= epset.Max {
 		return
@@ -48,13 +51,22 @@ func (ix *Index) ExpectStored(ep, n int) {
 	ix.writeMu.Unlock()
 }
 
-// reserve records ep's reservation and grows the segments it needs. Writer
-// mutex held, write lock not held.
+// reserve records ep's reservation. Nothing grows yet: the shards grow when
+// they next fill up, straight to the size the reservation asks for
+// (reservedSlots), by which time the other endpoints of the burst have
+// announced theirs too. Writer mutex held.
 func (t *table) reserve(ep, n int) {
 	t.reservedSum += n - t.reserved[ep]
 	t.reserved[ep] = n
+}
+
+// reservedShare is the reserved hashes each shard should expect, bounded by
+// the cap: every hash is held by an endpoint, and every endpoint that holds
+// or reserves blocks holds at most LOXILB_KV_MAX_BLOCKS. 0 when nothing
+// worth growing for is reserved.
+func (t *table) reservedShare() int {
 	if t.reservedSum < minReserve {
-		return
+		return 0
 	}
 	used, active := 0, 0
 	for i := range t.shards {
@@ -67,43 +79,20 @@ func (t *table) reserve(ep, n int) {
 	}
 	want := min(t.reservedSum, max(0, active*int(t.maxBlocks)-used))
 	if want < minReserve {
-		return
+		return 0
 	}
-	perShard := (want + numShards - 1) / numShards
-	for seg := range numSegments {
-		var sizes [shardsPerSegment]int
-		grow := false
-		for k := range sizes {
-			s := &t.shards[seg*shardsPerSegment+k]
-			sizes[k] = len(s.slots)
-			target := ((s.used+perShard)*reserveLoadDen + reserveLoadNum - 1) / reserveLoadNum
-			if target > grownSize(len(s.slots)) {
-				sizes[k] = target
-				grow = true
-			}
-		}
-		if grow {
-			t.resizeSegment(seg, sizes)
-		}
-	}
+	return (want + numShards - 1) / numShards
 }
 
-// resizeSegment gives the shards of segment seg the given slot counts in one
-// rebuild: in a slab when the segment is in one or becomes big enough for
-// one, otherwise shard by shard on the Go heap.
-func (t *table) resizeSegment(seg int, sizes [shardsPerSegment]int) {
-	if a := t.arena; a != nil {
-		total := 0
-		for _, m := range sizes {
-			total += alignedBytes(m)
-		}
-		if (a.slabs[seg] != nil || (!a.failed && total >= a.enter)) && t.rebuildSegmentSizes(seg, sizes) {
-			return
-		}
+// reservedSlots is the size a growing shard takes to hold its share of the
+// reservation at reserveLoad, or 0 when that is not more than n, the size
+// ordinary growth gives it.
+func reservedSlots(s *shard, share, n int) int {
+	if share == 0 {
+		return 0
 	}
-	for k, m := range sizes {
-		if si := seg*shardsPerSegment + k; m != len(t.shards[si].slots) {
-			t.resizeOnHeap(si, m)
-		}
+	if target := ((s.used+share)*reserveLoadDen + reserveLoadNum - 1) / reserveLoadNum; target > n {
+		return target
 	}
+	return 0
 }

@@ -427,7 +427,12 @@ func (t *table) setSlot(s *shard, i int, to uint32) bool {
 // grow rebuilds shard si larger. Called with the writer mutex held and the
 // write lock NOT held; it takes the write lock only to swap.
 func (t *table) grow(si int) {
-	t.resizeShard(si, grownSize(len(t.shards[si].slots)))
+	s := &t.shards[si]
+	n := grownSize(len(s.slots))
+	if r := reservedSlots(s, t.reservedShare(), n); r > 0 {
+		n = r
+	}
+	t.resizeShard(si, n)
 }
 
 func (t *table) markSparse(si int) { t.sparse[si>>6] |= 1 << (si & 63) }
