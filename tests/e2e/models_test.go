@@ -38,11 +38,7 @@ func TestManyModelsOneRule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim", "../../cmd/kvctl")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "enginesim", "kvctl")
 	block := testnet.Block(t)
 	hosts := []string{block + "11", block + "12", block + "13", block + "14"}
 	eport := testnet.Port(t, hosts[0])
@@ -321,11 +317,7 @@ func TestModelFollowsEngineRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "enginesim")
 	const probeInterval, probeTimeout = 1, 1
 	tests := []struct {
 		name string
