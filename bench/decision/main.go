@@ -46,6 +46,7 @@ type config struct {
 	modes         string
 	variants      string
 	cpuProfile    string
+	memProfile    string
 }
 
 func run() error {
@@ -56,8 +57,9 @@ func run() error {
 	flag.Float64Var(&c.seen, "seen", 0.9, "fraction of the prompt seen before in warm mode")
 	flag.IntVar(&c.blockSize, "block-size", 16, "KV block size in tokens")
 	flag.StringVar(&c.modes, "modes", "cold,warm", "modes to run, in order")
-	flag.StringVar(&c.variants, "variants", "before,after", "before: tokenizer conversation cache and hash chain cache off; after: both on (the daemon's defaults)")
+	flag.StringVar(&c.variants, "variants", "before,after", "before: message cache, tokenizer conversation cache and hash chain cache off; after: all on (the daemon's defaults)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured requests here")
+	flag.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile (go tool pprof -sample_index=alloc_space) here at the end")
 	flag.Parse()
 	if c.requests < 1 || c.tokens < 1000 || c.seen <= 0 || c.seen >= 1 {
 		return fmt.Errorf("need -requests ≥ 1, -tokens ≥ 1000, 0 < -seen < 1")
@@ -75,6 +77,9 @@ func run() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if c.memProfile != "" {
+		defer writeMemProfile(c.memProfile)
+	}
 	for _, mode := range strings.Split(c.modes, ",") {
 		for _, variant := range strings.Split(c.variants, ",") {
 			res, err := measure(c, mode, variant)
@@ -85,6 +90,18 @@ func run() error {
 		}
 	}
 	return nil
+}
+
+func writeMemProfile(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "decision: memprofile:", err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "decision: memprofile:", err)
+	}
 }
 
 func machine() string {
@@ -158,6 +175,7 @@ type result struct {
 	cpu       []time.Duration
 	tokens    []int
 	bodyBytes []int
+	allocs    []uint64 // heap bytes allocated per request
 }
 
 func measure(c config, mode, variant string) (*result, error) {
@@ -183,6 +201,10 @@ func measure(c config, mode, variant string) (*result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hasher: %w", err)
 	}
+	var fopts reqfacts.Options
+	if variant == "after" {
+		fopts.Messages = reqfacts.NewMessageCache(reqfacts.DefaultMessageCacheBytes) // as the gateway's rules
+	}
 	r := rand.New(rand.NewPCG(1, 2))
 	const model = "Qwen/Qwen3-0.6B"
 	seenTokens := int(float64(c.tokens) * c.seen)
@@ -193,7 +215,7 @@ func measure(c config, mode, variant string) (*result, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := decide(m, h, b); err != nil {
+		if _, err := decide(m, h, fopts, b); err != nil {
 			return nil, err
 		}
 	}
@@ -210,9 +232,13 @@ func measure(c config, mode, variant string) (*result, error) {
 		if err != nil {
 			return nil, err
 		}
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
 		cpu0 := cpuTime()
-		st, err := decide(m, h, b)
+		st, err := decide(m, h, fopts, b)
 		res.cpu = append(res.cpu, cpuTime()-cpu0)
+		runtime.ReadMemStats(&ms1)
+		res.allocs = append(res.allocs, ms1.TotalAlloc-ms0.TotalAlloc)
 		if err != nil {
 			return nil, err
 		}
@@ -251,10 +277,10 @@ func (st *stageTimes) stage(name string, fn func()) {
 
 // decide runs what router.prepare runs for a chat request with KV routing:
 // extract the facts, render + encode, hash the blocks.
-func decide(m *tokenizer.Model, h *kvhash.Hasher, raw []byte) (stageTimes, error) {
+func decide(m *tokenizer.Model, h *kvhash.Hasher, fopts reqfacts.Options, raw []byte) (stageTimes, error) {
 	st := stageTimes{d: map[string]time.Duration{}, cpu: map[string]time.Duration{}}
 	var f reqfacts.Facts
-	st.stage("extract", func() { f = reqfacts.ExtractPath("/v1/chat/completions", raw, "", reqfacts.Options{}) })
+	st.stage("extract", func() { f = reqfacts.ExtractPath("/v1/chat/completions", raw, "", fopts) })
 	if f.Problem != "" {
 		return st, fmt.Errorf("extract: %s", f.Problem)
 	}
@@ -323,4 +349,7 @@ func (r *result) print(name string) {
 	wall, cpu := sum(r.stages), sum(r.stageCPU)
 	fmt.Printf("| decision | %s | %s | %s | %s |\n", ms(pct(wall, 0.5)), ms(pct(wall, 0.99)), ms(pct(cpu, 0.5)), ms(pct(cpu, 0.99)))
 	fmt.Printf("| process CPU per request (GC included) | | | %s | %s |\n", ms(pct(r.cpu, 0.5)), ms(pct(r.cpu, 0.99)))
+	allocs := slices.Clone(r.allocs)
+	slices.Sort(allocs)
+	fmt.Printf("heap allocated per request: p50 %.2f MB\n", float64(allocs[len(allocs)/2])/(1<<20))
 }

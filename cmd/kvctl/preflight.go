@@ -32,7 +32,9 @@ func newPreflightCmd() *cobra.Command {
 		Use:   "preflight --service-id N [--no-probe] [--json]",
 		Short: "Check that a KV rule will actually route by cache (the spec's §6 and §9 gate)",
 		Long: `Ask kvgate to check a KV rule end to end, since kvctl's host may not reach the
-engines: each endpoint's /health and /v1/models, its vLLM metric families and
+engines: each endpoint's /health and /v1/models, what kvgate's model discovery
+read from it (a WARN when the read failed or no served model has a staged
+tokenizer), its vLLM metric families and
 cache config against the rule (block size, hash algorithm), the KV-event port and
 kvgate's subscriber, the staged tokenizer of every served model against the
 engine's /tokenize, the live parity state of each endpoint, and a probe: a unique

@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -41,7 +43,8 @@ func newStatusCmd() *cobra.Command {
 		Long: `Show what kvgate's status page shows (GET /netlox/v1/status): the problems to look at
 first, then per rule its mode, contract, parity state, hits and misses by reason over the
 last minutes, and per endpoint its role, health, breaker, admin state, in-flight requests,
-inventory blocks, subscriber state, last-event age, hits and a hit-rate spark line.
+inventory blocks, subscriber state, last-event age, hits, a hit-rate spark line and the
+models its GET /v1/models listed (adapters as name<parent>; when read; a failed read).
 
 --watch redraws every --interval until interrupted (or --count times).`,
 		Args: cobra.NoArgs,
@@ -136,11 +139,11 @@ func printStatus(out io.Writer, st status.Status) error {
 		fmt.Fprintf(out, "RULE %d%s  %s  %s  %s  parity %s  path %s\n", r.ServiceID, name, r.VIP, r.Mode, contract, r.Parity, r.Datapath)
 		fmt.Fprintf(out, "  hits %s (total %s)  misses %s\n", num(r.HitsWindow), num(r.HitsTotal), misses(r.MissesWindow))
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  EP\tADDRESS\tROLE\tHEALTH\tBREAKER\tADMIN\tIN-FLIGHT\tBLOCKS\tSUBSCRIBER\tLAST EVENT\tHITS\tHIT RATE")
+		fmt.Fprintln(tw, "  EP\tADDRESS\tROLE\tHEALTH\tBREAKER\tADMIN\tIN-FLIGHT\tBLOCKS\tSUBSCRIBER\tLAST EVENT\tHITS\tHIT RATE\tMODELS")
 		for _, e := range r.Endpoints {
 			sub, last := subscriberColumns(e.Subscriber)
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.EPIdx, e.Addr, e.Role, e.Health, e.Breaker, e.Admin,
-				num(e.Inflight), num(e.Blocks), sub, last, num(e.HitsTotal), spark(e.HitRate))
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.EPIdx, e.Addr, e.Role, e.Health, e.Breaker, e.Admin,
+				num(e.Inflight), num(e.Blocks), sub, last, num(e.HitsTotal), spark(e.HitRate), modelsColumn(e.Models))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -164,6 +167,42 @@ func subscriberColumns(s *status.Subscriber) (sub, last string) {
 		last = (time.Duration(a) * time.Second).String() + " ago"
 	}
 	return sub, last
+}
+
+// modelsColumn is the MODELS cell: what the endpoint's /v1/models listed
+// (adapters as name<parent>), when it was read, and a failed last read;
+// "-" when the rule runs no model discovery.
+func modelsColumn(m *status.EndpointModels) string {
+	if m == nil {
+		return "-"
+	}
+	names := slices.Clone(m.Served)
+	for _, a := range m.Adapters {
+		names = append(names, a.Name+"<"+a.Parent+">")
+	}
+	out := strings.Join(names, ",")
+	switch {
+	case m.CheckedAgeSeconds < 0:
+		return "reading"
+	case out == "":
+		out = "none"
+	}
+	out += " (read " + (time.Duration(m.CheckedAgeSeconds) * time.Second).String() + " ago)"
+	if m.Error != "" {
+		out += " READ FAILED: " + oneLine(m.Error)
+	}
+	return printable(out)
+}
+
+// printable replaces control characters (C0 and C1: a terminal may act on
+// them) with '?': the names come from the engines.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 func misses(m map[string]float64) string {

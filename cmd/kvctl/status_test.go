@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/models"
 	"github.com/kvgate/kvgate/pkg/status"
 )
 
@@ -31,9 +32,11 @@ func statusServer(t *testing.T) string {
 			HitsTotal: 42, HitsWindow: 12, MissesWindow: map[string]float64{"shallow": 3, "no_worker": 1},
 			Endpoints: []status.Endpoint{
 				{EPIdx: 0, Addr: "10.0.1.1:8000", Role: "any", Health: "up", Breaker: "closed", Admin: "up", Blocks: 100, HitsTotal: 42,
-					Subscriber: &status.Subscriber{Connected: true, Ranks: 1, LastEventAgeSeconds: 3}, HitRate: []float64{0, 1, 2}},
+					Subscriber: &status.Subscriber{Connected: true, Ranks: 1, LastEventAgeSeconds: 3}, HitRate: []float64{0, 1, 2},
+					Models: &status.EndpointModels{Served: []string{"Qwen/Qwen3-0.6B"}, Adapters: []models.Adapter{{Name: "sql-lora", Parent: "Qwen/Qwen3-0.6B"}}, CheckedAgeSeconds: 4}},
 				{EPIdx: 1, Addr: "10.0.1.2:8000", Role: "any", Health: "down", Breaker: "open", Admin: "up",
-					Subscriber: &status.Subscriber{Ranks: 1, LastEventAgeSeconds: -1}, HitRate: []float64{}},
+					Subscriber: &status.Subscriber{Ranks: 1, LastEventAgeSeconds: -1}, HitRate: []float64{},
+					Models: &status.EndpointModels{Served: []string{}, Adapters: []models.Adapter{}, CheckedAgeSeconds: 1, Error: "GET http://10.0.1.2:8000/v1/models: connection refused"}},
 			}}}}
 	srv := api.New(api.Options{Settings: config.DefaultSettings(), Status: fixedStatus{st}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ts := httptest.NewServer(srv.Handler())
@@ -75,8 +78,11 @@ func TestStatusCommand(t *testing.T) {
 			"RULE 1 (chat)  10.0.0.1:8080  kv-pool  vllm sha256_cbor block 16 seed set  parity ok",
 			"hits 12 (total 42)  misses shallow 3, no_worker 1",
 			"connected", "3s ago", "▁▄█", "never",
+			"MODELS", "Qwen/Qwen3-0.6B,sql-lora<Qwen/Qwen3-0.6B> (read 4s ago)",
+			"none (read 1s ago) READ FAILED: GET http://10.0.1.2:8000/v1/models: connection refused",
 		}},
-		{"json", []string{"--json"}, 0, []string{`"datapath":"sockmap"`, `"kind":"subscriber_down"`}},
+		{"json", []string{"--json"}, 0, []string{`"datapath":"sockmap"`, `"kind":"subscriber_down"`,
+			`"models":{"served":["Qwen/Qwen3-0.6B"],"adapters":[{"name":"sql-lora","parent":"Qwen/Qwen3-0.6B"}],"checked_age_seconds":4}`}},
 		{"watch twice", []string{"--watch", "--count=2", "--interval=500ms"}, 0, []string{"\x1b[H\x1b[2J"}},
 		{"interval too short", []string{"--watch", "--interval=1ms"}, 2, nil},
 		{"negative count", []string{"--count=-1"}, 2, nil},
@@ -102,4 +108,24 @@ func TestStatusCommand(t *testing.T) {
 			t.Fatalf("exit %d, want 1", code)
 		}
 	})
+}
+
+func TestModelsColumn(t *testing.T) {
+	tests := []struct {
+		name string
+		in   *status.EndpointModels
+		want string
+	}{
+		{"no discovery", nil, "-"},
+		{"first read in flight", &status.EndpointModels{CheckedAgeSeconds: -1}, "reading"},
+		{"aliases and adapters", &status.EndpointModels{Served: []string{"a/b", "b"}, Adapters: []models.Adapter{{Name: "x", Parent: "a/b"}}, CheckedAgeSeconds: 65},
+			"a/b,b,x<a/b> (read 1m5s ago)"},
+		{"failed, kept", &status.EndpointModels{Served: []string{"m"}, CheckedAgeSeconds: 2, Error: "status\n500"}, "m (read 2s ago) READ FAILED: status 500"},
+		{"a C1 control in a name", &status.EndpointModels{Served: []string{"a\u009b2Jb"}, CheckedAgeSeconds: 0}, "a?2Jb (read 0s ago)"},
+	}
+	for _, tc := range tests {
+		if got := modelsColumn(tc.in); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
 }

@@ -259,6 +259,11 @@ func (r *renderer) execOutput(n *outputNode, sc *scope, out *strings.Builder) (f
 		r.folding = true
 		defer func() { r.folding = false }()
 	}
+	if e, ok := n.expr.(*binExpr); ok && !n.constant && e.op == "+" {
+		if _, chain := e.l.(*binExpr); chain {
+			return flowNormal, r.writePlusChain(e, sc, out)
+		}
+	}
 	v, err := r.eval(n.expr, sc)
 	if err != nil {
 		return flowNormal, err
@@ -812,6 +817,27 @@ func (r *renderer) evalCond(e *condExpr, sc *scope) (any, error) {
 // case in chat templates) the result is built with one allocation instead
 // of one copy per "+".
 func (r *renderer) evalPlusChain(e *binExpr, sc *scope) (any, error) {
+	vals, total, allStrings, err := r.plusOperands(e, sc)
+	if err != nil {
+		return nil, err
+	}
+	if !allStrings {
+		return r.foldPlus(vals)
+	}
+	if err := r.build(total); err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	b.Grow(total)
+	for _, v := range vals {
+		b.WriteString(v.(string))
+	}
+	return b.String(), nil
+}
+
+// plusOperands evaluates the operands of a + chain left to right; total is
+// their length when allStrings.
+func (r *renderer) plusOperands(e *binExpr, sc *scope) (vals []any, total int, allStrings bool, err error) {
 	var operands []expr
 	cur := expr(e)
 	for {
@@ -823,13 +849,12 @@ func (r *renderer) evalPlusChain(e *binExpr, sc *scope) (any, error) {
 		cur = b.l
 	}
 	operands = append(operands, cur)
-	vals := make([]any, len(operands))
-	allStrings := true
-	total := 0
+	vals = make([]any, len(operands))
+	allStrings = true
 	for i := range operands {
 		v, err := r.eval(operands[len(operands)-1-i], sc)
 		if err != nil {
-			return nil, err
+			return nil, 0, false, err
 		}
 		vals[i] = v
 		if s, ok := v.(string); ok {
@@ -838,17 +863,11 @@ func (r *renderer) evalPlusChain(e *binExpr, sc *scope) (any, error) {
 			allStrings = false
 		}
 	}
-	if allStrings {
-		if err := r.build(total); err != nil {
-			return nil, err
-		}
-		var b strings.Builder
-		b.Grow(total)
-		for _, v := range vals {
-			b.WriteString(v.(string))
-		}
-		return b.String(), nil
-	}
+	return vals, total, allStrings, nil
+}
+
+// foldPlus adds operands that are not all strings pairwise, as Python does.
+func (r *renderer) foldPlus(vals []any) (any, error) {
 	acc := vals[0]
 	for _, v := range vals[1:] {
 		var err error
@@ -857,6 +876,37 @@ func (r *renderer) evalPlusChain(e *binExpr, sc *scope) (any, error) {
 		}
 	}
 	return acc, nil
+}
+
+// writePlusChain is execOutput for {{ a + b + ... }}: a chain of strings
+// is written piece by piece instead of being joined first (one copy less of
+// every message a chat template prints this way; docs/tokenizer.md
+// "Decision cost at long context"). The bounds are charged as for the
+// joined string.
+func (r *renderer) writePlusChain(e *binExpr, sc *scope, out *strings.Builder) error {
+	vals, total, allStrings, err := r.plusOperands(e, sc)
+	if err != nil {
+		return err
+	}
+	if !allStrings {
+		v, err := r.foldPlus(vals)
+		if err != nil {
+			return err
+		}
+		if u, ok := v.(undefined); ok && u.unsafe {
+			return nil
+		}
+		return r.writeValue(out, v)
+	}
+	if err := r.build(total); err != nil {
+		return err
+	}
+	for _, v := range vals {
+		if err := r.write(out, v.(string)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // isConstant reports whether Jinja2's optimizer would fold e to a constant

@@ -91,6 +91,10 @@ type Options struct {
 	// selector counts this process's in-flight requests only. Code only,
 	// for the routing benchmark's comparison.
 	LocalLoadOnly bool
+	// SharedLoadHalfLife, when positive, decays the other replicas' part of
+	// the shared load view between scrapes with this half-life
+	// (sharedload.go); 0, the default, keeps it frozen until the next scrape.
+	SharedLoadHalfLife time.Duration
 	// CursorStart is where every rule's round-robin cursors start; replicas
 	// of one fleet pass different values (cmd/kvgate: random with
 	// --rules-file) so their round-robin picks are not in step.
@@ -109,14 +113,17 @@ type Options struct {
 
 // Gateway is the running daemon minus its flags.
 type Gateway struct {
-	opts    Options
-	log     *slog.Logger
-	Metrics *metrics.Metrics
-	API     *api.Server
-	pool    *tokenizer.Pool
-	ready   *preloader
-	subs    *ingest.Manager
-	leg     *datapath.Selected
+	opts Options
+	// reconnects carries the KV subscribers' socket rebuilds to model
+	// discovery (followReconnects): a restarted engine may serve another model.
+	reconnects chan reconnect
+	log        *slog.Logger
+	Metrics    *metrics.Metrics
+	API        *api.Server
+	pool       *tokenizer.Pool
+	ready      *preloader
+	subs       *ingest.Manager
+	leg        *datapath.Selected
 	// slots keeps the BPF load map's endpoint registrations; nil when the
 	// body leg has no load map (userspace path).
 	slots   *loadSlots
@@ -235,7 +242,8 @@ func New(opts Options) (*Gateway, error) {
 	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
 	so.PollMin, so.PollMax = opts.Settings.TRTLLMPollMin, opts.Settings.TRTLLMPollMax
 	so.Logger = g.log
-	so.Observer = subscriberObserver{g.Metrics}
+	g.reconnects = make(chan reconnect, reconnectQueue)
+	so.Observer = subscriberObserver{m: g.Metrics, reconnects: g.reconnects}
 	so.Guard = g.guard
 	g.subs = ingest.NewManager(so)
 
@@ -274,6 +282,7 @@ func (g *Gateway) Run(ctx context.Context, apiLn net.Listener) error {
 	apiErr := make(chan error, 1)
 	g.guard.Go(recovery.API, func() { apiErr <- g.API.Serve(ctx, apiLn) })
 	g.guard.Go(recovery.Poller, func() { g.status.Run(ctx) })
+	g.guard.Go(recovery.Poller, func() { g.followReconnects(ctx) })
 	if g.rulesFile != nil {
 		g.guard.Go(recovery.Poller, func() { g.rulesFile.Run(ctx) })
 	}
@@ -384,6 +393,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return err
 	}
+	st.facts.Messages.Observe(g.Metrics.MessageLookup)
 	term, stopTLS, err := g.ruleTLS(rule)
 	if err != nil {
 		return err
@@ -404,7 +414,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 		clientTLS = term
 	}
 	idx, err := inventory.New(inventory.Options{MaxBlocks: g.opts.Settings.MaxBlocks, TierWeights: g.opts.Settings.TierWeights,
-		Observer: ingest.InventoryObserver(subscriberObserver{g.Metrics}, uint32(id))})
+		Observer: ingest.InventoryObserver(subscriberObserver{m: g.Metrics}, uint32(id))})
 	if err != nil {
 		return fmt.Errorf("service %d: inventory: %w", id, err)
 	}
@@ -418,14 +428,14 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	var scorer selector.Scorer = idx
+	var scorer, confirmed selector.Scorer = idx, nil
 	if overlay != nil {
-		scorer = overlay
+		scorer, confirmed = overlay, idx
 	}
 	scores := newTimedScorer(scorer)
 	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Confirmed: confirmed, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly, g.opts.SharedLoadHalfLife), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
@@ -532,6 +542,7 @@ func (g *Gateway) update(old, updated *config.Rule) error {
 	if err != nil {
 		return err
 	}
+	st.facts.Messages.Observe(g.Metrics.MessageLookup)
 	if err := rt.sel.SetRule(selectorRule(updated)); err != nil {
 		return fmt.Errorf("service %d: %w", updated.ServiceID, err)
 	}

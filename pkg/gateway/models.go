@@ -205,11 +205,16 @@ func metricLabel(name string) string {
 type ruleModels struct {
 	service  int
 	interval time.Duration
-	client   *http.Client
-	scheme   string // "https" on security-2 rules
-	m        *metrics.Metrics
-	log      *slog.Logger
-	guard    *recovery.Guard
+	// retry is how soon a failed read is tried again, in nanoseconds: the
+	// rule's probeInterval (at most interval), so an engine that was
+	// restarting when it was read is listed once it serves. A rule update
+	// sets it.
+	retry  atomic.Int64
+	client *http.Client
+	scheme string // "https" on security-2 rules
+	m      *metrics.Metrics
+	log    *slog.Logger
+	guard  *recovery.Guard
 	// changed is told when an endpoint's key changed (its subscriber must
 	// restart under the new key) or an endpoint was read the first time.
 	changed func()
@@ -222,10 +227,14 @@ type ruleModels struct {
 	addrs  map[int]string // ep_idx → "ip:port"
 	served map[int]models.Served
 	tried  epset.Set // endpoints read at least once (answer or error)
-	kicks  epset.Set // endpoints to read now
-	wake   chan struct{}
-	stop   context.CancelFunc
-	done   chan struct{}
+	// checked and readErr are when each endpoint's last read ended and
+	// why it failed ("" it did not): what status and preflight show.
+	checked map[int]time.Time
+	readErr map[int]string
+	kicks   epset.Set // endpoints to read now
+	wake    chan struct{}
+	stop    context.CancelFunc
+	done    chan struct{}
 }
 
 // newRuleModels starts discovery for a KV rule; nil when discovery is off
@@ -238,7 +247,8 @@ func (g *Gateway) newRuleModels(rule *config.Rule, engine *engineclient.Client, 
 	}
 	timeout := rule.ProbeTimeout()
 	rm := &ruleModels{service: rule.ServiceID, interval: iv, m: g.Metrics, log: g.log.With("service", rule.ServiceID),
-		guard: g.guard, changed: changed, token: token, served: map[int]models.Served{}, wake: make(chan struct{}, 1),
+		guard: g.guard, changed: changed, token: token, served: map[int]models.Served{},
+		checked: map[int]time.Time{}, readErr: map[int]string{}, wake: make(chan struct{}, 1),
 	}
 	if engine == nil {
 		engine = engineclient.New(nil)
@@ -257,6 +267,7 @@ func (g *Gateway) newRuleModels(rule *config.Rule, engine *engineclient.Client, 
 // setEndpoints follows a rule update: departed or moved endpoints forget
 // what they served, new ones are read at once.
 func (rm *ruleModels) setEndpoints(rule *config.Rule) {
+	rm.retry.Store(int64(min(rm.interval, rule.ProbeInterval())))
 	rm.mu.Lock()
 	old := rm.addrs
 	rm.addrs = make(map[int]string, len(rule.Endpoints))
@@ -269,14 +280,14 @@ func (rm *ruleModels) setEndpoints(rule *config.Rule) {
 				delete(rm.served, e.Idx)
 				dropped = true
 			}
-			rm.tried.Remove(e.Idx)
+			rm.forgetRead(e.Idx)
 			rm.kicks.Add(e.Idx)
 		}
 	}
 	for ep := range old {
 		if _, stays := rm.addrs[ep]; !stays {
 			delete(rm.served, ep)
-			rm.tried.Remove(ep)
+			rm.forgetRead(ep)
 			rm.m.DeleteModelSeries(rm.service, ep)
 			dropped = true
 		}
@@ -286,6 +297,27 @@ func (rm *ruleModels) setEndpoints(rule *config.Rule) {
 	}
 	rm.mu.Unlock()
 	rm.signal()
+}
+
+// forgetRead drops what ep's reads left behind; the caller holds rm.mu.
+func (rm *ruleModels) forgetRead(ep int) {
+	rm.tried.Remove(ep)
+	delete(rm.checked, ep)
+	delete(rm.readErr, ep)
+}
+
+// State is what discovery knows of ep (false: not one of the rule's
+// endpoints).
+func (rm *ruleModels) State(ep int) (models.EndpointState, bool) {
+	if rm == nil {
+		return models.EndpointState{}, false
+	}
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	if _, ok := rm.addrs[ep]; !ok {
+		return models.EndpointState{}, false
+	}
+	return models.EndpointState{Served: rm.served[ep], CheckedAt: rm.checked[ep], Err: rm.readErr[ep]}, true
 }
 
 // kick reads ep's /v1/models now (its probe came up: it may be a new
@@ -336,6 +368,8 @@ func (rm *ruleModels) current() *modelView {
 func (rm *ruleModels) run(ctx context.Context) {
 	t := time.NewTicker(rm.interval)
 	defer t.Stop()
+	retry := time.NewTimer(time.Duration(rm.retry.Load()))
+	defer retry.Stop()
 	for {
 		var due epset.Set
 		rm.mu.Lock()
@@ -344,10 +378,19 @@ func (rm *ruleModels) run(ctx context.Context) {
 		if !due.Empty() {
 			rm.round(ctx, due)
 		}
+		retry.Reset(time.Duration(rm.retry.Load()))
 		select {
 		case <-ctx.Done():
 			return
 		case <-rm.wake:
+		case <-retry.C:
+			rm.mu.Lock()
+			for ep, e := range rm.readErr {
+				if e != "" {
+					rm.kicks.Add(ep)
+				}
+			}
+			rm.mu.Unlock()
 		case <-t.C:
 			rm.mu.Lock()
 			for ep := range rm.addrs {
@@ -407,6 +450,7 @@ func (rm *ruleModels) fetch(ctx context.Context, addr string) (models.Served, er
 // last listed (a restarting engine is excluded by its probe meanwhile);
 // an endpoint never read stays a candidate for every model.
 func (rm *ruleModels) apply(res []fetched) {
+	now := time.Now()
 	rm.mu.Lock()
 	rekeyed, first := false, false
 	for _, r := range res {
@@ -417,7 +461,10 @@ func (rm *ruleModels) apply(res []fetched) {
 			rm.tried.Add(r.ep)
 			first = true
 		}
+		rm.checked[r.ep] = now
+		rm.readErr[r.ep] = ""
 		if r.err != nil {
+			rm.readErr[r.ep] = r.err.Error()
 			rm.m.ModelDiscoveryError(rm.service)
 			rm.log.Debug("model discovery: /v1/models not read; keeping what the endpoint listed before", "ep", r.ep, "err", r.err)
 			continue
@@ -482,6 +529,36 @@ func kickModels(prev func(ep int), r *router) func(ep int) {
 			prev(ep)
 		}
 		r.state.Load().models.kick(ep)
+	}
+}
+
+// reconnect is one KV subscriber's rebuilt socket.
+type reconnect struct{ service, ep int }
+
+// reconnectQueue bounds the rebuilds waiting for followReconnects; more are
+// dropped (a fleet-wide blip), and the interval re-reads those endpoints.
+const reconnectQueue = 256
+
+// followReconnects re-reads an endpoint's /v1/models when its KV-event
+// subscription was rebuilt. An engine restarted faster than probeRetries
+// probes never goes probe-down, so no probe-up kick follows; its event
+// socket still drops and reconnects, and the new engine may serve another
+// model. A reconnect without a restart costs one GET.
+func (g *Gateway) followReconnects(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case rc := <-g.reconnects:
+			g.mu.Lock()
+			rt, ok := g.rules[rc.service]
+			var rm *ruleModels
+			if ok {
+				rm = rt.models
+			}
+			g.mu.Unlock()
+			rm.kick(rc.ep)
+		}
 	}
 }
 

@@ -239,6 +239,20 @@ func TestDiscoveryRereads(t *testing.T) {
 	if base() != "model-b" || changes.Load() != 2 {
 		t.Fatalf("a failed read changed the view: base %q, %d changes", base(), changes.Load())
 	}
+	// What status and preflight show: the kept listing, when, and why the
+	// last read failed; a good read clears the error.
+	st, ok := rm.State(0)
+	if !ok || st.Served.Base() != "model-b" || st.Served.Adapters["b-lora"] != "model-b" || st.CheckedAt.IsZero() || !strings.Contains(st.Err, "status 500") {
+		t.Fatalf("state after a failed read: %+v %v", st, ok)
+	}
+	if _, ok := rm.State(7); ok {
+		t.Fatal("state of an endpoint the rule does not have")
+	}
+	mu.Lock()
+	status, body = 200, `{"data":[{"id":"model-b"}]}`
+	mu.Unlock()
+	rm.kick(0)
+	wait("the good read to clear the error", func() bool { st, _ := rm.State(0); return st.Err == "" && len(st.Served.Adapters) == 0 })
 }
 
 // gatheredSum sums a family's samples from the registry.
@@ -258,4 +272,44 @@ func gatheredSum(t *testing.T, m *metrics.Metrics, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestDiscoveryRetriesFailedRead: a failed read is tried again after the
+// rule's probeInterval, without a kick and long before the hour-long
+// interval, so an engine that was still starting when it was read is listed
+// once it serves.
+func TestDiscoveryRetriesFailedRead(t *testing.T) {
+	var up atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !up.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte(`{"data":[{"id":"model-a"}]}`))
+	}))
+	defer srv.Close()
+	host, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	rule := mustRule(t, fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.0.1","port":9,"mode":4,"kvExactMode":3,"probeInterval":1},
+		"endpoints":[{"endpointIP":%q,"targetPort":%s}]}`, host, port))
+	rule.AssignIndices(nil)
+	s := config.DefaultSettings()
+	s.ModelDiscoveryInterval = time.Hour
+	m := metrics.New(metrics.Options{NoProcessCollectors: true})
+	g := &Gateway{opts: Options{Settings: s}, Metrics: m, log: quietLogger(), guard: recovery.New(quietLogger(), m)}
+	rm := g.newRuleModels(rule, nil, nil, nil)
+	defer rm.close()
+	deadline := time.Now().Add(10 * time.Second)
+	for st, _ := rm.State(0); st.Err == ""; st, _ = rm.State(0) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first read never failed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	up.Store(true)
+	for st, _ := rm.State(0); st.Served.Base() != "model-a" || st.Err != ""; st, _ = rm.State(0) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the failed read was not retried: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

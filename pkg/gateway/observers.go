@@ -79,8 +79,12 @@ func (o selectorObserver) Sessions(id uint32, n int) {
 	o.m.PDSessionsActive.WithLabelValues(strconv.Itoa(int(id))).Set(float64(n))
 }
 
-// subscriberObserver feeds the KV-event subscribers' metrics.
-type subscriberObserver struct{ m *metrics.Metrics }
+// subscriberObserver feeds the KV-event subscribers' metrics, and tells
+// model discovery of each rebuilt subscription (reconnects; nil: nobody).
+type subscriberObserver struct {
+	m          *metrics.Metrics
+	reconnects chan<- reconnect
+}
 
 func (o subscriberObserver) EndpointInfo(ep ingest.EndpointRef) {
 	o.m.SetEPInfo(int(ep.Service), ep.EPIdx, ep.IP, ep.IP)
@@ -96,6 +100,10 @@ func (o subscriberObserver) RankConnected(ep ingest.EndpointRef, rank int, up bo
 }
 func (o subscriberObserver) Reconnected(ep ingest.EndpointRef) {
 	o.m.SubscriberReconnect(int(ep.Service), ep.EPIdx)
+	select {
+	case o.reconnects <- reconnect{service: int(ep.Service), ep: ep.EPIdx}:
+	default: // full (or nil): the next probe-up or interval re-reads it
+	}
 }
 func (o subscriberObserver) RecvError(ep ingest.EndpointRef) {
 	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
@@ -109,7 +117,8 @@ func (o subscriberObserver) OtherMediaBlocks(ep ingest.EndpointRef, blocks int) 
 func (o subscriberObserver) CapEvicted(ep ingest.EndpointRef, n int) {
 	o.m.InvCapEvicted(int(ep.Service), ep.EPIdx, n)
 }
-func (o subscriberObserver) Sequence(ep ingest.EndpointRef, _ int, c ingest.SeqCase, _ uint64) {
+func (o subscriberObserver) Sequence(ep ingest.EndpointRef, _ int, c ingest.SeqCase, missing uint64) {
+	o.m.SeqMissingAdd(int(ep.Service), ep.EPIdx, missing) // only gaps skip numbers
 	switch kind := c.String(); kind {
 	case "small_gap":
 		o.m.SubscriberGap(int(ep.Service), ep.EPIdx, "small")
@@ -141,6 +150,7 @@ func (o subscriberObserver) Applied(ep ingest.EndpointRef, _ int, batches, store
 
 func (o subscriberObserver) DecodeError(ep ingest.EndpointRef, _ int) {
 	o.m.SubscriberRecvError(int(ep.Service), ep.EPIdx)
+	o.m.DecodeError(int(ep.Service), ep.EPIdx)
 }
 
 // parityObserver feeds the live parity self-check's metrics.

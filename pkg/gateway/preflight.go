@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
 	"github.com/kvgate/kvgate/pkg/kvhash"
+	"github.com/kvgate/kvgate/pkg/models"
 	"github.com/kvgate/kvgate/pkg/preflight"
 )
 
@@ -102,6 +103,11 @@ func (s preflightSource) EngineClient(service int) *engineclient.Client {
 		return rt.engine
 	}
 	return nil
+}
+
+// DiscoveredModels is the rule's model discovery state of an endpoint.
+func (s preflightSource) DiscoveredModels(service, epIdx int) (models.EndpointState, bool) {
+	return s.g.EndpointModels(service, epIdx)
 }
 
 // VIPClientTLS pins the certificate the rule's listener serves now.

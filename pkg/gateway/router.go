@@ -541,6 +541,10 @@ func newRuleState(rule *config.Rule, env config.Settings, log *slog.Logger) (*ru
 	} else {
 		st.gran = ingest.NewExactGranularity(rule.BlockSize()) // one hash per page or block
 	}
+	// The decoded messages of recent chat bodies are kept so a growing
+	// conversation decodes only its new messages (docs/tokenizer.md,
+	// "Decision cost at long context").
+	st.facts.Messages = reqfacts.NewMessageCache(reqfacts.DefaultMessageCacheBytes)
 	if ads := rule.LoraAdapters(); len(ads) > 0 {
 		st.loraTokenizer = make(map[string]string, len(ads))
 		for _, a := range ads {
@@ -610,5 +614,6 @@ func selectorOptions(s config.Settings) (selector.Options, error) {
 	o.CostWorkWeight = s.CostWorkWeight
 	o.LoadGuard = s.LoadGuard
 	o.SessionHash = s.SessionHash
+	o.ColdPlacement = s.ColdPlacement
 	return o, o.Validate()
 }

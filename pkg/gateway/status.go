@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"github.com/kvgate/kvgate/pkg/config"
+	"github.com/kvgate/kvgate/pkg/models"
 	"github.com/kvgate/kvgate/pkg/status"
 )
 
@@ -21,6 +22,7 @@ func (g *Gateway) newStatus() *status.Collector {
 		Datapath:    g.leg.Path,
 		Health:      g.EndpointActive,
 		ProbeError:  g.ProbeError,
+		Models:      g.EndpointModels,
 		// The usage audit's per-rule count: a tokenizer or template break.
 		PromptMismatches: g.promptMismatches,
 		SeedSet: func(r *config.Rule) bool {
@@ -28,4 +30,18 @@ func (g *Gateway) newStatus() *status.Collector {
 			return ok
 		},
 	})
+}
+
+// EndpointModels is what model discovery knows of one endpoint of a rule;
+// false when the rule runs no discovery (LLB_KV_MODEL_DISCOVERY_SEC=0, or
+// not a KV rule) or has no such endpoint.
+func (g *Gateway) EndpointModels(serviceID, epIdx int) (models.EndpointState, bool) {
+	g.mu.Lock()
+	rt, ok := g.rules[serviceID]
+	var rm *ruleModels
+	if ok {
+		rm = rt.models
+	}
+	g.mu.Unlock()
+	return rm.State(epIdx)
 }

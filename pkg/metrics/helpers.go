@@ -28,7 +28,7 @@ func (m *Metrics) scopes() *scoped {
 			m.ParityChecked, m.ParityUnchecked, m.ParityMismatch, m.ParityState}
 		svcEP := []partialDeleter{m.SubscriberConnected, m.SubscriberReconnects, m.SubscriberRecvErrors, m.InvCapEvictions,
 			m.RankConnected, m.SubscriberGaps, m.SubscriberClears, m.SubscriberReplays, m.ReplayedBatches, m.EventBatches,
-			m.EventHashes}
+			m.EventHashes, m.SeqMissing, m.DecodeErrors}
 		svcOnly := []partialDeleter{m.Tier15MissReason, m.Tier15Fallthrough, m.Tier1SessionHits, m.Tier1TrieHits,
 			m.TTFB, m.DecisionStage, m.DecisionTier, m.SelectFailures, m.PDSessionsActive, m.PDTrieNodes,
 			m.PDFallbackToNormal, m.PDAdmissionShed, m.PDAdmissionQueued, m.PDParkTimeouts, m.PDPrefillEPDied,
@@ -176,8 +176,20 @@ func (m *Metrics) SubscriberGap(service, epIdx int, kind string) {
 	m.SubscriberGaps.WithLabelValues(itoa(service), itoa(epIdx), kind).Inc()
 }
 
-// SubscriberClear counts a rank inventory clear; reason is
-// all_blocks_cleared, large_gap or restart.
+// SeqMissingAdd adds the sequence numbers one gap of the KV-event stream skipped.
+func (m *Metrics) SeqMissingAdd(service, epIdx int, missing uint64) {
+	if missing > 0 {
+		m.SeqMissing.WithLabelValues(itoa(service), itoa(epIdx)).Add(float64(missing))
+	}
+}
+
+// DecodeError counts a KV-event frame that did not decode.
+func (m *Metrics) DecodeError(service, epIdx int) {
+	m.DecodeErrors.WithLabelValues(itoa(service), itoa(epIdx)).Inc()
+}
+
+// SubscriberClear counts a rank inventory clear; reason is large_gap,
+// restart or unverified.
 func (m *Metrics) SubscriberClear(service, epIdx int, reason string) {
 	m.SubscriberClears.WithLabelValues(itoa(service), itoa(epIdx), reason).Inc()
 }
@@ -189,7 +201,7 @@ func (m *Metrics) KVSkip(service int, cause string) {
 	m.KVSkips.WithLabelValues(itoa(service), cause).Inc()
 }
 
-// SubscriberReplay counts a replay request; outcome is ok, error or unavailable.
+// SubscriberReplay counts a replay request; outcome is ok or error.
 func (m *Metrics) SubscriberReplay(service, epIdx int, outcome string) {
 	m.SubscriberReplays.WithLabelValues(itoa(service), itoa(epIdx), outcome).Inc()
 }

@@ -66,6 +66,8 @@ type Metrics struct {
 	RankConnected        *prometheus.GaugeVec   // kvgate_kv_subscriber_rank_connected{service,ep,rank}
 	SubscriberGaps       *prometheus.CounterVec // kvgate_kv_subscriber_gaps_total{service,ep,kind}
 	SubscriberClears     *prometheus.CounterVec // kvgate_kv_subscriber_clears_total{service,ep,reason}
+	SeqMissing           *prometheus.CounterVec // kvgate_kv_seq_missing_total{service,ep}
+	DecodeErrors         *prometheus.CounterVec // kvgate_kv_decode_errors_total{service,ep}
 	KVSkips              *prometheus.CounterVec // kvgate_kv_skip_total{service,cause}
 	SubscriberReplays    *prometheus.CounterVec // kvgate_kv_subscriber_replays_total{service,ep,outcome}
 	ReplayedBatches      *prometheus.CounterVec // kvgate_kv_subscriber_replayed_batches_total{service,ep}
@@ -163,6 +165,10 @@ type Metrics struct {
 	convLookups *prometheus.CounterVec
 	convReused  prometheus.Counter
 
+	// Decoded-message cache of the chat bodies (msgcache.go).
+	msgLookups *prometheus.CounterVec
+	msgReused  prometheus.Counter
+
 	models    modelLabels
 	rulesMu   sync.Mutex
 	ruleIDs   map[int]bool // rules initialised, so InitRule and DeleteRule are idempotent
@@ -203,9 +209,11 @@ func New(opts Options) *Metrics {
 	m.InvCapEvictions = f.counter("loxilb_kv_inv_cap_evictions_total", "Blocks evicted by the per-endpoint inventory cap (LOXILB_KV_MAX_BLOCKS).", "service", "ep")
 	m.RankConnected = f.gauge("kvgate_kv_subscriber_rank_connected", "1 when the KV-event subscriber of this data-parallel rank is connected.", "service", "ep", "rank")
 	m.SubscriberGaps = f.counter("kvgate_kv_subscriber_gaps_total", "Sequence gaps seen on the KV-event stream (kind small, large or restart).", "service", "ep", "kind")
-	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason all_blocks_cleared, large_gap or restart).", "service", "ep", "reason")
+	m.SubscriberClears = f.counter("kvgate_kv_subscriber_clears_total", "Rank inventories cleared (reason large_gap, restart or unverified).", "service", "ep", "reason")
+	m.SeqMissing = f.counter("kvgate_kv_seq_missing_total", "Sequence numbers the KV-event stream skipped over, summed over its gaps (a small gap's are replayed; a large gap's or a restart's clear the rank).", "service", "ep")
+	m.DecodeErrors = f.counter("kvgate_kv_decode_errors_total", "KV-event frames that did not decode (also counted in loxilb_kv_subscriber_recv_error_total): an engine speaking another event schema.", "service", "ep")
 	m.KVSkips = f.counter("kvgate_kv_skip_total", "Requests whose KV tier was skipped, by kvgate's own cause (the guard reason stays one of the spec's nine; cause block_size: the engines publish a block_size that is not a multiple of kvBlockSize; the request-side bounds of docs/tokenizer.md, under reason tokenize: prompt_tokens, word_bytes, tokenize_time, inspect_busy, request_chat_template, template_limit, tokenizer, error; under reason tokenize, multimodal and unpredictable for Responses and Messages API requests whose ids cannot be computed; under reason text_empty, path: a body sent to a path that is not a prompt-bearing API).", "service", "cause")
-	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok, error, unavailable).", "service", "ep", "outcome")
+	m.SubscriberReplays = f.counter("kvgate_kv_subscriber_replays_total", "Replay requests to the engine's replay endpoint (outcome ok or error).", "service", "ep", "outcome")
 	m.ReplayedBatches = f.counter("kvgate_kv_subscriber_replayed_batches_total", "Event batches applied from replay.", "service", "ep")
 	m.ParityChecked = f.counter("kvgate_kv_parity_checked_total", "BlockStored events whose hashes kvgate recomputed under the rule's contract (match or mismatch).", "service", "ep_idx")
 	m.ParityUnchecked = f.counter("kvgate_kv_parity_unchecked_total", "BlockStored events the parity check could not verify (cause no_token_ids, parent_unknown, sampled_out).", "service", "ep_idx", "cause")
@@ -285,6 +293,7 @@ func New(opts Options) *Metrics {
 	m.modelSeries()
 
 	m.initConversationCache(f)
+	m.initMessageCache(f)
 
 	if !opts.NoProcessCollectors {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

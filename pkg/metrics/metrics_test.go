@@ -78,6 +78,8 @@ func TestNamesAndLabels(t *testing.T) {
 	m.SubscriberGap(1, 0, "small")
 	m.SubscriberClear(1, 0, "restart")
 	m.SubscriberReplay(1, 0, "ok")
+	m.SeqMissingAdd(1, 0, 3)
+	m.DecodeError(1, 0)
 	m.ObserveTTFB(1, time.Millisecond)
 	m.ObserveRequest(1, 0, "2xx", time.Second)
 	m.ObserveStage(1, "tokenize", time.Microsecond)
@@ -108,6 +110,8 @@ func TestNamesAndLabels(t *testing.T) {
 		`kvgate_kv_subscriber_gaps_total{ep="0",kind="small",service="1",}`,
 		`kvgate_kv_subscriber_clears_total{ep="0",reason="restart",service="1",}`,
 		`kvgate_kv_subscriber_replays_total{ep="0",outcome="ok",service="1",}`,
+		`kvgate_kv_seq_missing_total{ep="0",service="1",}`,
+		`kvgate_kv_decode_errors_total{ep="0",service="1",}`,
 		`loxilb_proxy_http_ttfb_seconds{service="1",}`,
 		`kvgate_requests_total{ep_idx="0",outcome="2xx",service="1",}`,
 		`kvgate_request_duration_seconds{ep_idx="0",outcome="2xx",service="1",}`,

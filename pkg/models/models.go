@@ -17,7 +17,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strings"
+	"time"
+	"unicode"
 )
 
 // Bounds of one /v1/models answer.
@@ -76,6 +79,37 @@ func (s Served) Equal(o Served) bool {
 		}
 	}
 	return true
+}
+
+// Adapter is one LoRA adapter and the base model it runs on.
+type Adapter struct {
+	Name   string `json:"name"`
+	Parent string `json:"parent"`
+}
+
+// AdapterList is s's adapters sorted by name, for display.
+func (s Served) AdapterList() []Adapter {
+	out := make([]Adapter, 0, len(s.Adapters))
+	for n, p := range s.Adapters {
+		out = append(out, Adapter{Name: n, Parent: p})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// EndpointState is what discovery knows of one endpoint, as the status
+// view and the preflight show it (docs/status.md): the listing routing
+// uses, when it was last read, and why the last read failed.
+type EndpointState struct {
+	// Served is the last listing read; empty (no Bases) when none was
+	// read yet: the endpoint is then a candidate for every model.
+	Served Served
+	// CheckedAt is when the last read ended, successful or not; zero
+	// while the first read is in flight.
+	CheckedAt time.Time
+	// Err is the last read's error, "" when it succeeded. A failed read
+	// keeps Served from the read before.
+	Err string
 }
 
 type card struct {
@@ -141,7 +175,7 @@ func checkName(n string) error {
 		return fmt.Errorf("name %q has surrounding spaces", n)
 	}
 	for _, r := range n {
-		if r < 0x20 || r == 0x7f || r == '\uFFFD' {
+		if unicode.IsControl(r) || r == '\uFFFD' { // C0, DEL and C1: a terminal may act on them
 			return fmt.Errorf("name %q has a control or invalid character", n)
 		}
 	}

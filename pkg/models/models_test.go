@@ -46,6 +46,7 @@ func TestParse(t *testing.T) {
 		{"id too long", `{"data":[{"id":"` + long + `"}]}`, nil, nil, "limit"},
 		{"id with spaces", `{"data":[{"id":" m"}]}`, nil, nil, "surrounding spaces"},
 		{"id with a control byte", `{"data":[{"id":"m\u0001"}]}`, nil, nil, "control"},
+		{"id with a C1 control", `{"data":[{"id":"m\u009b2J"}]}`, nil, nil, "control"},
 		{"bad parent", `{"data":[{"id":"m"},{"id":"a","parent":"\u0000"}]}`, nil, nil, "parent"},
 		{"too many models", many.String(), nil, nil, "models listed"},
 		{"too big", `{"data":[{"id":"m"}],"x":"` + strings.Repeat("x", MaxResponseBytes) + `"}`, nil, nil, "bytes, limit"},

@@ -4,7 +4,8 @@
 // POST /netlox/v1/config/ai/kv/preflight?service_id=N[&probe=0] answers a
 // Report; kvctl preflight prints it. See docs/preflight.md.
 //
-// Checks, in order: health (each endpoint's /health and /v1/models), metrics
+// Checks, in order: health (each endpoint's /health and /v1/models), models
+// (what kvgate's own model discovery read from each endpoint), metrics
 // (the engine's metric families and vllm:cache_config_info against the rule),
 // kv_events (the KV-event port and kvgate's subscriber), tokenizer (staged for
 // every served model, and equal to the engine's /tokenize), parity (the live
@@ -38,6 +39,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/engineclient"
 	"github.com/kvgate/kvgate/pkg/health"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
+	"github.com/kvgate/kvgate/pkg/models"
 	"github.com/kvgate/kvgate/pkg/usageaudit"
 )
 
@@ -51,7 +53,11 @@ const (
 
 // Check ids, in the order they run.
 const (
-	CheckHealth    = "health"
+	CheckHealth = "health"
+	// CheckModels: what kvgate's own model discovery read from each
+	// endpoint (the listing routing uses), and whether a tokenizer is
+	// staged for any model it serves.
+	CheckModels    = "models"
 	CheckMetrics   = "metrics"
 	CheckKVEvents  = "kv_events"
 	CheckTokenizer = "tokenizer"
@@ -99,6 +105,9 @@ type Source interface {
 	// EngineClient is the rule's engine-facing client, https on a
 	// security-2 rule (nil: plain HTTP).
 	EngineClient(service int) *engineclient.Client
+	// DiscoveredModels is what the rule's model discovery read from an
+	// endpoint (false: the rule runs no discovery).
+	DiscoveredModels(service, epIdx int) (models.EndpointState, bool)
 	// VIPClientTLS is what the probe requests verify the rule's VIP with
 	// when it terminates TLS (security >= 1): it accepts the certificate
 	// kvgate serves there now. nil for a plain rule.
@@ -209,6 +218,9 @@ func (r *Runner) run(ctx context.Context, rule *config.Rule, probe bool) Report 
 		f := &endpointFacts{ep: e}
 		facts = append(facts, f)
 		add(r.checkHealth(ctx, f))
+	}
+	for _, c := range r.checkModels(rule) {
+		add(c)
 	}
 	kv := map[int]bool{}
 	for _, e := range rule.KVEndpoints() {
@@ -352,6 +364,93 @@ func (r *Runner) checkHealth(ctx context.Context, f *endpointFacts) Check {
 		c.Detail += "; LoRA adapters " + strings.Join(f.loras, ", ")
 	}
 	return c
+}
+
+// checkModels is a row per endpoint: what kvgate's model discovery read
+// from its GET /v1/models (docs/selection.md, "Many models behind one
+// rule"). It warns when the last read failed, when none happened yet, and
+// when no served model (an adapter: its parent) has a tokenizer staged, so
+// none of the endpoint's requests can be hashed. One rule-wide skip row
+// when the rule runs no discovery.
+func (r *Runner) checkModels(rule *config.Rule) []Check {
+	if r.src == nil {
+		return nil
+	}
+	var out []Check
+	for _, e := range rule.Endpoints {
+		st, ok := r.src.DiscoveredModels(rule.ServiceID, e.Idx)
+		if !ok {
+			return []Check{{ID: CheckModels, EPIdx: -1, Result: Skip,
+				Detail: "model discovery is off for this rule (LLB_KV_MODEL_DISCOVERY_SEC=0): every endpoint is a candidate for every model"}}
+		}
+		out = append(out, r.checkEndpointModels(e, st, time.Now()))
+	}
+	return out
+}
+
+const fixDiscovery = "make the endpoint answer GET /v1/models (vLLM's OpenAI API) to kvgate; kvgate_model_discovery_errors_total counts failed reads"
+
+func (r *Runner) checkEndpointModels(e config.Endpoint, st models.EndpointState, now time.Time) Check {
+	c := Check{ID: CheckModels, EPIdx: e.Idx}
+	served := describeServed(st.Served)
+	switch {
+	case st.CheckedAt.IsZero():
+		c.Result, c.Detail = Warn, "kvgate's model discovery has not read this endpoint yet: it is a candidate for every model until it does"
+		c.Fix = "wait for the first read (it is bounded by the rule's probeTimeout) and run the preflight again"
+		return c
+	case st.Err != "" && len(st.Served.Bases) == 0:
+		c.Result, c.Detail, c.Fix = Warn, "model discovery failed: "+st.Err+"; until a read succeeds the endpoint is a candidate for every model", fixDiscovery
+		return c
+	case st.Err != "":
+		c.Result, c.Detail, c.Fix = Warn, "model discovery failed: "+st.Err+"; routing keeps what it listed before: "+served, fixDiscovery
+		return c
+	}
+	age := now.Sub(st.CheckedAt).Round(time.Second)
+	var staged, missing []string
+	for _, m := range tokenizerModels(st.Served) {
+		if _, err := r.src.StagedTokenizer(m); err == nil {
+			staged = append(staged, m)
+		} else {
+			missing = append(missing, m)
+		}
+	}
+	if len(staged) == 0 {
+		path, _ := r.src.StagedTokenizer(st.Served.Base())
+		c.Result = Warn
+		c.Detail = fmt.Sprintf("serves %s (read %s ago), but no tokenizer is staged for %s: its requests cannot be hashed and route without the KV tier",
+			served, age, strings.Join(missing, " or "))
+		c.Fix = "stage the model's tokenizer.json (and tokenizer_config.json) at " + path
+		return c
+	}
+	c.Result = Pass
+	c.Detail = fmt.Sprintf("serves %s (read %s ago); tokenizer staged for %s", served, age, strings.Join(staged, ", "))
+	return c
+}
+
+// describeServed spells a listing: base models, then adapters with parents.
+func describeServed(s models.Served) string {
+	out := strings.Join(s.Bases, ", ")
+	if len(s.Adapters) > 0 {
+		ads := make([]string, 0, len(s.Adapters))
+		for _, a := range s.AdapterList() {
+			ads = append(ads, a.Name+" (of "+a.Parent+")")
+		}
+		out += "; LoRA adapters " + strings.Join(ads, ", ")
+	}
+	return out
+}
+
+// tokenizerModels are the models whose staged tokenizers encode an
+// endpoint's requests: each base model, and each adapter's parent (as vLLM
+// tokenizes an adapter's prompts with its base model's tokenizer).
+func tokenizerModels(s models.Served) []string {
+	out := slices.Clone(s.Bases)
+	for _, a := range s.AdapterList() {
+		if !slices.Contains(out, a.Parent) {
+			out = append(out, a.Parent)
+		}
+	}
+	return out
 }
 
 // httpErr spells a failed call; a 401 or 403 says what to fix about the

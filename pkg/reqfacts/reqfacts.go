@@ -183,6 +183,10 @@ type Options struct {
 	// Adapters lists the LoRA adapter names the rule's engines serve; a model
 	// string equal to one of them sets Facts.LoRA.
 	Adapters []string
+	// Messages, when set, keeps the decoded messages of recent chat bodies
+	// so that the next turn of a conversation decodes only its new messages
+	// (NewMessageCache).
+	Messages *MessageCache
 }
 
 // body is the subset of an OpenAI request that changes token ids or hashes.
@@ -245,8 +249,9 @@ func extract(raw []byte, headerModel string, opts Options, want Kind) Facts {
 		f.Problem = "body is not a JSON object"
 		return f
 	}
-	var b body
-	if err := json.Unmarshal(trimmed, &b); err != nil {
+	chat := want == KindChat || want == KindUnknown
+	b, err := scanBody(trimmed, chat, opts.Messages)
+	if err != nil {
 		f.Problem = fmt.Sprintf("body is not valid JSON: %v", err)
 		return f
 	}
@@ -287,7 +292,7 @@ func extract(raw []byte, headerModel string, opts Options, want Kind) Facts {
 
 // readOpenAI reads a completions or chat body; want KindUnknown takes the
 // kind from the body's shape.
-func (f *Facts) readOpenAI(b *body, want Kind) {
+func (f *Facts) readOpenAI(b *scanned, want Kind) {
 	if s, ok := rawString(b.CacheSalt); ok {
 		f.CacheSalt = s
 	}
@@ -304,8 +309,8 @@ func (f *Facts) readOpenAI(b *body, want Kind) {
 			return
 		}
 		f.Kind = KindChat
-		f.Messages, f.Problem = parseMessages(b.Messages)
-		f.parseTemplateInputs(b)
+		f.Messages, f.Problem = checkMessages(b.messages, b.messagesErr)
+		f.parseTemplateInputs(&b.body)
 	case want == KindCompletion || (want == KindUnknown && present(b.Prompt)):
 		if !present(b.Prompt) {
 			f.Problem = "completion body has no prompt"
@@ -454,10 +459,11 @@ func decodeList(raw json.RawMessage) ([]any, bool) {
 	return list, ok && len(list) > 0
 }
 
-func parseMessages(raw json.RawMessage) ([]map[string]any, string) {
-	msgs, err := chattemplate.DecodeMessages(raw)
-	if err != nil {
-		return nil, "messages is not a list of objects"
+// checkMessages checks the messages scanBody decoded (shapeErr: the value
+// was not a list of objects).
+func checkMessages(msgs []map[string]any, shapeErr error) ([]map[string]any, string) {
+	if shapeErr != nil {
+		return nil, errNotMessageList.Error()
 	}
 	if len(msgs) == 0 {
 		return nil, "messages is empty"

@@ -3,8 +3,8 @@
 // `kvctl status` prints: per rule its mode, contract, parity state, hits,
 // misses by reason over the last minutes and the data path; per endpoint its
 // role, health, breaker, admin state, in-flight requests, inventory,
-// subscriber state and a hit-rate history; and the problems an operator
-// should look at first.
+// subscriber state, a hit-rate history and what model discovery read from
+// its /v1/models; and the problems an operator should look at first.
 //
 // The collector reads what the daemon already exports: the rule table, the
 // subscribers' state and kvgate's own Prometheus registry, which it samples
@@ -28,6 +28,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
+	"github.com/kvgate/kvgate/pkg/models"
 )
 
 // Options configure a Collector. Rules, Subscribers and Gatherer are required.
@@ -45,6 +46,9 @@ type Options struct {
 	// ProbeError is why an endpoint's last probe failed ("" none), shown in
 	// its endpoint_down problem. May be nil.
 	ProbeError func(service, ep int) string
+	// Models is what model discovery knows of an endpoint (false: the rule
+	// runs no discovery). May be nil.
+	Models func(service, ep int) (models.EndpointState, bool)
 	// PromptMismatches is a rule's running count of responses whose
 	// prompt_tokens differed from kvgate's own count (the per-request usage
 	// audit, docs/parity.md); nil: no audit.
@@ -274,6 +278,25 @@ type Endpoint struct {
 	// HitRate is hits per second in each interval of the window, oldest
 	// first: the spark line.
 	HitRate []float64 `json:"hit_rate"`
+	// Models is what the endpoint's GET /v1/models listed; absent when the
+	// rule runs no model discovery.
+	Models *EndpointModels `json:"models,omitempty"`
+}
+
+// EndpointModels is an endpoint's model discovery state.
+type EndpointModels struct {
+	// Served are the base model names the endpoint lists, the first being
+	// the one its blocks are keyed by; empty until a read succeeded (the
+	// endpoint is then a candidate for every model).
+	Served   []string         `json:"served"`
+	Adapters []models.Adapter `json:"adapters"`
+	// CheckedAgeSeconds is how long ago the last read ended; -1 while the
+	// first read is in flight.
+	CheckedAgeSeconds float64 `json:"checked_age_seconds"`
+	// CheckedAt is when the last read ended (absent before the first).
+	CheckedAt *time.Time `json:"checked_at,omitempty"`
+	// Error is why the last read failed; Served is then the read before's.
+	Error string `json:"error,omitempty"`
 }
 
 // Subscriber is an endpoint's KV-event subscriber state.
@@ -289,7 +312,7 @@ type Subscriber struct {
 type Problem struct {
 	ServiceID int    `json:"service_id"`
 	EPIdx     *int   `json:"ep_idx,omitempty"`
-	Kind      string `json:"kind"` // parity_broken, prompt_tokens_mismatch, subscriber_down, blocks_no_hits, endpoint_down, breaker_open
+	Kind      string `json:"kind"` // parity_broken, prompt_tokens_mismatch, subscriber_down, blocks_no_hits, endpoint_down, breaker_open, model_discovery_failed
 	Detail    string `json:"detail"`
 }
 
@@ -359,6 +382,7 @@ func (c *Collector) rule(r *config.Rule, first, last *sample, subByEP map[epKey]
 		if kvEP[e.Idx] {
 			ep.Subscriber = c.subscriber(subByEP[k], now)
 		}
+		ep.Models = c.endpointModels(k, now)
 		endpointProblems(id, e.AdminDown, &ep, problems)
 		out.Endpoints = append(out.Endpoints, ep)
 	}
@@ -442,6 +466,34 @@ func endpointProblems(id int, adminDown bool, ep *Endpoint, problems *[]Problem)
 	if ep.Subscriber != nil && !ep.Subscriber.Connected {
 		add("subscriber_down", "no KV-event subscription to "+ep.Addr+": its blocks cannot be followed")
 	}
+	if m := ep.Models; m != nil && m.Error != "" && !adminDown {
+		detail := "GET /v1/models failed: " + m.Error
+		if len(m.Served) > 0 {
+			detail += "; routing keeps the models it listed before"
+		} else {
+			detail += "; until a read succeeds the endpoint is a candidate for every model"
+		}
+		add("model_discovery_failed", detail)
+	}
+}
+
+// endpointModels is k's discovery state, nil when its rule runs none.
+func (c *Collector) endpointModels(k epKey, now time.Time) *EndpointModels {
+	if c.opts.Models == nil {
+		return nil
+	}
+	st, ok := c.opts.Models(k.service, k.ep)
+	if !ok {
+		return nil
+	}
+	out := &EndpointModels{Served: append([]string{}, st.Served.Bases...), Adapters: st.Served.AdapterList(),
+		CheckedAgeSeconds: -1, Error: st.Err}
+	if !st.CheckedAt.IsZero() {
+		at := st.CheckedAt.UTC()
+		out.CheckedAt = &at
+		out.CheckedAgeSeconds = max(0, now.Sub(st.CheckedAt).Seconds())
+	}
+	return out
 }
 
 // missesProblems fills out.MissesWindow from the samples and reports the

@@ -1,7 +1,9 @@
 package status
 
 import (
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/kvevents/ingest"
+	"github.com/kvgate/kvgate/pkg/models"
 )
 
 // fleet is a registry with the series the collector reads, two rules and a
@@ -220,5 +223,77 @@ func TestEndpointDownSaysWhy(t *testing.T) {
 		if r.ServiceID == 1 && r.Endpoints[0].ProbeError != why {
 			t.Fatalf("probe_error %q", r.Endpoints[0].ProbeError)
 		}
+	}
+}
+
+// TestEndpointModels: each endpoint shows what discovery read (base models,
+// adapters with their parent, when, the last error), and a failed read is a
+// model_discovery_failed problem unless an admin took the endpoint out.
+func TestEndpointModels(t *testing.T) {
+	served := models.Served{Bases: []string{"Qwen/Qwen3-0.6B", "qwen"}, Adapters: map[string]string{"sql-lora": "Qwen/Qwen3-0.6B", "a-lora": "Qwen/Qwen3-0.6B"}}
+	tests := []struct {
+		name      string
+		state     models.EndpointState
+		ok        bool
+		adminDown bool
+		want      *EndpointModels // CheckedAt not compared
+		problem   string          // model_discovery_failed detail's tail, "" none
+	}{
+		{name: "no discovery on the rule", ok: false},
+		{name: "first read in flight", ok: true, state: models.EndpointState{},
+			want: &EndpointModels{Served: []string{}, Adapters: []models.Adapter{}, CheckedAgeSeconds: -1}},
+		{name: "read, with adapters", ok: true, state: models.EndpointState{Served: served, CheckedAt: time.Unix(1_800_000_000, 0)},
+			want: &EndpointModels{Served: []string{"Qwen/Qwen3-0.6B", "qwen"},
+				Adapters: []models.Adapter{{Name: "a-lora", Parent: "Qwen/Qwen3-0.6B"}, {Name: "sql-lora", Parent: "Qwen/Qwen3-0.6B"}}, CheckedAgeSeconds: 3}},
+		{name: "failed after a listing", ok: true, state: models.EndpointState{Served: models.Served{Bases: []string{"m"}}, CheckedAt: time.Unix(1_800_000_001, 0), Err: "status 500"},
+			want:    &EndpointModels{Served: []string{"m"}, Adapters: []models.Adapter{}, CheckedAgeSeconds: 2, Error: "status 500"},
+			problem: "status 500; routing keeps the models it listed before"},
+		{name: "failed, never listed", ok: true, state: models.EndpointState{CheckedAt: time.Unix(1_800_000_001, 0), Err: "connection refused"},
+			want:    &EndpointModels{Served: []string{}, Adapters: []models.Adapter{}, CheckedAgeSeconds: 2, Error: "connection refused"},
+			problem: "connection refused; until a read succeeds the endpoint is a candidate for every model"},
+		{name: "failed on an admin-down endpoint", ok: true, adminDown: true, state: models.EndpointState{CheckedAt: time.Unix(1_800_000_001, 0), Err: "refused"},
+			want: &EndpointModels{Served: []string{}, Adapters: []models.Adapter{}, CheckedAgeSeconds: 2, Error: "refused"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t)
+			f.subs[1].Ranks[0].Connected = true
+			f.rules[1].Endpoints[0].AdminDown = tc.adminDown
+			f.collector.opts.Models = func(service, ep int) (models.EndpointState, bool) {
+				if service == 1 && ep == 0 {
+					return tc.state, tc.ok
+				}
+				return models.EndpointState{}, false
+			}
+			f.tick(0)
+			f.now = f.now.Add(3 * time.Second)
+			st := f.collector.Snapshot()
+			got := st.Rules[0].Endpoints[0].Models
+			if (got == nil) != (tc.want == nil) {
+				t.Fatalf("models %+v, want %+v", got, tc.want)
+			}
+			if got != nil {
+				if (got.CheckedAt == nil) != (tc.want.CheckedAgeSeconds < 0) {
+					t.Errorf("checked_at %v with age %v", got.CheckedAt, got.CheckedAgeSeconds)
+				}
+				g, w := *got, *tc.want
+				g.CheckedAt = nil
+				if !reflect.DeepEqual(g, w) {
+					t.Errorf("models %+v, want %+v", g, w)
+				}
+			}
+			if st.Rules[0].Endpoints[1].Models != nil {
+				t.Errorf("ep 1 shows models without discovery")
+			}
+			var detail string
+			for _, p := range st.Problems {
+				if p.Kind == "model_discovery_failed" {
+					detail = p.Detail
+				}
+			}
+			if tc.problem == "" && detail != "" || tc.problem != "" && !strings.HasSuffix(detail, tc.problem) {
+				t.Fatalf("model_discovery_failed detail %q, want it ending %q", detail, tc.problem)
+			}
+		})
 	}
 }

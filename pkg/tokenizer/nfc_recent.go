@@ -83,14 +83,7 @@ func fixRecent(s string, compose bool) string {
 	if !mayNeedRecentFix(s) {
 		return s
 	}
-	has := false
-	for _, r := range s {
-		if isRecentFirst(r) || isRecentComposite(r) || isRecentMark(r) {
-			has = true
-			break
-		}
-	}
-	if !has {
+	if !hasRecent(s) {
 		return s
 	}
 	// s is already normalized by x/text, so its NFD is the full canonical
@@ -183,8 +176,31 @@ var recentDecompositions = func() map[rune][2]rune {
 }()
 
 func isRecentComposite(r rune) bool {
+	if r < 0x105C9 || r > 0x16D6A { // the range of recentCompositions' values
+		return false
+	}
 	_, ok := recentDecompositions[r]
 	return ok
+}
+
+// hasRecent reports whether s holds a character fixRecent must redo. Every
+// such character is at U+0897 or above, so bytes below 0xE0 (ASCII, the
+// leads of runes below U+0800 and continuation bytes) are skipped without
+// decoding; a byte from 0xE0 on always starts a rune, so decoding from it
+// reads s as ranging over it would.
+func hasRecent(s string) bool {
+	for i := 0; i < len(s); {
+		if s[i] < 0xE0 {
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		i += n
+		if isRecentFirst(r) || isRecentComposite(r) || isRecentMark(r) {
+			return true
+		}
+	}
+	return false
 }
 
 func appendDecomposed(dst []rune, r rune) []rune {

@@ -68,3 +68,37 @@ func TestRecentMarksNormalization(t *testing.T) {
 		t.Errorf("only %d inputs exercise the recent marks", reordered)
 	}
 }
+
+// TestHasRecentMatchesRuneScan: the byte-skipping scan finds a recent
+// character exactly when ranging over the string's runes does, for every
+// rune alone and next to ASCII, two-byte runes and invalid bytes.
+func TestHasRecentMatchesRuneScan(t *testing.T) {
+	runeScan := func(s string) bool {
+		for _, r := range s {
+			if isRecentFirst(r) || isRecentMark(r) {
+				return true
+			}
+			if _, ok := recentDecompositions[r]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	contexts := []struct{ before, after string }{{"", ""}, {"ab", "cd"}, {"é", "\xc3"}, {"\xff\xc2", "\x80"}, {"\xe0\xa2", ""}}
+	for r := rune(0); r <= 0x10FFFF; r++ {
+		if r >= 0xD800 && r <= 0xDFFF {
+			continue
+		}
+		for _, c := range contexts {
+			s := c.before + string(r) + c.after
+			if got, want := hasRecent(s), runeScan(s); got != want {
+				t.Fatalf("hasRecent(%q) = %v, ranging over runes gives %v", s, got, want)
+			}
+		}
+	}
+	for _, s := range []string{"\xe0\xa2\x97", "x\xe0\xa2", "\xf0\x90\x97\x89", "\xf0\x90\x97", "\xed\xa0\x80"} {
+		if got, want := hasRecent(s), runeScan(s); got != want {
+			t.Errorf("hasRecent(%q) = %v, ranging over runes gives %v", s, got, want)
+		}
+	}
+}

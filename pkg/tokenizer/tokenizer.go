@@ -65,6 +65,9 @@ type Tokenizer struct {
 type encodeScratch struct {
 	pieces []string
 	words  []string
+	// stages hold the output of a Sequence pre-tokenizer's stages before
+	// the last (alternately, so a stage never writes what it reads).
+	stages [2][]string
 	segs   []segment
 	sub    []segment
 	budget *budget // nil: unbounded (see Limits)
@@ -373,11 +376,14 @@ func (t *Tokenizer) getScratch() *encodeScratch {
 
 func (t *Tokenizer) putScratch(s *encodeScratch) {
 	const keep = 1 << 16
-	if cap(s.pieces) > keep || cap(s.words) > keep || cap(s.segs) > keep || cap(s.sub) > keep {
+	if cap(s.pieces) > keep || cap(s.words) > keep || cap(s.segs) > keep || cap(s.sub) > keep ||
+		cap(s.stages[0]) > keep || cap(s.stages[1]) > keep {
 		return
 	}
 	clear(s.pieces[:cap(s.pieces)])
 	clear(s.words[:cap(s.words)])
+	clear(s.stages[0][:cap(s.stages[0])])
+	clear(s.stages[1][:cap(s.stages[1])])
 	clear(s.segs[:cap(s.segs)])
 	clear(s.sub[:cap(s.sub)])
 	s.budget = nil
@@ -444,7 +450,7 @@ func (t *Tokenizer) encodeWords(s string, atStart bool, ids []uint32, sc *encode
 	sc.pieces = append(sc.pieces[:0], s)
 	words := sc.pieces
 	if t.pre != nil {
-		sc.words = t.pre.preTokenize(sc.pieces, atStart, sc.words[:0])
+		sc.words = preTokenizeScratch(t.pre, sc.pieces, atStart, sc)
 		words = sc.words
 	}
 	b := sc.budget
@@ -462,6 +468,26 @@ func (t *Tokenizer) encodeWords(s string, atStart bool, ids []uint32, sc *encode
 		}
 	}
 	return ids
+}
+
+// preTokenizeScratch is pre.preTokenize into sc.words; a Sequence's inner
+// stages write into sc.stages instead of a new slice per stage and per
+// chunk (that allocation showed in the profile of a long prompt's encode,
+// docs/tokenizer.md "Decision cost at long context"). Every pre-tokenizer
+// appends to its dst and keeps nothing, so reusing the buffers changes no
+// output.
+func preTokenizeScratch(pre preTokenizer, pieces []string, atStart bool, sc *encodeScratch) []string {
+	seq, ok := pre.(preSeq)
+	if !ok || len(seq) < 2 {
+		return pre.preTokenize(pieces, atStart, sc.words[:0])
+	}
+	cur := pieces
+	for i, p := range seq[:len(seq)-1] {
+		buf := &sc.stages[i%2]
+		*buf = p.preTokenize(cur, atStart, (*buf)[:0])
+		cur = *buf
+	}
+	return seq[len(seq)-1].preTokenize(cur, atStart, sc.words[:0])
 }
 
 // VocabSize is the number of ids (the highest id plus one), added tokens included.

@@ -12,8 +12,8 @@ import (
 
 // TestGrowingConversationIncremental sends a long conversation that grows
 // by a turn per request through the daemon to a real enginesim process:
-// kvgate reuses the ids of each earlier turn (the tokenizer's conversation
-// cache reports hits) and its prompt-token and cached-token predictions
+// kvgate reuses the decoded messages and the ids of each earlier turn (the
+// decoded-message and conversation caches report hits) and its prompt-token and cached-token predictions
 // still equal the engine's usage on every request (docs/tokenizer.md,
 // "Decision cost at long context").
 func TestGrowingConversationIncremental(t *testing.T) {
@@ -62,5 +62,10 @@ func TestGrowingConversationIncremental(t *testing.T) {
 	misses := tg.metric(t, "kvgate_tokenize_prefix_lookups_total", map[string]string{"result": "miss"})
 	if hits < turns-1 || tg.metric(t, "kvgate_tokenize_prefix_reused_bytes_total", nil) == 0 || tg.metric(t, "kvgate_tokenize_prefix_cache_bytes", nil) == 0 {
 		t.Fatalf("conversation cache: %v hits, %v misses; want a hit on every turn after the first", hits, misses)
+	}
+	// The rule's decoded-message cache reused each earlier turn's messages
+	// too, and the ids above were still exact.
+	if n := tg.metric(t, "kvgate_extract_messages_lookups_total", map[string]string{"result": "hit"}); n < turns-1 || tg.metric(t, "kvgate_extract_messages_reused_bytes_total", nil) == 0 {
+		t.Fatalf("decoded-message cache: %v hits; want a hit on every turn after the first", n)
 	}
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testnet"
 	"github.com/kvgate/kvgate/pkg/kvhash"
+	"github.com/kvgate/kvgate/pkg/models"
+	"github.com/kvgate/kvgate/pkg/status"
 )
 
 // modelB is a second model that shares model's tokenizer and, through
@@ -36,11 +38,7 @@ func TestManyModelsOneRule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "enginesim", "kvctl")
 	block := testnet.Block(t)
 	hosts := []string{block + "11", block + "12", block + "13", block + "14"}
 	eport := testnet.Port(t, hosts[0])
@@ -91,6 +89,30 @@ func TestManyModelsOneRule(t *testing.T) {
 		return tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "0"}) == 2 &&
 			tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "3"}) == 1
 	})
+
+	// The operator sees what was discovered: status JSON, kvctl status and
+	// kvctl preflight.
+	wantServed := map[int]servedWant{
+		0: {models: []string{model}, adapters: []models.Adapter{{Name: "sql-lora", Parent: model}}},
+		1: {models: []string{model}, adapters: []models.Adapter{{Name: "sql-lora", Parent: model}}},
+		2: {models: []string{modelB}}, 3: {models: []string{modelB}},
+	}
+	checkStatusModels(t, tg, id, wantServed)
+	kvctl := filepath.Join(dir, "kvctl")
+	out := runKvctl(t, kvctl, "status", "--api-server", tg.api)
+	for _, want := range []string{"MODELS", model + ",sql-lora<" + model + ">", modelB + " (read "} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("kvctl status lacks %q:\n%s", want, out)
+		}
+	}
+	out = runKvctl(t, kvctl, "preflight", "--no-probe", "--service-id", svc, "--api-server", tg.api)
+	t.Logf("kvctl preflight --no-probe:\n%s", out)
+	for ep, w := range wantServed {
+		row := modelsRow(out, ep)
+		if !strings.Contains(row, "PASS") || !strings.Contains(row, "serves "+w.models[0]) || len(w.adapters) > 0 && !strings.Contains(row, "sql-lora (of "+model+")") {
+			t.Fatalf("kvctl preflight's models row of ep %d is %q:\n%s", ep, row, out)
+		}
+	}
 
 	url := fmt.Sprintf("http://%s:%d/v1/completions", vip, vport)
 	engineOf := func(ep int) string { return fmt.Sprintf("%s:%d", hosts[ep], eport) }
@@ -177,6 +199,8 @@ func TestManyModelsOneRule(t *testing.T) {
 		t.Fatalf("late-lora served by %q, want %s (the only engine that loaded it)", late.engine, engineOf(2))
 	}
 	t.Logf("runtime adapter routed %v after it was loaded (LLB_KV_MODEL_DISCOVERY_SEC=1)", time.Since(loaded).Round(10*time.Millisecond))
+	wantServed[2] = servedWant{models: []string{modelB}, adapters: []models.Adapter{{Name: "late-lora", Parent: modelB}}}
+	checkStatusModels(t, tg, id, wantServed)
 
 	for _, c := range []struct {
 		name   string
@@ -220,4 +244,195 @@ func sameHashes(t *testing.T, tg *testGateway, service int, epA, epB, prompt str
 			}
 		}
 	}
+}
+
+type servedWant struct {
+	models   []string
+	adapters []models.Adapter
+}
+
+// checkStatusModels checks each endpoint's models object in the daemon's
+// GET /netlox/v1/status against want: served names, adapters with parent,
+// a recent read and no error.
+func checkStatusModels(t *testing.T, tg *testGateway, service int, want map[int]servedWant) {
+	t.Helper()
+	st := daemonStatus(t, tg)
+	for _, r := range st.Rules {
+		if r.ServiceID != service {
+			continue
+		}
+		if len(r.Endpoints) != len(want) {
+			t.Fatalf("status shows %d endpoints, want %d", len(r.Endpoints), len(want))
+		}
+		for _, e := range r.Endpoints {
+			w, m := want[e.EPIdx], e.Models
+			if m == nil || !slices.Equal(m.Served, w.models) || !slices.Equal(m.Adapters, w.adapters) || m.Error != "" ||
+				m.CheckedAt == nil || m.CheckedAgeSeconds < 0 || m.CheckedAgeSeconds > 30 {
+				t.Fatalf("status of ep %d: models %+v, want served %v adapters %v, read recently without error", e.EPIdx, m, w.models, w.adapters)
+			}
+		}
+		return
+	}
+	t.Fatalf("status has no rule %d", service)
+}
+
+// runKvctl runs the real kvctl binary and returns its output; a non-zero
+// exit fails the test.
+func runKvctl(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kvctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// modelsRow is kvctl preflight's models row of ep ("" none).
+func modelsRow(out string, ep int) string {
+	for line := range strings.SplitSeq(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "models" && f[1] == strconv.Itoa(ep) {
+			return line
+		}
+	}
+	return ""
+}
+
+// TestModelFollowsEngineRestart: an engine restarted on the same address
+// with another model is re-read, and routing follows, with real kvgate and
+// enginesim processes. Discovery's interval is an hour here, so only the
+// restart signals can explain the re-read: the probe coming back up after
+// it marked the engine down (a slow restart), or, for a restart faster than
+// probeRetries probes, the KV-event subscription's reconnect. The bounds
+// checked are the documented ones (docs/selection.md, "Many models behind
+// one rule"), with 4x slack for this shared machine.
+func TestModelFollowsEngineRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
+	dir := buildCommands(t, "kvgate", "enginesim")
+	const probeInterval, probeTimeout = 1, 1
+	tests := []struct {
+		name string
+		// probeRetries: 2 lets the probe see the slow restart; 30 keeps
+		// the probe from ever marking the fast one down.
+		probeRetries int
+		waitDown     bool
+		bound        time.Duration
+	}{
+		{"slow restart: probe down, then up", 2, true, (probeInterval + 2*probeTimeout) * time.Second},
+		{"fast restart: the probe never sees it down", 30, false, 5*time.Second + (probeInterval+probeTimeout)*time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			restartWithAnotherModel(t, dir, probeInterval, probeTimeout, tc.probeRetries, tc.waitDown, tc.bound)
+		})
+	}
+}
+
+func restartWithAnotherModel(t *testing.T, dir string, probeInterval, probeTimeout, probeRetries int, waitDown bool, bound time.Duration) {
+	block := testnet.Block(t)
+	hosts := []string{block + "11", block + "12"}
+	eport := testnet.Port(t, hosts[0])
+	engine := func(host, m string) *proc {
+		p := startProc(t, []string{"PYTHONHASHSEED=0"}, filepath.Join(dir, "enginesim"), "--host", host, "--port", fmt.Sprint(eport),
+			"--model", m, "--tokenizer", repoTokenizerDir(t), "--time-scale", "0.05", "--log-level", "warn")
+		waitFor(t, "enginesim on "+host, 30*time.Second, func() bool {
+			resp, err := http.Get(fmt.Sprintf("http://%s:%d/health", host, eport))
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err == nil && resp.StatusCode == 200
+		})
+		return p
+	}
+	engine(hosts[0], model)
+	second := engine(hosts[1], model)
+	staging := stagingDir(t)
+	if err := os.Symlink(repoTokenizerDir(t), filepath.Join(staging, strings.ReplaceAll(modelB, "/", "__"))); err != nil {
+		t.Fatal(err)
+	}
+	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
+	gw := startProc(t, []string{"LLB_KV_NONE_HASH_SEED=0", "LLB_KV_MODEL_DISCOVERY_SEC=3600"}, filepath.Join(dir, "kvgate"),
+		"--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", staging)
+	tg := &testGateway{api: "http://" + api}
+	waitFor(t, "the management API", 20*time.Second, func() bool {
+		resp, err := http.Get(tg.api + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	vip, vport := block+"1", testnet.Port(t, block+"1")
+	id := tg.createRule(t, []byte(fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","sel":0,"mode":4,
+		"kvExactMode":3,"kvZmqPort":5557,"kvHashAlgo":"sha256_cbor","kvBlockSize":16,"probeInterval":%d,"probeTimeout":%d,"probeRetries":%d},
+		"endpoints":[{"endpointIP":%q,"targetPort":%d,"weight":1},{"endpointIP":%q,"targetPort":%d,"weight":1}]}`,
+		vip, vport, probeInterval, probeTimeout, probeRetries, hosts[0], eport, hosts[1], eport)))
+	svc := strconv.Itoa(id)
+	tg.waitSubscribed(t, id, 2)
+	both := servedWant{models: []string{model}}
+	waitFor(t, "both endpoints read", 10*time.Second, func() bool {
+		return tg.metric(t, "kvgate_endpoint_models", map[string]string{"service": svc, "ep_idx": "1"}) == 1
+	})
+	checkStatusModels(t, tg, id, map[int]servedWant{0: both, 1: both})
+	url := fmt.Sprintf("http://%s:%d/v1/completions", vip, vport)
+	if r := post(t, url, map[string]any{"model": modelB, "prompt": "hello", "max_tokens": 2}); r.status != 404 {
+		t.Fatalf("%s before the restart: %d, want 404 model_not_found", modelB, r.status)
+	}
+
+	second.kill()
+	if waitDown {
+		waitFor(t, "the probe to mark the engine down", 20*time.Second, func() bool { return endpointHealth(t, tg, id, 1) == "down" })
+	}
+	engine(hosts[1], modelB)
+	back := time.Now()
+	if !waitDown && endpointHealth(t, tg, id, 1) != "up" {
+		t.Fatal("the probe marked the fast restart down: the case does not test the reconnect path")
+	}
+	engineB := fmt.Sprintf("%s:%d", hosts[1], eport)
+	var last reply
+	waitFor(t, modelB+" to route to the restarted engine", 8*bound, func() bool {
+		last = post(t, url, map[string]any{"model": modelB, "prompt": "hello there", "max_tokens": 2})
+		return last.status == 200 && last.engine == engineB
+	})
+	took := time.Since(back)
+	t.Logf("%s routed to the restarted engine %v after it answered /health (documented bound %v)", modelB, took.Round(10*time.Millisecond), bound)
+	if took > 4*bound {
+		t.Fatalf("routing followed the restart after %v, beyond 4x the documented %v\n--- kvgate:\n%s", took, bound, gw.logs.String())
+	}
+	checkStatusModels(t, tg, id, map[int]servedWant{0: both, 1: {models: []string{modelB}}})
+	for i := range 4 {
+		r := post(t, url, map[string]any{"model": model, "prompt": fmt.Sprintf("request %d for the first model", i), "max_tokens": 2})
+		if r.status != 200 || r.engine != fmt.Sprintf("%s:%d", hosts[0], eport) {
+			t.Fatalf("%s after the restart: %d on %q, want 200 on the only engine still serving it", model, r.status, r.engine)
+		}
+	}
+}
+
+// daemonStatus is the daemon's GET /netlox/v1/status.
+func daemonStatus(t *testing.T, tg *testGateway) status.Status {
+	t.Helper()
+	resp, err := http.Get(tg.api + "/netlox/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st status.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	return st
+}
+
+// endpointHealth is ep's health in the daemon's status ("" not shown).
+func endpointHealth(t *testing.T, tg *testGateway, service, ep int) string {
+	t.Helper()
+	st := daemonStatus(t, tg)
+	for _, r := range st.Rules {
+		for _, e := range r.Endpoints {
+			if r.ServiceID == service && e.EPIdx == ep {
+				return e.Health
+			}
+		}
+	}
+	return ""
 }

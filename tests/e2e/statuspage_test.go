@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +15,8 @@ import (
 
 // TestStatusPageInBrowser loads the status page (GET / on the API) in Debian's
 // headless chromium against a live gateway with two engines and checks the
-// rendered DOM: one rule section, a row per endpoint, and an endpoint hit
+// rendered DOM: one rule section, a row per endpoint with its discovered
+// model, and an endpoint hit
 // counter that moves after a warm request. It skips without chromium unless
 // KVGATE_REQUIRE_BROWSER is set (CI installs chromium). With
 // KVGATE_WRITE_SCREENSHOT=path it also saves a screenshot there (the one in
@@ -48,6 +50,21 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	if rows != 2 {
 		t.Fatalf("the page shows %d endpoint rows, want 2", rows)
+	}
+	// Each endpoint's models cell shows what discovery read from its /v1/models.
+	modelsJS := fmt.Sprintf(`[...document.querySelectorAll('%s tr.ep-row td.models')].map((td) => td.textContent)`, rule)
+	var cells []string
+	waitFor(t, "the models cells", 15*time.Second, func() bool {
+		cells, err = chromedp.Run(bctx, chromedp.Evaluate[[]string](modelsJS))
+		if err != nil {
+			t.Fatalf("read the models cells: %v", err)
+		}
+		return len(cells) == 2 && strings.HasPrefix(cells[0], model+"read ") && strings.HasPrefix(cells[1], model+"read ")
+	})
+	for _, c := range cells {
+		if !strings.Contains(c, "read ") || strings.Contains(c, "read failed") {
+			t.Fatalf("models cell %q: want the model and when it was read, without a failure", c)
+		}
 	}
 	hits := func() float64 {
 		js := fmt.Sprintf(`[...document.querySelectorAll('%s td.hits-total')].reduce((a, td) => a + Number(td.textContent), 0)`, rule)

@@ -258,23 +258,45 @@ type proc struct {
 }
 
 type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
+	mu      sync.Mutex
+	head    strings.Builder // the first logHeadBytes
+	tail    []byte          // the latest bytes after the head, at most 2 × logTailBytes
+	dropped int             // bytes between head and tail no longer kept
 }
+
+// A process's log keeps its first logHeadBytes (start-up) and its last
+// logTailBytes (what happened before a failure): a long soak writes far
+// more than a test should hold, and its failures come late.
+const (
+	logHeadBytes = 256 << 10
+	logTailBytes = 768 << 10
+)
 
 func (l *lockedBuf) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.b.Len() < 1<<20 {
-		l.b.Write(p)
+	n := len(p)
+	if room := logHeadBytes - l.head.Len(); room > 0 {
+		k := min(room, len(p))
+		l.head.Write(p[:k])
+		p = p[k:]
 	}
-	return len(p), nil
+	l.tail = append(l.tail, p...)
+	if len(l.tail) > 2*logTailBytes {
+		cut := len(l.tail) - logTailBytes
+		l.dropped += cut
+		l.tail = append(l.tail[:0], l.tail[cut:]...)
+	}
+	return n, nil
 }
 
 func (l *lockedBuf) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.b.String()
+	if l.dropped == 0 {
+		return l.head.String() + string(l.tail)
+	}
+	return fmt.Sprintf("%s\n[… %d bytes of log not kept …]\n%s", l.head.String(), l.dropped, l.tail)
 }
 
 // start runs bin in ns and kills it when the test ends. nsenter switches

@@ -71,13 +71,13 @@ func (p ReplayPurpose) String() string {
 //	RecvError                   → loxilb_kv_subscriber_recv_error_total{service,ep}
 //	Blocks                      → loxilb_pd_kv_blocks{service,ep_idx}
 //	CapEvicted                  → loxilb_kv_inv_cap_evictions_total{service,ep}
-//	Sequence                    → kvgate_kv_seq_events_total{service,ep,rank,case}
-//	                              (case: duplicate, small_gap, large_gap, restart) and
-//	                              kvgate_kv_seq_missing_total{service,ep,rank} += missing
-//	Cleared                     → kvgate_kv_subscriber_clears_total{service,ep,rank,reason}
-//	Replay                      → kvgate_kv_replay_total{service,ep,rank,purpose,result=ok|error}
-//	                              and kvgate_kv_replay_batches_total{service,ep,rank,purpose} += batches
-//	DecodeError                 → kvgate_kv_decode_errors_total{service,ep,rank}
+//	Sequence                    → kvgate_kv_subscriber_gaps_total{service,ep,kind}
+//	                              (kind: small, large, restart) and
+//	                              kvgate_kv_seq_missing_total{service,ep} += missing
+//	Cleared                     → kvgate_kv_subscriber_clears_total{service,ep,reason}
+//	Replay                      → kvgate_kv_subscriber_replays_total{service,ep,outcome=ok|error}
+//	                              and kvgate_kv_subscriber_replayed_batches_total{service,ep} += batches
+//	DecodeError                 → kvgate_kv_decode_errors_total{service,ep} (and recv_error)
 type Observer interface {
 	EndpointInfo(ep EndpointRef)
 	EndpointGone(ep EndpointRef)
