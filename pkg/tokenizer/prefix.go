@@ -5,6 +5,8 @@ import (
 	"hash/maphash"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/internal/segslice"
 )
 
 // prefixCache makes the encode of a growing conversation incremental: it
@@ -15,7 +17,8 @@ import (
 // the rest. The ids are those of a full encode (docs/tokenizer.md, "Decision
 // cost at long context", says why each cut is exact).
 //
-// Memory is bounded by maxBytes (text bytes + 4 per id + 16 per cut);
+// Memory is bounded by maxBytes (text bytes + 4 per id kept alive, shared
+// segments counted in every entry holding them, + 16 per cut);
 // entries leave least recently used first.
 type prefixCache struct {
 	maxBytes int
@@ -41,7 +44,9 @@ type PrefixStats struct {
 type prefixEntry struct {
 	key  uint64
 	text string
-	ids  []uint32 // ids of text, without post-processor specials
+	// ids of text, without post-processor specials; the next turn's entry
+	// shares the storage of the ids it reused.
+	ids  segslice.Slice[uint32]
 	cuts []prefixCut
 	// maxWordBytes is the word bound the ids were produced under (0: none):
 	// they are reused only by encodes bounded at least as loosely.
@@ -150,7 +155,7 @@ func lastSafeCut(cuts []prefixCut, common, maxAdded int) (prefixCut, bool) {
 
 // store keeps text's ids; from, when not nil, is the entry the encode
 // started from, which the new one supersedes (the conversation moved on).
-func (c *prefixCache) store(from *prefixEntry, text string, ids []uint32, cuts []prefixCut, maxWordBytes int) {
+func (c *prefixCache) store(from *prefixEntry, text string, ids segslice.Slice[uint32], cuts []prefixCut, maxWordBytes int) {
 	if len(text) < minPrefixText || len(cuts) == 0 {
 		return
 	}
@@ -198,7 +203,7 @@ func (c *prefixCache) removeLocked(el *list.Element, i int) {
 	c.bytes -= e.cost()
 }
 
-func (e *prefixEntry) cost() int { return len(e.text) + 4*len(e.ids) + 16*len(e.cuts) + 128 }
+func (e *prefixEntry) cost() int { return len(e.text) + 4*e.ids.Held() + 16*len(e.cuts) + 128 }
 
 func (c *prefixCache) snapshot() PrefixStats {
 	c.mu.Lock()
@@ -224,7 +229,7 @@ func (t *Tokenizer) encodeReusing(text string, ids []uint32, lim Limits) ([]uint
 		if !b.ids(base + cut.index) {
 			return nil, b.failed()
 		}
-		ids = append(ids, from.ids[:cut.index]...)
+		ids = from.ids.AppendTo(ids, cut.index)
 		n := 0
 		for n < len(from.cuts) && from.cuts[n].at < cut.at {
 			n++
@@ -235,7 +240,11 @@ func (t *Tokenizer) encodeReusing(text string, ids []uint32, lim Limits) ([]uint
 	if err != nil {
 		return nil, err
 	}
-	c.store(from, text, append([]uint32(nil), ids[base:]...), cuts, lim.MaxWordBytes)
+	var kept segslice.Slice[uint32]
+	if from != nil {
+		kept = from.ids.Prefix(cut.index) // equal to ids[base : base+cut.index]
+	}
+	c.store(from, text, kept.Extend(ids[base+cut.index:]), cuts, lim.MaxWordBytes)
 	return ids, nil
 }
 
