@@ -32,6 +32,15 @@ type Settings struct {
 	// routes by a bounded-load rendezvous hash of its session key, so every
 	// replica picks the same pair (docs/replicas.md). Default off.
 	SessionHash bool
+	// LLB_KV_COLD_PLACEMENT: where a request no engine holds goes: sel (the
+	// rule's sel, the default) or hash (a bounded-load rendezvous hash of the
+	// prompt's first blocks, alike on every replica; docs/replicas.md).
+	ColdPlacement selector.ColdPlacement
+	// LLB_KV_LOAD_SCRAPE_MS: when set (100-60000), KV and P/D rules scrape
+	// their engines' /metrics on this interval instead of with each probe,
+	// for a fresher shared load view across replicas (docs/replicas.md).
+	// Default 0: with each probe.
+	LoadScrapeInterval time.Duration
 
 	// LOXILB_KV_LB_MODE (or the legacy LOXILB_KV_UNIFIED_MODE). Default hard.
 	LBMode selector.LBMode
@@ -186,6 +195,12 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, selector.MaxMinMatchTokens)
 	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
 	p.boolean("LLB_PD_SESSION_HASH", &s.SessionHash)
+	parsed(&p, "LLB_KV_COLD_PLACEMENT", &s.ColdPlacement, selector.ParseColdPlacement)
+	if _, ok := p.get("LLB_KV_LOAD_SCRAPE_MS"); ok {
+		ms := 0
+		p.integer("LLB_KV_LOAD_SCRAPE_MS", &ms, 100, 60000)
+		s.LoadScrapeInterval = time.Duration(ms) * time.Millisecond
+	}
 
 	if _, ok := p.get("LOXILB_KV_LB_MODE"); ok {
 		parsed(&p, "LOXILB_KV_LB_MODE", &s.LBMode, selector.ParseLBMode)

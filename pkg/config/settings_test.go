@@ -68,6 +68,10 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LOXILB_KV_SCORE": "LEADING"}, func(s Settings) bool { return s.Score == selector.ScorePrefix }},
 		{map[string]string{"LOXILB_KV_LB_MODE": "cost"}, func(s Settings) bool { return s.LBMode == selector.LBCost }},
 		{map[string]string{"LOXILB_KV_PROVISIONAL_WEIGHT": "0"}, func(s Settings) bool { return s.ProvisionalWeight == 0 }},
+		{map[string]string{"LLB_KV_COLD_PLACEMENT": " Hash "}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementHash }},
+		{map[string]string{"LLB_KV_COLD_PLACEMENT": "sel"}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementSel }},
+		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "250"}, func(s Settings) bool { return s.LoadScrapeInterval == 250*time.Millisecond }},
+		{map[string]string{}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
 		{map[string]string{"LOXILB_KV_COST_WORK_WEIGHT": "100"}, func(s Settings) bool { return s.CostWorkWeight == 100 }},
 		{map[string]string{"LOXILB_KV_PROVISIONAL_TTL_MS": "2500"}, func(s Settings) bool { return s.ProvisionalTTL == 2500*time.Millisecond }},
 		{map[string]string{"LLB_KV_REPLAY_PORT_OFFSET": "0"}, func(s Settings) bool { return s.ReplayPortOffset == 0 }},
@@ -136,6 +140,8 @@ func TestSettingsErrorsNameVariable(t *testing.T) {
 		"LLB_PD_MAX_TOTAL_INFLIGHT":      "3000000000",
 		"LLB_PD_ORIGIN_ERR_THRESHOLD":    "-1",
 		"LLB_PD_DECODE_ONLY_FALLBACK":    "2",
+		"LLB_KV_COLD_PLACEMENT":          "round-robin",
+		"LLB_KV_LOAD_SCRAPE_MS":          "99",
 	}
 	for name, val := range bad {
 		_, err := SettingsFromLookup(lookupOf(map[string]string{name: val}))
@@ -172,6 +178,7 @@ func TestSettingsSelectorKnobErrors(t *testing.T) {
 		{"LOXILB_KV_LB_MODE", "medium", `environment variable LOXILB_KV_LB_MODE="medium" is invalid: allowed values: off, hard, soft, adaptive, adaptive-soft, cost`},
 		{"LOXILB_KV_SPILL_RELIEF", " sometimes ", `environment variable LOXILB_KV_SPILL_RELIEF="sometimes" is invalid: allowed values: auto, on (1, true, yes), off (0, false, no)`},
 		{"LOXILB_KV_SCORE", "leading-run", `environment variable LOXILB_KV_SCORE="leading-run" is invalid: allowed values: leading (the default; alias prefix), overlap`},
+		{"LLB_KV_COLD_PLACEMENT", "rendezvous", `environment variable LLB_KV_COLD_PLACEMENT="rendezvous" is invalid: allowed values: sel (the default), hash`},
 	} {
 		_, err := SettingsFromLookup(lookupOf(map[string]string{tc.name: tc.value}))
 		if err == nil || err.Error() != tc.want {
@@ -198,6 +205,7 @@ func TestSettingsDefaultsAreThePackages(t *testing.T) {
 		{"LOXILB_KV_COLDSTART_MIN_BLOCKS", s.ColdStartMinBlocks, o.ColdStartMinBlocks},
 		{"LOXILB_KV_ZERO_HIT_N", s.ZeroHitN, o.ZeroHitN},
 		{"LOXILB_KV_SCORE", s.Score, o.Score},
+		{"LLB_KV_COLD_PLACEMENT", s.ColdPlacement, o.ColdPlacement},
 		{"LLB_KV_LOADGUARD", s.LoadGuard, o.LoadGuard},
 		{"LOXILB_KV_MAX_BLOCKS", s.MaxBlocks, inventory.DefaultMaxBlocks},
 	} {

@@ -91,6 +91,10 @@ type Options struct {
 	// selector counts this process's in-flight requests only. Code only,
 	// for the routing benchmark's comparison.
 	LocalLoadOnly bool
+	// SharedLoadHalfLife, when positive, decays the other replicas' part of
+	// the shared load view between scrapes with this half-life
+	// (sharedload.go); 0, the default, keeps it frozen until the next scrape.
+	SharedLoadHalfLife time.Duration
 	// CursorStart is where every rule's round-robin cursors start; replicas
 	// of one fleet pass different values (cmd/kvgate: random with
 	// --rules-file) so their round-robin picks are not in step.
@@ -438,14 +442,14 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)
 	}
-	var scorer selector.Scorer = idx
+	var scorer, confirmed selector.Scorer = idx, nil
 	if overlay != nil {
-		scorer = overlay
+		scorer, confirmed = overlay, idx
 	}
 	scores := newTimedScorer(scorer)
 	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Confirmed: confirmed, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly, g.opts.SharedLoadHalfLife), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)

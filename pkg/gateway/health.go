@@ -113,7 +113,7 @@ func (h *ruleHealth) newTracker(rule *config.Rule) (*health.Tracker, error) {
 // loads is the selector's L_i: the admission controller's count for P/D
 // rules (prefill admission to the end of the decode stream), else the
 // proxy's.
-func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly bool) selector.LoadSource {
+func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly bool, halfLife time.Duration) selector.LoadSource {
 	if h.admission != nil {
 		return h.admission
 	}
@@ -121,6 +121,7 @@ func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly 
 		return proxy
 	}
 	shared := newSharedLoads(proxy, h, sharedStaleAfter(rule.ProbeInterval(), rule.ProbeTimeout()))
+	shared.halfLife = halfLife
 	h.shared.Store(shared)
 	return shared
 }
@@ -189,7 +190,7 @@ func (h *ruleHealth) restart(rule *config.Rule, t *health.Tracker) error {
 	}
 	p, err := health.NewProber(t, health.ProbeConfig{
 		Type: rule.ProbeType(), Port: rule.Args.ProbePort, Path: rule.ProbePath(), Timeout: rule.ProbeTimeout(),
-		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), Guard: h.guard,
+		Interval: rule.ProbeInterval(), Scrape: rule.KVEnabled() || rule.PDDisagg(), ScrapeInterval: h.settings.LoadScrapeInterval, Guard: h.guard,
 		Token: h.token, Engine: h.engine,
 	}, targets, h.log)
 	if err != nil {

@@ -614,5 +614,6 @@ func selectorOptions(s config.Settings) (selector.Options, error) {
 	o.CostWorkWeight = s.CostWorkWeight
 	o.LoadGuard = s.LoadGuard
 	o.SessionHash = s.SessionHash
+	o.ColdPlacement = s.ColdPlacement
 	return o, o.Validate()
 }

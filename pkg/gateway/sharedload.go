@@ -8,6 +8,7 @@ package gateway
 // replica adds the change in its own in-flight count since the scrape.
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -36,7 +37,12 @@ type sharedLoads struct {
 	now    func() time.Time
 	// staleAfter is in nanoseconds, updated with the rule's probe interval.
 	staleAfter atomic.Int64
-	atScrape   [epset.Max]atomic.Int64
+	// halfLife, when positive, decays the other replicas' part between
+	// scrapes: others · 2^(−age/halfLife), on the guess that the requests
+	// seen at the scrape end and nothing replaces them. Off (0) by default:
+	// the routing benchmark measured it (docs/replicas.md, "Shared load view").
+	halfLife time.Duration
+	atScrape [epset.Max]atomic.Int64
 }
 
 func newSharedLoads(local selector.LoadSource, engine engineLoads, staleAfter time.Duration) *sharedLoads {
@@ -64,6 +70,9 @@ func (s *sharedLoads) InFlight(ep int) int {
 		return local
 	}
 	others := max(0, load-int(s.atScrape[ep].Load()))
+	if age := s.now().Sub(at); s.halfLife > 0 && age > 0 && others > 0 {
+		others = int(math.Round(float64(others) * math.Exp2(-float64(age)/float64(s.halfLife))))
+	}
 	return max(local, others+local)
 }
 

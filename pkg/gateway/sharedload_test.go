@@ -57,3 +57,35 @@ func TestSharedLoads(t *testing.T) {
 		t.Fatal("out-of-range endpoints")
 	}
 }
+
+// TestSharedLoadsDecay: with a half-life, the other replicas' part of the
+// view halves every half-life after its scrape; this replica's own part
+// stays live, and without a half-life the part stays frozen.
+func TestSharedLoadsDecay(t *testing.T) {
+	scrapedAt := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name     string
+		halfLife time.Duration
+		age      time.Duration
+		local    int
+		want     int
+	}{
+		{"at the scrape", 500 * time.Millisecond, 0, 1, 9},
+		{"one half-life", 500 * time.Millisecond, 500 * time.Millisecond, 1, 5},
+		{"two half-lives", 500 * time.Millisecond, time.Second, 3, 5},
+		{"long after", 500 * time.Millisecond, 5 * time.Second, 2, 2},
+		{"off: frozen", 0, time.Second, 1, 9},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			local := fixedLocal{4: 1}
+			s := newSharedLoads(local, &fixedEngine{9, scrapedAt, true}, sharedStaleAfter(5*time.Second, 2*time.Second))
+			s.halfLife = c.halfLife
+			s.now = func() time.Time { return scrapedAt.Add(c.age) }
+			s.scraped(4) // others = 9 − 1 = 8
+			local[4] = c.local
+			if got := s.InFlight(4); got != c.want {
+				t.Fatalf("L = %d, want %d", got, c.want)
+			}
+		})
+	}
+}

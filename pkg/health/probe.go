@@ -42,8 +42,13 @@ type ProbeConfig struct {
 	Interval time.Duration // probeInterval; default 5 s
 	// Scrape also reads each endpoint's engine /metrics every interval
 	// (KV and P/D rules).
-	Scrape      bool
-	MetricsPath string // default /metrics, on the target port
+	Scrape bool
+	// ScrapeInterval, when positive and shorter than Interval, runs the
+	// scrape on its own ticker at this interval instead of with each probe,
+	// so the engines' load (the replicas' shared load view,
+	// docs/replicas.md) is fresher than the probe.
+	ScrapeInterval time.Duration
+	MetricsPath    string // default /metrics, on the target port
 	// Guard recovers a panic in one target's probe loop; nil still recovers.
 	Guard *recovery.Guard
 	// Token, when set, is the rule's backendTokenFile: its token goes as
@@ -151,18 +156,30 @@ func (p *Prober) Run(ctx context.Context) {
 		wg.Add(1)
 		p.cfg.Guard.Go(recovery.Probe, func() {
 			defer wg.Done()
-			p.loop(ctx, tg)
+			p.loop(ctx, p.cfg.Interval, func() { p.Once(ctx, tg) })
 		})
+		if p.separateScrape() {
+			wg.Add(1)
+			p.cfg.Guard.Go(recovery.Probe, func() {
+				defer wg.Done()
+				p.loop(ctx, p.cfg.ScrapeInterval, func() { p.scrapeOnce(ctx, tg) })
+			})
+		}
 	}
 	wg.Wait()
 	p.client.CloseIdleConnections()
 }
 
-func (p *Prober) loop(ctx context.Context, tg Target) {
-	ticker := time.NewTicker(p.cfg.Interval)
+// separateScrape reports that the scrape runs on its own, faster ticker.
+func (p *Prober) separateScrape() bool {
+	return p.cfg.Scrape && p.cfg.ScrapeInterval > 0 && p.cfg.ScrapeInterval < p.cfg.Interval
+}
+
+func (p *Prober) loop(ctx context.Context, every time.Duration, once func()) {
+	ticker := time.NewTicker(every)
 	defer ticker.Stop()
 	for {
-		p.Once(ctx, tg)
+		once()
 		select {
 		case <-ctx.Done():
 			return
@@ -186,16 +203,21 @@ func (p *Prober) Once(ctx context.Context, tg Target) {
 		}
 		p.tracker.ProbeResult(tg.Ep, err == nil)
 	}
-	if p.cfg.Scrape {
-		err := p.Scrape(ctx, tg)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			p.tracker.obs.ScrapeFailed(p.tracker.serviceID, tg.Ep)
-		}
-		p.noteFailure("scrape", tg.Ep, err)
+	if p.cfg.Scrape && !p.separateScrape() {
+		p.scrapeOnce(ctx, tg)
 	}
+}
+
+// scrapeOnce runs one scrape of tg and counts and logs its failure.
+func (p *Prober) scrapeOnce(ctx context.Context, tg Target) {
+	err := p.Scrape(ctx, tg)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		p.tracker.obs.ScrapeFailed(p.tracker.serviceID, tg.Ep)
+	}
+	p.noteFailure("scrape", tg.Ep, err)
 }
 
 func (p *Prober) probeAddr(tg Target) string {

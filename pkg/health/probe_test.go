@@ -319,3 +319,58 @@ func TestRetryThenProbe(t *testing.T) {
 		t.Fatalf("after the probe: %+v, %d retries", d, retries)
 	}
 }
+
+// TestProberScrapeInterval: a scrape interval shorter than the probe
+// interval scrapes on its own ticker while the probe keeps its pace; one
+// equal to or longer than it, or none, scrapes with each probe.
+func TestProberScrapeInterval(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		interval       time.Duration
+		scrapeInterval time.Duration
+		fastScrapes    bool
+	}{
+		{"faster scrape", time.Hour, 20 * time.Millisecond, true},
+		{"with each probe", time.Hour, 0, false},
+		{"not shorter than the probe", time.Hour, 2 * time.Hour, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var probes, scrapes atomic.Int64
+			mux := http.NewServeMux()
+			mux.HandleFunc("/health", func(http.ResponseWriter, *http.Request) { probes.Add(1) })
+			mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+				scrapes.Add(1)
+				_, _ = w.Write([]byte(vllmMetrics))
+			})
+			srv := httptest.NewServer(mux)
+			defer srv.Close()
+			host, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+			pn, _ := strconv.Atoi(port)
+			tr, err := NewTracker(TrackerConfig{ServiceID: 5, Endpoints: []int{0}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := NewProber(tr, ProbeConfig{Type: "http", Interval: c.interval, ScrapeInterval: c.scrapeInterval, Timeout: time.Second, Scrape: true},
+				[]Target{{Ep: 0, Host: host, Port: pn}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { p.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			waitFor(t, "the first probe and scrape", func() bool { return probes.Load() >= 1 && scrapes.Load() >= 1 })
+			if c.fastScrapes {
+				waitFor(t, "scrapes between probes", func() bool { return scrapes.Load() >= 4 })
+			} else {
+				time.Sleep(100 * time.Millisecond)
+				if n := scrapes.Load(); n != 1 {
+					t.Fatalf("%d scrapes, want 1 (with the one probe)", n)
+				}
+			}
+			if n := probes.Load(); n != 1 {
+				t.Fatalf("%d probes in an hour's interval, want 1", n)
+			}
+		})
+	}
+}

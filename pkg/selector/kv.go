@@ -153,6 +153,12 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 			w, spilled = r, true
 		}
 	}
+	// A prefix held only by this replica's predictions goes where every
+	// replica would place it (coldplace.go).
+	if s.onlyPredicted(req, mb, el, elig, sc) {
+		w = boundedHashPick(elig, coldKey(req.Hashes, mb), sc, s.opts.MeanLoadFactor)
+		spilled, d.ColdPlaced = w != arg, true
+	}
 	score := int(counts[w])
 
 	w, seeded := s.coldSeed(a, elig, w)

@@ -185,6 +185,9 @@ type Options struct {
 	// SessionHash derives an unpinned conversation's tier-1 pair from its
 	// key (LLB_PD_SESSION_HASH, default off; sessionhash.go).
 	SessionHash bool
+	// ColdPlacement is where a request without a holder goes
+	// (LLB_KV_COLD_PLACEMENT, default sel; coldplace.go).
+	ColdPlacement ColdPlacement
 	// CursorStart is where the round-robin cursors start (default 0).
 	// Replicas of one fleet start theirs apart, so the requests a client
 	// spreads over them do not reach the same endpoint in step
@@ -245,6 +248,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("LOXILB_KV_COST_WORK_WEIGHT=%d: want 0..%d", o.CostWorkWeight, MaxCostWorkWeight)
 	case o.Score > ScoreOverlap:
 		return fmt.Errorf("LOXILB_KV_SCORE: unknown value %d", o.Score)
+	case o.ColdPlacement > ColdPlacementHash:
+		return fmt.Errorf("LLB_KV_COLD_PLACEMENT: unknown value %d", o.ColdPlacement)
 	case o.MaxSessions < 1 || o.MaxSessions > maxCountLimit:
 		return fmt.Errorf("selector: MaxSessions=%d: want 1..%d", o.MaxSessions, maxCountLimit)
 	case o.TrieMaxNodes < 16 || o.TrieMaxNodes > maxCountLimit:

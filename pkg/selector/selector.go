@@ -18,9 +18,13 @@ import (
 // nil Observer counts nothing, a nil Logger discards, a nil Now is time.Now.
 type Deps struct {
 	Scorer Scorer
-	Loads  LoadSource
-	Engine EngineSource
-	States StateSource
+	// Confirmed is the event-fed inventory under Scorer when Scorer also
+	// credits provisional blocks (the overlay); nil when every block Scorer
+	// counts was reported by an engine. Only cold placement reads it.
+	Confirmed Scorer
+	Loads     LoadSource
+	Engine    EngineSource
+	States    StateSource
 	// Cost feeds LOXILB_KV_LB_MODE=cost; nil reports no pending work and
 	// no learned prefill speed (the cold-start default for every endpoint).
 	Cost     CostSource
@@ -123,16 +127,17 @@ func compile(r Rule, o Options) (*compiled, error) {
 
 // Selector makes the decisions of one rule. It is safe for concurrent use.
 type Selector struct {
-	opts   Options
-	scorer Scorer
-	loads  LoadSource
-	engine EngineSource
-	states StateSource
-	cost   CostSource
-	obs    Observer
-	log    *slog.Logger
-	now    func() time.Time
-	base   time.Time
+	opts      Options
+	scorer    Scorer
+	confirmed Scorer // nil: no provisional overlay
+	loads     LoadSource
+	engine    EngineSource
+	states    StateSource
+	cost      CostSource
+	obs       Observer
+	log       *slog.Logger
+	now       func() time.Time
+	base      time.Time
 
 	rule atomic.Pointer[compiled]
 
@@ -154,14 +159,15 @@ type Selector struct {
 // scratch is the per-decision working memory, pooled so a decision does
 // not allocate.
 type scratch struct {
-	counts [epset.Max]uint32
-	load   [epset.Max]int64
-	capc   [epset.Max]int64
-	cost   [epset.Max]float64 // predicted TTFT in ns (cost mode)
-	cands  [epset.Max]int16
-	tied   [epset.Max]int16
-	elig   [epset.Max]int16 // members of the tier-1.5 eligible set
-	memb   [epset.Max]int16 // members of a set, for the other loops
+	counts    [epset.Max]uint32
+	confirmed [epset.Max]uint32 // confirmed leading runs (coldplace.go)
+	load      [epset.Max]int64
+	capc      [epset.Max]int64
+	cost      [epset.Max]float64 // predicted TTFT in ns (cost mode)
+	cands     [epset.Max]int16
+	tied      [epset.Max]int16
+	elig      [epset.Max]int16 // members of the tier-1.5 eligible set
+	memb      [epset.Max]int16 // members of a set, for the other loops
 }
 
 // list writes the members of set into buf in ascending order and returns
@@ -210,7 +216,7 @@ func New(rule Rule, opts Options, deps Deps) (*Selector, error) {
 		return nil, err
 	}
 	s := &Selector{
-		opts: opts, scorer: deps.Scorer, loads: deps.Loads, engine: deps.Engine, states: deps.States, cost: deps.Cost,
+		opts: opts, scorer: deps.Scorer, confirmed: deps.Confirmed, loads: deps.Loads, engine: deps.Engine, states: deps.States, cost: deps.Cost,
 		obs: deps.Observer, log: deps.Logger, now: deps.Now,
 		sessions: newLRU[string](opts.MaxSessions),
 		persist:  newLRU[netip.Addr](opts.MaxSessions),
@@ -533,7 +539,13 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 		d.Fallthrough = true
 	}
 
-	// Tier 2: min in-flight + queued, round-robin on ties only.
+	// Tier 2: min in-flight + queued, round-robin on ties only; or, for a
+	// prefix nobody holds, the cold placement every replica derives alike.
+	if ep := s.coldPlace(a.req, prefE, sc, &d); ep >= 0 {
+		d.Endpoint, d.Tier, d.ColdPlaced = ep, TierLoad, true
+		d.Decode = s.minLoad(decE, sc, &s.rrDecode)
+		return d
+	}
 	d.Endpoint, d.Tier = s.minLoad(prefE, sc, &s.rrLoad), TierLoad
 	d.Decode = s.minLoad(decE, sc, &s.rrDecode)
 	return d
@@ -555,6 +567,10 @@ func (s *Selector) decidePool(a *Attempt, c *compiled, sc *scratch) Decision {
 	}
 	s.fillLoads(elig, sc)
 	if s.tier15(a, c, elig, sc, &d) {
+		return d
+	}
+	if ep := s.coldPlace(a.req, elig, sc, &d); ep >= 0 {
+		d.Endpoint, d.Tier, d.ColdPlaced = ep, TierSelector, true
 		return d
 	}
 	d.Endpoint, d.Tier = s.selectBySel(a, c, elig, sc), TierSelector

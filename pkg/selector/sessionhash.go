@@ -1,10 +1,6 @@
 package selector
 
-import (
-	"encoding/binary"
-
-	"github.com/kvgate/kvgate/pkg/epset"
-)
+import "github.com/kvgate/kvgate/pkg/epset"
 
 // Sessions across replicas (docs/replicas.md, "Sessions"): with
 // Options.SessionHash, a conversation this replica has not pinned yet gets
@@ -53,14 +49,11 @@ func boundedHashPick(set epset.Set, h uint64, sc *scratch, mlf int) int {
 	n := int64(len(members))
 	capacity := (int64(mlf)*(total+1) + 100*n - 1) / (100 * n)
 	best, bw := -1, uint64(0)
-	var buf [8]byte
 	for _, m := range members {
 		if sc.load[m] >= capacity {
 			continue
 		}
-		binary.LittleEndian.PutUint64(buf[:], uint64(m))
-		w := mix64(h ^ mix64(binary.LittleEndian.Uint64(buf[:])+0x9e3779b97f4a7c15))
-		if best < 0 || w > bw {
+		if w := rendezvousWeight(h, int(m)); best < 0 || w > bw {
 			best, bw = int(m), w
 		}
 	}

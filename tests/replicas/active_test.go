@@ -88,8 +88,9 @@ func TestActiveActiveReplicas(t *testing.T) {
 	}
 	// B routes by overlap without fleet-wide relief, so it piles a hot
 	// prefix onto one endpoint; A runs the default cap with relief.
-	a := startDaemon(t, bin, block, "2", "3", rulesFile, tokDir)
-	b := startDaemon(t, bin, block, "4", "5", rulesFile, tokDir, "LOXILB_KV_SPILL_RELIEF=off")
+	// Both place cold prompts by their hash (LLB_KV_COLD_PLACEMENT=hash).
+	a := startDaemon(t, bin, block, "2", "3", rulesFile, tokDir, "LLB_KV_COLD_PLACEMENT=hash")
+	b := startDaemon(t, bin, block, "4", "5", rulesFile, tokDir, "LOXILB_KV_SPILL_RELIEF=off", "LLB_KV_COLD_PLACEMENT=hash")
 
 	t.Run("identical ep_idx", func(t *testing.T) {
 		ra, _ := a.rules()
@@ -138,6 +139,12 @@ func TestActiveActiveReplicas(t *testing.T) {
 		if identity(ra) != identity(rb) {
 			t.Fatalf("replicas differ after the edit:\nA %s\nB %s", identity(ra), identity(rb))
 		}
+	})
+
+	t.Run("both replicas place a new prefix on one engine", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		samePlacement(ctx, t, a, b, poolPort)
 	})
 
 	t.Run("A's cap counts B's load on the engine", func(t *testing.T) {
@@ -201,6 +208,40 @@ func TestActiveActiveReplicas(t *testing.T) {
 			}
 		}
 	})
+}
+
+// samePlacement sends each of 8 new prefixes to both replicas at once,
+// before either has the other's KV events, and checks that both place it
+// on the same engine. Between rounds A alone places an unrelated prompt, so
+// the replicas' round-robin cursors do not stay in step: only a placement
+// derived from the prompt agrees every time.
+func samePlacement(ctx context.Context, t *testing.T, a, b *daemon, port int) {
+	t.Helper()
+	for i := range 8 {
+		prefix := fmt.Sprintf("Prefix %d, new to every engine: ", i) + strings.Repeat(fmt.Sprintf("cold placement case %d. ", i), 10)
+		if i%2 == 1 {
+			if _, err := complete(ctx, a.vip, port, fmt.Sprintf("Unrelated %d: %s", i, strings.Repeat("filler words ", 12)), 1, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var eps [2]int
+		var errs [2]error
+		var wg sync.WaitGroup
+		for k, d := range []*daemon{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				eps[k], errs[k] = complete(ctx, d.vip, port, prefix+fmt.Sprintf("question from replica %d", k), 1, "")
+			}()
+		}
+		wg.Wait()
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("prefix %d: %v %v", i, errs[0], errs[1])
+		}
+		if eps[0] != eps[1] {
+			t.Fatalf("prefix %d: replica A placed it on ep %d, replica B on ep %d", i, eps[0], eps[1])
+		}
+	}
 }
 
 func indexOf(idx []int, v int) int {

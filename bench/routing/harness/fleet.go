@@ -281,8 +281,8 @@ func Policies() []string {
 
 // StartFront starts policy name in front of the fleet.
 func StartFront(ctx context.Context, env *Env, f *Fleet, p Profile, name string) (*Front, error) {
-	if n, localOnly, ok := replicaCount(name); ok {
-		return StartKVGateReplicas(ctx, env, f, n, localOnly)
+	if n, flags, ok := replicaCount(name); ok {
+		return StartKVGateReplicas(ctx, env, f, n, flags)
 	}
 	if lb, ok := strings.CutPrefix(name, "kvgate"); ok {
 		return StartKVGate(ctx, env, f, strings.TrimPrefix(lb, "-"))

@@ -14,6 +14,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/api"
 	"github.com/kvgate/kvgate/pkg/config"
 	"github.com/kvgate/kvgate/pkg/gateway"
+	"github.com/kvgate/kvgate/pkg/selector"
 )
 
 // Active-active replicas (docs/replicas.md): policy kvgate-xN runs N
@@ -25,17 +26,61 @@ import (
 // maxReplicas bounds kvgate-xN.
 const maxReplicas = 8
 
-// replicaCount reads N from a kvgate-xN policy name; kvgate-xN-local runs
-// the replicas without the shared load view (each counts its own requests
-// only), for comparison.
-func replicaCount(name string) (n int, localOnly, ok bool) {
+// ReplicaFlags are a kvgate-xN policy's variants, as "-"-separated suffixes:
+// "local" runs the replicas without the shared load view (each counts its
+// own requests only), "hash" turns on cold placement by the prompt's hash
+// (LLB_KV_COLD_PLACEMENT=hash), "sel" forces the rule's sel for cold
+// requests, for comparison; "decayN" decays the other replicas' part of the
+// shared load view with a half-life of N ms; "scrapeN" scrapes the engines'
+// load every N ms (LLB_KV_LOAD_SCRAPE_MS) instead of with each 1 s probe;
+// "lc" gives the rule sel 4 (least connections) instead of round-robin.
+type ReplicaFlags struct {
+	LocalOnly bool
+	LeastConn bool
+	HalfLife  time.Duration
+	Scrape    time.Duration
+	// ColdPlacement is LLB_KV_COLD_PLACEMENT; nil keeps kvgate's default.
+	ColdPlacement *selector.ColdPlacement
+}
+
+// replicaCount reads N and the flags from a kvgate-xN[-flag…] policy name.
+func replicaCount(name string) (n int, flags ReplicaFlags, ok bool) {
 	s, ok := strings.CutPrefix(name, "kvgate-x")
 	if !ok {
-		return 0, false, false
+		return 0, flags, false
 	}
-	s, localOnly = strings.CutSuffix(s, "-local")
-	n, err := strconv.Atoi(s)
-	return n, localOnly, err == nil && n >= 1 && n <= maxReplicas
+	parts := strings.Split(s, "-")
+	n, err := strconv.Atoi(parts[0])
+	if err != nil || n < 1 || n > maxReplicas {
+		return 0, flags, false
+	}
+	for _, f := range parts[1:] {
+		switch f {
+		case "local":
+			flags.LocalOnly = true
+		case "lc":
+			flags.LeastConn = true
+		case "hash", "sel":
+			p, _ := selector.ParseColdPlacement(f)
+			flags.ColdPlacement = &p
+		default:
+			if !durationFlag(f, "decay", &flags.HalfLife) && !durationFlag(f, "scrape", &flags.Scrape) {
+				return 0, flags, false
+			}
+		}
+	}
+	return n, flags, true
+}
+
+// durationFlag reads "<prefix>N" (N ms, 1..60000) into dst.
+func durationFlag(f, prefix string, dst *time.Duration) bool {
+	v, ok := strings.CutPrefix(f, prefix)
+	ms, err := strconv.Atoi(v)
+	if !ok || err != nil || ms < 1 || ms > 60000 {
+		return false
+	}
+	*dst = time.Duration(ms) * time.Millisecond
+	return true
 }
 
 // replicaRule is the rule every replica loads: probes and engine scrapes
@@ -57,9 +102,13 @@ func replicaRule(f *Fleet, host string, port int) (*config.Rule, error) {
 
 // StartKVGateReplicas starts n kvgate replicas, each on its own port of the
 // fleet's front host, and waits until every one follows every engine.
-func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, localOnly bool) (*Front, error) {
+func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, flags ReplicaFlags) (*Front, error) {
 	settings := config.DefaultSettings()
 	settings.NoneHashSeed, settings.NoneHashSeedSet = "0", true
+	if flags.ColdPlacement != nil {
+		settings.ColdPlacement = *flags.ColdPlacement
+	}
+	settings.LoadScrapeInterval = flags.Scrape
 	host := f.Host + "1"
 	var gws []*gateway.Gateway
 	var urls []string
@@ -79,8 +128,11 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, localOn
 			stop()
 			return nil, err
 		}
+		if flags.LeastConn {
+			rule.Args.Sel = selector.SelLeastConn
+		}
 		g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: env.StagingDir, Datapath: "userspace", DecisionHeader: true,
-			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: localOnly,
+			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: flags.LocalOnly, SharedLoadHalfLife: flags.HalfLife,
 			CursorStart: rand.New(rand.NewPCG(uint64(i), 0x5eed)).Uint64()}) // as cmd/kvgate's random start, reproducible
 		if err != nil {
 			stop()
