@@ -553,15 +553,15 @@ func (e *endpointSub) rankConnected(rank int, up bool) {
 
 // rankSub follows one rank: one SUB socket, rebuilt on errors, plus replay.
 type rankSub struct {
-	ep     *endpointSub
-	rank   int
+	ep      *endpointSub
+	rank    int
 	counts  appliedCounts // live batches applied, not yet reported (flushApplied)
 	backlog backlog       // queued hashes reserved in the inventory (reserve.go)
 	pub     string
-	replay string
-	opts   Options
-	log    *slog.Logger
-	ingest Ingester
+	replay  string
+	opts    Options
+	log     *slog.Logger
+	ingest  Ingester
 
 	// seq, bootstrapped, replayDownUntil and replayLogged are owned by the
 	// rank's goroutine; statusMu guards the copies status() reads.
