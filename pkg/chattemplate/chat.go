@@ -96,11 +96,27 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 	root.set("tools", tools)
 	root.set("documents", documents)
 	root.set("add_generation_prompt", addGen)
-	out, err := t.renderUntil(root, 1024+2*inputTextBytes(msgs), in.Deadline)
+	out, err := t.renderUntil(root, renderSizeHint(msgs, tools != nil || documents != nil), in.Deadline)
 	if err != nil || !cont {
 		return out, err
 	}
 	return continueFinalMessage(out, msgs[len(msgs)-1].(*Dict))
+}
+
+// renderSizeHint pre-sizes the rendered prompt. The common templates write
+// each message's content once plus a few dozen bytes of markup, so the
+// content plus a margin per message fits without a regrow and without
+// allocating twice the prompt (a 400 KB render kept 800 KB alive in the
+// tokenizer's conversation cache; docs/tokenizer.md, "Decision cost at long
+// context"). Tools and documents are rendered as JSON of unknown size, so
+// then the hint stays at twice the content. A wrong hint only costs a
+// regrow: the output is the same.
+func renderSizeHint(msgs []any, toolsOrDocuments bool) int {
+	n := inputTextBytes(msgs)
+	if toolsOrDocuments {
+		return 1024 + 2*n
+	}
+	return 1024 + n + n/32 + 160*len(msgs)
 }
 
 // inputTextBytes sums the string content of the messages, to pre-size the

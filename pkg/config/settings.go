@@ -36,7 +36,7 @@ type Settings struct {
 	// rule's sel, the default) or hash (a bounded-load rendezvous hash of the
 	// prompt's first blocks, alike on every replica; docs/replicas.md).
 	ColdPlacement selector.ColdPlacement
-	// LLB_KV_LOAD_SCRAPE_MS: when set (100-60000), KV and P/D rules scrape
+	// LLB_KV_LOAD_SCRAPE_MS: when set (100-60000; 0 is the default), KV and P/D rules scrape
 	// their engines' /metrics on this interval instead of with each probe,
 	// for a fresher shared load view across replicas (docs/replicas.md).
 	// Default 0: with each probe.
@@ -202,9 +202,13 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
 	p.boolean("LLB_PD_SESSION_HASH", &s.SessionHash)
 	parsed(&p, "LLB_KV_COLD_PLACEMENT", &s.ColdPlacement, selector.ParseColdPlacement)
-	if _, ok := p.get("LLB_KV_LOAD_SCRAPE_MS"); ok {
+	if v, ok := p.get("LLB_KV_LOAD_SCRAPE_MS"); ok {
+		// 0 is the default spelled out (the DaemonSet sets every variable).
 		ms := 0
-		p.integer("LLB_KV_LOAD_SCRAPE_MS", &ms, 100, 60000)
+		p.integer("LLB_KV_LOAD_SCRAPE_MS", &ms, 0, 60000)
+		if ms > 0 && ms < 100 {
+			p.fail("LLB_KV_LOAD_SCRAPE_MS", v, "want 0 (with each probe) or an integer in 100..60000")
+		}
 		s.LoadScrapeInterval = time.Duration(ms) * time.Millisecond
 	}
 

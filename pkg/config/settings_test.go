@@ -71,6 +71,7 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": " Hash "}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementHash }},
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": "sel"}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementSel }},
 		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "250"}, func(s Settings) bool { return s.LoadScrapeInterval == 250*time.Millisecond }},
+		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "0"}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
 		{map[string]string{}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
 		{map[string]string{"LOXILB_KV_COST_WORK_WEIGHT": "100"}, func(s Settings) bool { return s.CostWorkWeight == 100 }},
 		{map[string]string{"LOXILB_KV_PROVISIONAL_TTL_MS": "2500"}, func(s Settings) bool { return s.ProvisionalTTL == 2500*time.Millisecond }},

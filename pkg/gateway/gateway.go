@@ -230,6 +230,7 @@ func New(opts Options) (*Gateway, error) {
 	g.pool = tokenizer.NewPool(opts.TokenizerDir, tokenizer.WithLogger(tokLog), tokenizer.WithObserver(poolObserver{tokLog}),
 		tokenizer.WithTokenizerOptions(tokenizer.WithConversationObserver(g.Metrics.ConversationLookup)))
 	g.Metrics.SetConversationCacheSource(func() int { return g.pool.PrefixStats().Bytes })
+	g.Metrics.SetMessageCacheSource(g.messageCacheBytes)
 	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, g.guard)
 	defer func() {
 		if !built {
@@ -385,6 +386,19 @@ func (g *Gateway) RuleChanged(old, updated *config.Rule) error {
 		g.remove(old)
 	}
 	return nil
+}
+
+// messageCacheBytes sums what the rules' decoded-message caches hold now.
+func (g *Gateway) messageCacheBytes() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var n int64
+	for _, rt := range g.rules {
+		if st := rt.router.state.Load(); st != nil {
+			n += st.facts.Messages.Stats().Bytes
+		}
+	}
+	return n
 }
 
 func (g *Gateway) create(rule *config.Rule) (err error) {

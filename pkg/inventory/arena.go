@@ -143,6 +143,12 @@ func (t *table) resizeShard(si, n int) {
 	if t.arena != nil && t.resizeInArena(si, n) {
 		return
 	}
+	t.resizeOnHeap(si, n)
+}
+
+// resizeOnHeap gives shard si n slots on the Go heap. Writer mutex held,
+// write lock not held.
+func (t *table) resizeOnHeap(si, n int) {
 	s := &t.shards[si]
 	ns := s.rebuiltInto(make([]slot, n))
 	t.rw.Lock()
@@ -202,10 +208,9 @@ func (t *table) segmentBytes(seg, si, n int) int {
 // says. A segment that became small goes back to the Go heap. It reports
 // false (nothing changed) when no slab could be mapped.
 func (t *table) rebuildSegment(seg, si, n int) bool {
-	a := t.arena
 	first := seg * shardsPerSegment
+	share := t.reservedShare()
 	var sizes [shardsPerSegment]int
-	total := 0
 	for k := range sizes {
 		j := first + k
 		s := &t.shards[j]
@@ -218,7 +223,24 @@ func (t *table) rebuildSegment(seg, si, n int) bool {
 		case s.sparse():
 			m = max(minShardSlots, s.used*5/3+1)
 		}
+		// A reserved burst reaches every shard: grow them all in this pass.
+		if r := reservedSlots(s, share, m); r > 0 && j != si {
+			m = r
+		}
 		sizes[k] = m
+	}
+	return t.rebuildSegmentSizes(seg, sizes)
+}
+
+// rebuildSegmentSizes moves every shard of segment seg into a fresh slab
+// with the given slot counts (or onto the Go heap when the segment became
+// small). It reports false (nothing changed) when no slab could be mapped
+// for a segment still on the heap.
+func (t *table) rebuildSegmentSizes(seg int, sizes [shardsPerSegment]int) bool {
+	a := t.arena
+	first := seg * shardsPerSegment
+	total := 0
+	for _, m := range sizes {
 		total += alignedBytes(m)
 	}
 	old := a.slabs[seg]

@@ -34,6 +34,13 @@ func threadCPU() time.Duration {
 //	go test -run '^$' -bench . -benchtime 1x ./pkg/inventory           (memory)
 //	go test -run '^$' -bench 'Score|Add' ./pkg/inventory               (speed)
 
+// processCPU is the process's user and system CPU time so far.
+func processCPU() (user, sys time.Duration) {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
+}
+
 func rssBytes() uint64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
@@ -76,6 +83,7 @@ func BenchmarkMemory10M(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
+					user0, sys0 := processCPU()
 					for n := 0; n < total; n += len(batch) {
 						for i := range batch {
 							batch[i] = r.Uint64()
@@ -84,6 +92,12 @@ func BenchmarkMemory10M(b *testing.B) {
 							b.Fatal(err)
 						}
 					}
+					// Process CPU, not the thread's: the kernel's page faults
+					// and zeroing for the table's fresh memory are the fill's
+					// largest system cost (docs/ingest.md "Growth").
+					user1, sys1 := processCPU()
+					b.ReportMetric(float64((user1-user0).Nanoseconds())/total, "userns/hash")
+					b.ReportMetric(float64((sys1-sys0).Nanoseconds())/total, "sysns/hash")
 					st := ix.Stats()
 					b.ReportMetric(float64(st.Used)/float64(st.Slots), "load")
 					keep = ix

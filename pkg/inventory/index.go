@@ -318,6 +318,9 @@ type Stats struct {
 	// ArenaBytes bounds the resident memory of the GPU table's huge-page
 	// slabs, which live outside the Go heap (see arena.go).
 	ArenaBytes int
+	// Reserved is the hashes endpoints announced they are about to store
+	// (ExpectStored), summed.
+	Reserved int
 }
 
 // Stats returns the current Stats.
@@ -331,6 +334,7 @@ func (ix *Index) Stats() Stats {
 	}
 	st.Sets = ix.gpu.sets.liveSets()
 	st.ArenaBytes = ix.gpu.arena.residentBytes()
+	st.Reserved = ix.gpu.reservedSum
 	for _, t := range ix.media {
 		for i := range t.shards {
 			st.MediaUsed += t.shards[i].used

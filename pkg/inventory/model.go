@@ -92,6 +92,14 @@ func (m ModelSink) Remove(ep, rank int, medium string, hashes []uint64) error {
 	return m.keyed(hashes, func(k []uint64) error { return m.Inner.Remove(ep, rank, medium, k) })
 }
 
+// ExpectStored passes a burst's reservation to the inner sink when it takes
+// one: the salt changes the hashes, not how many there are.
+func (m ModelSink) ExpectStored(ep, n int) {
+	if r, ok := m.Inner.(BurstReserver); ok {
+		r.ExpectStored(ep, n)
+	}
+}
+
 // ClearRank forgets every block of (ep, rank).
 func (m ModelSink) ClearRank(ep, rank int) error { return m.Inner.ClearRank(ep, rank) }
 

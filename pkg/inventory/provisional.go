@@ -339,6 +339,9 @@ func (pe *provEndpoint) holds(h uint64, now int64) bool {
 // only what the engine reported.
 func (o *Overlay) Blocks(ep int) int { return o.base.Blocks(ep) }
 
+// ExpectStored passes a burst's reservation to the index (reserve.go).
+func (o *Overlay) ExpectStored(ep, n int) { o.base.ExpectStored(ep, n) }
+
 // Add records stored blocks in the index and confirms the predictions
 // they match: a BlockStored replaces the guess.
 func (o *Overlay) Add(ep, rank int, medium string, hashes []uint64) error {

@@ -201,18 +201,77 @@ func grownSize(n int) int {
 
 // rebuiltInto returns the shard's entries re-placed into dst, which must be
 // zeroed and larger than s.used. It only reads s.
+//
+// The home slot is monotone in the key for every table size, and Robin Hood
+// probing keeps entries in the order of their home slot, so the shard is
+// already sorted for dst: one sequential pass places each entry at its home
+// or right after the previous one, without probing (a rebuild is a stream of
+// reads and writes, not one probe per entry). Two kinds of entries are left
+// to ordinary insertion afterwards: the cluster that wrapped past the old
+// shard's end into its first slots, and the tail that would wrap past dst's
+// end.
 func (s *shard) rebuiltInto(dst []slot) shard {
 	ns := shard{slots: dst}
-	for i := range s.slots {
-		sl := &s.slots[i]
-		if sl.id == emptySet {
-			continue
+	old := s.slots
+	wrapped := 0
+	for wrapped < len(old) && old[wrapped].id != emptySet && homeOf(old[wrapped].key()&keyMask, len(old)) > wrapped {
+		wrapped++
+	}
+	next, i := 0, wrapped
+	for ; i < len(old); i++ {
+		if old[i].id != emptySet && !ns.placeInOrder(old[i], &next) {
+			break
 		}
-		k := sl.key()
-		j, d, _ := ns.find(k & keyMask)
-		ns.insertAt(j, d, k, sl.id)
+	}
+	for _, sl := range old[i:] {
+		ns.insertSlot(sl)
+	}
+	for _, sl := range old[:wrapped] {
+		ns.insertSlot(sl)
 	}
 	return ns
+}
+
+// placeInOrder puts sl at max(home, *next) of a shard being filled in home
+// order, *next being the slot after the last one placed. Entries that share
+// an old home slot may come in any key order, so an entry whose home is
+// below the previous entry's is inserted by probing instead, which stays
+// within the run that ends at *next. It reports false, placing nothing, when
+// the entry would not fit before the end of the shard.
+func (s *shard) placeInOrder(sl slot, next *int) bool {
+	n := len(s.slots)
+	h := homeOf(sl.key()&keyMask, n)
+	if h >= *next {
+		s.slots[h] = sl
+		*next = h + 1
+		s.used++
+		return true
+	}
+	if *next >= n {
+		return false
+	}
+	if homeOf(s.slots[*next-1].key()&keyMask, n) <= h {
+		s.slots[*next] = sl
+		*next++
+		s.used++
+		return true
+	}
+	// Every slot from *next on is empty, so the insertion's chain of moved
+	// entries ends at *next at the latest: it never wraps.
+	s.insertSlot(sl)
+	if s.slots[*next].id != emptySet {
+		*next++
+	}
+	return true
+}
+
+func (s *shard) insertSlot(sl slot) {
+	if sl.id == emptySet {
+		return
+	}
+	k := sl.key()
+	j, d, _ := s.find(k & keyMask)
+	s.insertAt(j, d, k, sl.id)
 }
 
 type slotPos struct {
@@ -247,6 +306,9 @@ type table struct {
 	totalSlots int
 	sparse     [numShards / 64]uint64 // shards to consider shrinking
 	arena      *arena                 // huge-page slabs for big segments; nil keeps every shard on the Go heap
+
+	reserved    [epset.Max]int // hashes each endpoint announced it is about to store (reserve.go)
+	reservedSum int
 }
 
 func newTable(rw *sync.RWMutex, maxBlocks int, huge bool) *table {
@@ -365,7 +427,12 @@ func (t *table) setSlot(s *shard, i int, to uint32) bool {
 // grow rebuilds shard si larger. Called with the writer mutex held and the
 // write lock NOT held; it takes the write lock only to swap.
 func (t *table) grow(si int) {
-	t.resizeShard(si, grownSize(len(t.shards[si].slots)))
+	s := &t.shards[si]
+	n := grownSize(len(s.slots))
+	if r := reservedSlots(s, t.reservedShare(), n); r > 0 {
+		n = r
+	}
+	t.resizeShard(si, n)
 }
 
 func (t *table) markSparse(si int) { t.sparse[si>>6] |= 1 << (si & 63) }

@@ -3,6 +3,8 @@ package kvhash
 import (
 	"slices"
 	"sync"
+
+	"github.com/kvgate/kvgate/internal/segslice"
 )
 
 // chainCache makes the block hashes of a growing conversation incremental:
@@ -19,14 +21,21 @@ type chainCache struct {
 	bytes   int
 }
 
+// chainEntry is one request's chain. Its sequences share the storage of the
+// entry it extended for the blocks they have in common, so a new turn copies
+// only its new blocks.
 type chainEntry struct {
 	lora, salt string
-	tokens     []uint32 // full blocks only
-	digests    []byte   // DigestLen bytes per block
-	hashes     []uint64
+	tokens     segslice.Slice[uint32] // full blocks only
+	digests    segslice.Slice[byte]   // DigestLen bytes per block
+	hashes     segslice.Slice[uint64]
 }
 
-func (e *chainEntry) cost() int { return 4*len(e.tokens) + len(e.digests) + 8*len(e.hashes) + 96 }
+// cost counts the arrays the entry keeps alive; storage shared with other
+// entries is counted in each, so the bound holds whatever is evicted first.
+func (e *chainEntry) cost() int {
+	return 4*e.tokens.Held() + e.digests.Held() + 8*e.hashes.Held() + 96
+}
 
 // chainCacheEntries bounds the chains compared per request.
 const chainCacheEntries = 8
@@ -56,29 +65,13 @@ func (c *chainCache) longest(tokens []uint32, extra Extra, bs int) (*chainEntry,
 		if e.lora != extra.LoRAName || e.salt != extra.CacheSalt {
 			continue
 		}
-		limit := min(len(e.tokens), len(tokens)) / bs * bs
-		n := commonTokens(e.tokens[:limit], tokens[:limit]) / bs // the leading blocks equal in full
+		limit := min(e.tokens.Len(), len(tokens)) / bs * bs
+		n := e.tokens.CommonPrefix(tokens[:limit]) / bs // the leading blocks equal in full
 		if n > bestN {
 			best, bestN = e, n
 		}
 	}
 	return best, bestN
-}
-
-// commonTokens is the length of the longest common prefix of a and b,
-// compared a thousand tokens at a time (a block-by-block comparison cost
-// more in calls than in comparing on a 100k-token prompt).
-func commonTokens(a, b []uint32) int {
-	n := min(len(a), len(b))
-	const span = 1024
-	i := 0
-	for i+span <= n && slices.Equal(a[i:i+span], b[i:i+span]) {
-		i += span
-	}
-	for i < n && a[i] == b[i] {
-		i++
-	}
-	return i
 }
 
 func (c *chainCache) store(from *chainEntry, e *chainEntry) {
@@ -105,23 +98,26 @@ func (h *Hasher) appendCached(dst []uint64, tokens []uint32, extra Extra) []uint
 	bs, dl := h.contract.BlockSize, h.DigestLen()
 	n := len(tokens) / bs
 	from, shared := h.chains.longest(tokens, extra, bs)
-	e := &chainEntry{lora: extra.LoRAName, salt: extra.CacheSalt,
-		tokens: slices.Clone(tokens[:n*bs]), digests: make([]byte, n*dl), hashes: make([]uint64, n)}
+	digests, hashes := make([]byte, (n-shared)*dl), make([]uint64, n-shared)
 	parent := h.noneHash
+	e := &chainEntry{lora: extra.LoRAName, salt: extra.CacheSalt}
 	if shared > 0 {
-		copy(e.digests, from.digests[:shared*dl])
-		copy(e.hashes, from.hashes[:shared])
-		parent = e.digests[(shared-1)*dl : shared*dl]
+		parent = from.digests.Range(make([]byte, 0, dl), (shared-1)*dl, shared*dl)
+		e.tokens, e.digests, e.hashes = from.tokens.Prefix(shared*bs), from.digests.Prefix(shared*dl), from.hashes.Prefix(shared)
 	}
 	s := h.scratch.Get().(*scratch)
 	for i := shared; i < n; i++ {
 		s.input = h.serialize(s.input[:0], parent, tokens[i*bs:(i+1)*bs], extra.LoRAName, saltFor(i, extra))
 		d := h.digest(&s.parent, s.input)
-		parent = e.digests[i*dl : (i+1)*dl]
+		j := i - shared
+		parent = digests[j*dl : (j+1)*dl]
 		copy(parent, d)
-		e.hashes[i] = WireHash(d)
+		hashes[j] = WireHash(d)
 	}
 	h.scratch.Put(s)
+	e.tokens = e.tokens.Extend(tokens[shared*bs : n*bs])
+	e.digests, e.hashes = e.digests.ExtendOwned(digests), e.hashes.ExtendOwned(hashes)
 	h.chains.store(from, e)
-	return append(dst, e.hashes...)
+	dst = e.hashes.AppendTo(dst, shared)
+	return append(dst, hashes...)
 }

@@ -245,6 +245,34 @@ func TestSetEngineFigures(t *testing.T) {
 	}
 }
 
+// TestMessageCacheGauge: kvgate_extract_messages_cache_bytes reads its
+// source at each scrape; a nil Metrics ignores the source.
+func TestMessageCacheGauge(t *testing.T) {
+	m := New(Options{NoProcessCollectors: true})
+	held := int64(0)
+	m.SetMessageCacheSource(func() int64 { return held })
+	var nilM *Metrics
+	nilM.SetMessageCacheSource(func() int64 { return 1 })
+	for _, want := range []int64{0, 4 << 20, 17} {
+		held = want
+		got, err := testutil.GatherAndCount(m.Registry, "kvgate_extract_messages_cache_bytes")
+		if err != nil || got != 1 {
+			t.Fatalf("kvgate_extract_messages_cache_bytes: %d series, %v", got, err)
+		}
+		mfs, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "kvgate_extract_messages_cache_bytes" {
+				if v := mf.GetMetric()[0].GetGauge().GetValue(); v != float64(want) {
+					t.Fatalf("gauge %v, want %d", v, want)
+				}
+			}
+		}
+	}
+}
+
 func TestConversationLookupCounters(t *testing.T) {
 	m := New(Options{NoProcessCollectors: true})
 	m.ConversationLookup(false, 0)

@@ -21,6 +21,18 @@ func (m *Metrics) MessageLookup(hit bool, reusedBytes int) {
 	m.msgReused.Add(float64(reusedBytes))
 }
 
+// SetMessageCacheSource makes kvgate_extract_messages_cache_bytes read fn
+// at scrape time (the gateway's sum over its rules' caches).
+func (m *Metrics) SetMessageCacheSource(fn func() int64) {
+	if m == nil {
+		return
+	}
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvgate_extract_messages_cache_bytes",
+		Help: "Estimated bytes held by the rules' decoded-message caches (the array bytes kept alive and the decoded messages), summed over rules.",
+	}, func() float64 { return float64(fn()) }))
+}
+
 func (m *Metrics) initMessageCache(f factory) {
 	m.msgLookups = f.counter("kvgate_extract_messages_lookups_total", "Chat bodies whose messages array (8 KiB or more) looked up the rule's decoded-message cache, by result (hit: the leading messages were reused; miss: decoded in full).", "result")
 	for _, r := range []string{"hit", "miss"} {

@@ -1,7 +1,12 @@
 package reqfacts
 
 import (
+	"encoding/json"
+	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/chattemplate"
 )
 
 func TestKindFromPath(t *testing.T) {
@@ -153,6 +158,7 @@ func FuzzConvertResponses(f *testing.F) {
 }
 
 func checkConversion(t *testing.T, body []byte, convert func([]byte) (*Conversation, error)) {
+	checkDecodeObject(t, body)
 	conv, err := convert(body)
 	if err != nil {
 		if conv != nil {
@@ -172,6 +178,84 @@ func checkConversion(t *testing.T, body []byte, convert func([]byte) (*Conversat
 	for _, m := range conv.Messages {
 		if _, ok := m["role"].(string); !ok {
 			t.Fatalf("message without a role: %v", m)
+		}
+	}
+}
+
+// checkDecodeObject: the one-pass reader behind /v1/responses and
+// /v1/messages refuses what encoding/json refuses (DecodeJSON let trailing
+// garbage such as "{}A0" through) and decodes the rest to what
+// chattemplate.DecodeJSON gives, so every conversion is the one
+// DecodeJSON's values gave.
+func checkDecodeObject(t *testing.T, body []byte) {
+	t.Helper()
+	got, gotErr := decodeObject(body)
+	if !json.Valid(body) {
+		if gotErr == nil {
+			t.Fatalf("decodeObject(%.80q) accepted invalid JSON", body)
+		}
+		return
+	}
+	v, wantErr := chattemplate.DecodeJSON(body)
+	want, isObject := v.(*chattemplate.Dict)
+	if wantErr == nil && !isObject {
+		if gotErr == nil {
+			t.Fatalf("decodeObject(%.80q) accepted a non-object", body)
+		}
+		return
+	}
+	if (gotErr == nil) != (wantErr == nil) {
+		t.Fatalf("decodeObject(%.80q) error %v, DecodeJSON error %v", body, gotErr, wantErr)
+	}
+	if wantErr == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("decodeObject(%.80q) = %#v, DecodeJSON = %#v", body, got, want)
+	}
+}
+
+// TestDecodeObjectMatchesDecodeJSON: Messages and Responses bodies with
+// escapes, invalid UTF-8, repeated keys, number forms and deep nesting.
+func TestDecodeObjectMatchesDecodeJSON(t *testing.T) {
+	tests := []struct{ name, body string }{
+		{"messages with tool input", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"tool_use","id":"i","name":"n","input":{"b":[1,2.5,-0,1e3,12345678901234567890],"a":null}}]}]}`},
+		{"responses input list", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"a\u00e9\ud83d\ude42"}]}],"reasoning":{"effort":"low"}}`},
+		{"repeated key", `{"model":"a","input":"x","model":"b"}`},
+		{"invalid UTF-8 and lone surrogate", "{\"input\":\"a\xffb\\ud83dx\"}"},
+		{"whitespace around", " \n{\"input\" : \"x\" }\t"},
+		{"nesting at the bound", `{"input":` + strings.Repeat("[", 99) + strings.Repeat("]", 99) + `}`},
+		{"nesting far past the bound", `{"input":` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}`},
+		{"not an object", `["input"]`},
+		{"trailing data", `{"input":"x"} {}`},
+		{"trailing garbage DecodeJSON let through", `{}A0`},
+		{"truncated", `{"input":"x"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { checkDecodeObject(t, []byte(tc.body)) })
+	}
+}
+
+// BenchmarkExtractMessagesLong: a ~400 KB /v1/messages body (a long
+// conversation), validated and decoded for conversion.
+func BenchmarkExtractMessagesLong(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"m","max_tokens":64,"stream":true,"messages":[`)
+	for i := 0; sb.Len() < 400<<10; i++ {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		sb.WriteString(`{"role":"` + role + `","content":[{"type":"text","text":"`)
+		sb.WriteString(strings.Repeat("the routing kernel cache block token \u00e9 ", 200))
+		sb.WriteString(`"}]}`)
+	}
+	sb.WriteString(`]}`)
+	body := []byte(sb.String())
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if f := ExtractPath("/v1/messages", body, "", Options{}); f.Problem != "" {
+			b.Fatal(f.Problem)
 		}
 	}
 }

@@ -13,8 +13,11 @@ import (
 // growthAtoms are pieces whose joins stress the cut: a pre-tokenizer split
 // or a BPE merge across the old/new boundary, an added token completed by
 // the new text, whitespace runs that change how the scanner splits, and
-// characters NFC composes with what follows.
+// characters NFC composes with what follows; and invalid UTF-8 (a stray
+// byte, a rune cut in two that the next text may complete), which the
+// encode replaces by U+FFFD and the cache checks only past the reused bytes.
 var growthAtoms = []string{
+	"\xff", "\xc3", "\xa9", "\xe6\x9d", "\xb1",
 	"hello", "world", " the", "ab", "c", "abc", "hi", " ", "  ", "\n", "\n\n", " \n", "\t", "'s", "'S", "'ll",
 	"123", "4567", "3.14", "東京", "語", "🙂", "👩\u200d💻", "e", "\u0301", "é", "ﬁ", "\u00a0", "x=42;", "{", "}",
 	"<", "|", ">", "<|", "|>", "_start", "_end", "</s>", "<s>", "[INST]",

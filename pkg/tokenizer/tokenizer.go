@@ -24,7 +24,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"unicode/utf8"
 )
 
 // Tokenizer is a loaded tokenizer.json. It is immutable after Load apart from
@@ -345,9 +344,6 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error)
 func (t *Tokenizer) EncodeLimited(text string, addSpecialTokens bool, lim Limits) ([]uint32, error) {
 	if len(text) > maxEncodeBytes {
 		return nil, ErrInputTooLarge
-	}
-	if !utf8.ValidString(text) {
-		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
 	capHint := len(text)/4 + 8
 	if lim.MaxTokens > 0 {

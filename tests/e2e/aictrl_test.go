@@ -81,11 +81,7 @@ func TestAIControllerEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds three binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/kvgate-controller", "../../cmd/enginesim")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "kvgate-controller", "enginesim")
 	block := testnet.Block(t)
 	hosts := [2]string{block + "11", block + "12"}
 	eport := testnet.Port(t, hosts[0])
@@ -104,7 +100,7 @@ func TestAIControllerEndToEnd(t *testing.T) {
 	})
 
 	vip, vport := block+"1", testnet.Port(t, block+"1")
-	reg := filepath.Join(dir, "registry.yaml")
+	reg := filepath.Join(t.TempDir(), "registry.yaml")
 	if err := os.WriteFile(reg, []byte(ctrlRegistry(vip, vport, hosts, eport, false)), 0o644); err != nil {
 		t.Fatal(err)
 	}

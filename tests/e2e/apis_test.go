@@ -54,11 +54,7 @@ func TestConversationAPIsNodeSDKs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "enginesim")
 	block := testnet.Block(t)
 	hosts := [2]string{block + "11", block + "12"}
 	eport := testnet.Port(t, hosts[0])

@@ -150,11 +150,7 @@ func TestEngineRequiresKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the kvgate, enginesim and kvctl binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim", "../../cmd/kvctl")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "enginesim", "kvctl")
 	const firstKey, secondKey = "sk-first-engine-key", "sk-second-engine-key"
 	block := testnet.Block(t)
 	host := block + "11"
@@ -211,7 +207,7 @@ func TestEngineRequiresKey(t *testing.T) {
 	})
 
 	t.Run("a file outside --backend-token-dir is a 400", func(t *testing.T) {
-		elsewhere := filepath.Join(dir, "elsewhere-key")
+		elsewhere := filepath.Join(t.TempDir(), "elsewhere-key")
 		writeKeyFile(t, elsewhere, firstKey, 0o600)
 		code, body := apiCall(t, "PATCH", rulePath, fmt.Sprintf(`{"serviceArguments":{"backendTokenFile":%q}}`, elsewhere))
 		if code != 400 || !strings.Contains(body, elsewhere+" is outside the backend token directory "+keyDir+" (--backend-token-dir)") {

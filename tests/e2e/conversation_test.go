@@ -68,4 +68,7 @@ func TestGrowingConversationIncremental(t *testing.T) {
 	if n := tg.metric(t, "kvgate_extract_messages_lookups_total", map[string]string{"result": "hit"}); n < turns-1 || tg.metric(t, "kvgate_extract_messages_reused_bytes_total", nil) == 0 {
 		t.Fatalf("decoded-message cache: %v hits; want a hit on every turn after the first", n)
 	}
+	if n := tg.metric(t, "kvgate_extract_messages_cache_bytes", nil); n == 0 {
+		t.Fatal("kvgate_extract_messages_cache_bytes is 0 with the last turn's messages cached")
+	}
 }

@@ -239,11 +239,7 @@ func TestGracefulShutdownWithStreamInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the kvgate binary")
 	}
-	bin := filepath.Join(t.TempDir(), "kvgate")
-	build := exec.Command("go", "build", "-o", bin, "../../cmd/kvgate")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := filepath.Join(buildCommands(t, "kvgate"), "kvgate")
 	block := testnet.Block(t)
 	engines, _ := startEngines(t, block, []engineSpec{{role: enginesim.RoleBoth, decodeTS: 25}})
 	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))

@@ -38,11 +38,7 @@ func TestManyModelsOneRule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim", "../../cmd/kvctl")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "enginesim", "kvctl")
 	block := testnet.Block(t)
 	hosts := []string{block + "11", block + "12", block + "13", block + "14"}
 	eport := testnet.Port(t, hosts[0])
@@ -260,15 +256,7 @@ type servedWant struct {
 // a recent read and no error.
 func checkStatusModels(t *testing.T, tg *testGateway, service int, want map[int]servedWant) {
 	t.Helper()
-	resp, err := http.Get(tg.api + "/netlox/v1/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var st status.Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("status: %v", err)
-	}
+	st := daemonStatus(t, tg)
 	for _, r := range st.Rules {
 		if r.ServiceID != service {
 			continue
@@ -321,11 +309,7 @@ func TestModelFollowsEngineRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "enginesim")
 	const probeInterval, probeTimeout = 1, 1
 	tests := []struct {
 		name string
@@ -424,8 +408,8 @@ func restartWithAnotherModel(t *testing.T, dir string, probeInterval, probeTimeo
 	}
 }
 
-// endpointHealth is ep's health in the daemon's status ("" not shown).
-func endpointHealth(t *testing.T, tg *testGateway, service, ep int) string {
+// daemonStatus is the daemon's GET /netlox/v1/status.
+func daemonStatus(t *testing.T, tg *testGateway) status.Status {
 	t.Helper()
 	resp, err := http.Get(tg.api + "/netlox/v1/status")
 	if err != nil {
@@ -436,6 +420,13 @@ func endpointHealth(t *testing.T, tg *testGateway, service, ep int) string {
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatalf("status: %v", err)
 	}
+	return st
+}
+
+// endpointHealth is ep's health in the daemon's status ("" not shown).
+func endpointHealth(t *testing.T, tg *testGateway, service, ep int) string {
+	t.Helper()
+	st := daemonStatus(t, tg)
 	for _, r := range st.Rules {
 		for _, e := range r.Endpoints {
 			if r.ServiceID == service && e.EPIdx == ep {

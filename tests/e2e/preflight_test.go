@@ -23,15 +23,10 @@ import (
 	"github.com/kvgate/kvgate/pkg/gateway"
 )
 
-// preflightBins builds enginesim and kvctl into a directory of t.
+// preflightBins builds enginesim and kvctl (once per test binary).
 func preflightBins(t *testing.T) (enginesim, kvctl string) {
 	t.Helper()
-	dir := t.TempDir()
-	for _, c := range []string{"enginesim", "kvctl"} {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, c), "../../cmd/"+c).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", c, err, out)
-		}
-	}
+	dir := buildCommands(t, "enginesim", "kvctl")
 	return filepath.Join(dir, "enginesim"), filepath.Join(dir, "kvctl")
 }
 

@@ -33,29 +33,10 @@ import (
 	"github.com/kvgate/kvgate/internal/testnet"
 )
 
-var kvgateBin struct {
-	once sync.Once
-	path string
-	err  error
-	out  []byte
-}
-
 // buildKvgate builds the daemon once per test binary.
 func buildKvgate(t *testing.T) string {
 	t.Helper()
-	kvgateBin.once.Do(func() {
-		dir, err := os.MkdirTemp("", "kvgate-e2e-bin")
-		if err != nil {
-			kvgateBin.err = err
-			return
-		}
-		kvgateBin.path = filepath.Join(dir, "kvgate")
-		kvgateBin.out, kvgateBin.err = exec.Command("go", "build", "-o", kvgateBin.path, "../../cmd/kvgate").CombinedOutput()
-	})
-	if kvgateBin.err != nil {
-		t.Fatalf("go build: %v\n%s", kvgateBin.err, kvgateBin.out)
-	}
-	return kvgateBin.path
+	return filepath.Join(buildCommands(t, "kvgate"), "kvgate")
 }
 
 // tlsFixture is one kvgate daemon with TLS rules over one engine.

@@ -99,11 +99,7 @@ func TestEngineTLSCalls(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the kvgate, enginesim and kvctl binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "../../cmd/kvgate", "../../cmd/enginesim", "../../cmd/kvctl")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir := buildCommands(t, "kvgate", "enginesim", "kvctl")
 	const key = "sk-https-engine-key"
 	block := testnet.Block(t)
 	engineCA, err := testcerts.NewCA("engines CA")

@@ -173,7 +173,7 @@ type Options struct {
 	// ReleaseAfter is the queued bytes of a burst (the most a rank's queue
 	// held since it was last empty) at or above which the rank, once its
 	// queue is empty again, has the Go runtime return the freed heap to the
-	// OS (at most once per 5 s per Manager). Default DefaultReleaseAfter
+	// OS (at most once a second per Manager). Default DefaultReleaseAfter
 	// (8 MiB); negative: never.
 	ReleaseAfter int64
 	// MaxFrameBytes is LLB_KV_MAX_FRAME_BYTES: the largest ZMTP frame, and
@@ -444,6 +444,8 @@ type endpointSub struct {
 	connected atomic.Int32 // ranks currently connected
 	// drainUp is a TensorRT-LLM endpoint's drain state (it has no ranks).
 	drainUp atomic.Bool
+	// backlog is each rank's queued hashes, as reserved in the inventory (reserve.go).
+	backlog endpointBacklog
 }
 
 func startEndpoint(t Target, opts Options) *endpointSub {
@@ -455,6 +457,7 @@ func startEndpoint(t Target, opts Options) *endpointSub {
 		log:    opts.Logger.With("service", t.Service, "ep_idx", t.EPIdx),
 		cancel: cancel,
 	}
+	e.backlog = make(endpointBacklog, max(t.Ranks, 1))
 	e.obs.EndpointInfo(e.ref)
 	e.obs.Connected(e.ref, false)
 	reportBlocks(e.obs, e.ref, t.Inventory, t.EPIdx)
@@ -550,14 +553,15 @@ func (e *endpointSub) rankConnected(rank int, up bool) {
 
 // rankSub follows one rank: one SUB socket, rebuilt on errors, plus replay.
 type rankSub struct {
-	ep     *endpointSub
-	rank   int
-	counts appliedCounts // live batches applied, not yet reported (flushApplied)
-	pub    string
-	replay string
-	opts   Options
-	log    *slog.Logger
-	ingest Ingester
+	ep      *endpointSub
+	rank    int
+	counts  appliedCounts // live batches applied, not yet reported (flushApplied)
+	backlog backlog       // queued hashes reserved in the inventory (reserve.go)
+	pub     string
+	replay  string
+	opts    Options
+	log     *slog.Logger
+	ingest  Ingester
 
 	// seq, bootstrapped, replayDownUntil and replayLogged are owned by the
 	// rank's goroutine; statusMu guards the copies status() reads.
@@ -743,6 +747,13 @@ func (b *byteBudget) acquire(n int64, done <-chan struct{}) bool {
 
 // drainedPeak returns the burst's peak and starts a new burst when the
 // budget is empty, and 0 while messages are still queued.
+// queued is the bytes of the messages queued, the one being applied included.
+func (b *byteBudget) queued() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
 func (b *byteBudget) drainedPeak() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -787,7 +798,10 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 				return got, <-recvErr
 			}
 			got = true
+			r.reserveBacklog(budget.queued())
+			stored := r.counts.stored
 			r.handle(ctx, m)
+			r.backlog.noteApplied(m.size, r.counts.stored-stored)
 			budget.release(m.size)
 			r.flushApplied(len(queue))
 			if len(queue) == 0 && r.opts.releaser != nil && budget.drainedPeak() >= r.opts.ReleaseAfter {

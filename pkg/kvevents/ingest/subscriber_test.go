@@ -114,6 +114,8 @@ type harnessConfig struct {
 	replay     bool
 	bufLen     int
 	startLater bool // create publishers but start the manager first
+	// sink, if set, wraps the harness's index as the target's inventory.
+	sink func(*inventory.Index) Sink
 }
 
 func newHarness(t testing.TB, cfg harnessConfig) *harness {
@@ -140,6 +142,9 @@ func newHarness(t testing.TB, cfg harnessConfig) *harness {
 	}
 	h.ix = ix
 	h.target = Target{Service: 7, EPIdx: 3, IP: h.ip, Port: h.port, Ranks: cfg.ranks, Inventory: ix}
+	if cfg.sink != nil {
+		h.target.Inventory = cfg.sink(ix)
+	}
 	opts := testOptions(h.rec)
 	if cfg.replay {
 		opts.ReplayPortOffset = replayOffset
