@@ -54,6 +54,7 @@ const envHelp = `Environment (parsed once at start; a bad value is a start-up er
   LOXILB_KV_COLDSTART_MIN_BLOCKS  fewer blocks than this is cold (16)
   LOXILB_KV_PROVISIONAL_WEIGHT credit of a routed, not yet reported block, percent 0-100, 0 off (90)
   LOXILB_KV_COST_WORK_WEIGHT   cost mode: percent of a request's uncached prefill charged as fleet work, 0-1000 (300)
+  LOXILB_KV_CAP_FULL_GAIN      overlap gain (percent of the prompt) that earns the full cap; less, a tighter cap; 0 off (0)
   LOXILB_KV_PROVISIONAL_TTL_MS how long a predicted block waits for its BlockStored, 100-600000 ms (10000)
   LOXILB_KV_MAX_BLOCKS         per-endpoint inventory cap, 1000-100000000 (1000000)
   LOXILB_KV_ZERO_HIT_N         zero-hit watchdog threshold (50)

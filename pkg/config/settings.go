@@ -71,6 +71,11 @@ type Settings struct {
 	// LOXILB_KV_COST_WORK_WEIGHT: the cost mode's charge for the prefill work
 	// a choice adds to the fleet, percent 0-1000. Default 300.
 	CostWorkWeight int
+	// LOXILB_KV_CAP_FULL_GAIN: hard and adaptive give an endpoint the full
+	// mean-load-factor cap only when its overlap beats the least-loaded
+	// endpoint's by this percent of the prompt, less below; 0-100, 0 off
+	// (docs/selection.md, "Gain-scaled cap").
+	CapFullGain int
 	// LOXILB_KV_PROVISIONAL_TTL_MS: how long a predicted block waits for its
 	// BlockStored, 100-600000 ms. Default 10000.
 	ProvisionalTTL time.Duration
@@ -134,6 +139,7 @@ func DefaultSettings() Settings {
 		Score:              selector.ScorePrefix,
 		ProvisionalWeight:  inventory.DefaultProvisionalWeight,
 		CostWorkWeight:     selector.DefaultCostWorkWeight,
+		CapFullGain:        selector.DefaultCapFullGain,
 		ProvisionalTTL:     inventory.DefaultProvisionalTTL,
 		ReplayPortOffset:   1000,
 		MaxPromptTokens:    262144,
@@ -225,6 +231,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	parsed(&p, "LLB_KV_TIER_WEIGHTS", &s.TierWeights, inventory.ParseTierWeights)
 	p.integer("LOXILB_KV_PROVISIONAL_WEIGHT", &s.ProvisionalWeight, 0, 100)
 	p.integer("LOXILB_KV_COST_WORK_WEIGHT", &s.CostWorkWeight, 0, selector.MaxCostWorkWeight)
+	p.integer("LOXILB_KV_CAP_FULL_GAIN", &s.CapFullGain, 0, selector.MaxCapFullGain)
 	provTTL := int(s.ProvisionalTTL / time.Millisecond)
 	p.integer("LOXILB_KV_PROVISIONAL_TTL_MS", &provTTL, 100, int(inventory.MaxProvisionalTTL/time.Millisecond))
 	s.ProvisionalTTL = time.Duration(provTTL) * time.Millisecond

@@ -50,7 +50,14 @@ func pdTopology(rule *config.Rule) pd.Topology {
 // flow owns the result for the request's life.
 func (r *router) pdPlan(req *fullproxy.Request) pd.Plan {
 	sc := r.planFor(req)
-	return pd.Plan{Attempt: &sc.attempt, Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes), Stages: sc.stages}
+	p := pd.Plan{Attempt: &sc.attempt, Model: sc.facts.Model, PromptTokens: sc.tokens, Blocks: len(sc.selReq.Hashes), Stages: sc.stages}
+	if ov, hashes := r.overlay, sc.selReq.Hashes; ov != nil && len(hashes) > 0 {
+		p.Reserve = func(ep int) func() {
+			res := ov.Reserve(ep, hashes)
+			return func() { ov.Release(res) }
+		}
+	}
+	return p
 }
 
 // pdObserver feeds the P/D flow's measurements to pkg/metrics.

@@ -612,6 +612,7 @@ func selectorOptions(s config.Settings) (selector.Options, error) {
 	o.ZeroHitN = s.ZeroHitN
 	o.Score = s.Score
 	o.CostWorkWeight = s.CostWorkWeight
+	o.CapFullGain = s.CapFullGain
 	o.LoadGuard = s.LoadGuard
 	o.SessionHash = s.SessionHash
 	o.ColdPlacement = s.ColdPlacement

@@ -94,6 +94,12 @@ type Plan struct {
 	PromptTokens int
 	Blocks       int
 	Stages       []fullproxy.Stage
+	// Reserve, when set, makes the prompt's blocks provisional on prefill
+	// endpoint ep while its prefill leg runs (docs/selection.md,
+	// "Provisional blocks"); the returned func releases them. A request of
+	// the same prefix arriving meanwhile then scores on ep instead of
+	// computing the prefix elsewhere.
+	Reserve func(ep int) (release func())
 }
 
 // Health is the per-endpoint health the flow drives: the exclusion state
@@ -613,6 +619,11 @@ func (r *run) prefillLeg(ctx context.Context, p int, deadline time.Time) legOutc
 		return out
 	}
 	defer bc.Close()
+	if r.plan.Reserve != nil {
+		// Held until the prefill answers: by then the engine has reported
+		// the blocks it scheduled, and the stored blocks replace the guess.
+		defer r.plan.Reserve(p)()
+	}
 	stop := fullproxy.CloseOnCancel(ctx, bc)
 	defer stop()
 	_ = bc.SetDeadline(deadline)

@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/pkg/epset"
 	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/health"
+	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/pd/admission"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
@@ -193,6 +194,7 @@ type rig struct {
 	obs     *recObserver
 	pobs    *proxyObs
 	url     string
+	overlay *inventory.Overlay // with rigOptions.provisional
 }
 
 type rigOptions struct {
@@ -204,6 +206,10 @@ type rigOptions struct {
 	// plainBreaker puts the plain forward under the rule's breaker, as the
 	// gateway wires it.
 	plainBreaker bool
+	// provisional scores every request as the same 4-block prompt over a
+	// real provisional overlay (on an empty index) and, when reserve is
+	// set, reserves the prompt on its prefill endpoint as the gateway does.
+	provisional, reserve bool
 }
 
 func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, seen), roles []selector.Role, o rigOptions) *rig {
@@ -236,7 +242,20 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 		t.Fatal(err)
 	}
 	r.tracker.AttachAdmission(r.adm)
-	sel, err := selector.New(rule, selector.DefaultOptions(), selector.Deps{Loads: r.adm, Engine: r.tracker, States: r.tracker})
+	deps := selector.Deps{Loads: r.adm, Engine: r.tracker, States: r.tracker}
+	var overlay *inventory.Overlay
+	if o.provisional {
+		idx, err := inventory.New(inventory.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if overlay, err = inventory.NewOverlay(idx, inventory.ProvisionalOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		deps.Scorer = overlay
+		r.overlay = overlay
+	}
+	sel, err := selector.New(rule, selector.DefaultOptions(), deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,8 +267,18 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 	}
 	cfg.Begin = func(req *fullproxy.Request) Plan {
 		sr := &selector.Request{Model: "m"}
+		if overlay != nil {
+			sr.HasText, sr.Hashes = true, []uint64{11, 12, 13, 14}
+		}
 		a := sel.Begin(sr)
-		return Plan{Attempt: &a, Model: "m"}
+		p := Plan{Attempt: &a, Model: "m"}
+		if overlay != nil && o.reserve {
+			p.Reserve = func(ep int) func() {
+				res := overlay.Reserve(ep, sr.Hashes)
+				return func() { overlay.Release(res) }
+			}
+		}
+		return p
 	}
 	var breaker attempt.Breaker
 	if o.plainBreaker {

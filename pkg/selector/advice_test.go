@@ -154,6 +154,7 @@ func TestAdviceBlend(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			opts := noSeed()
 			opts.LBMode, opts.SpillRelief = LBHard, ReliefOff
+			opts.CapFullGain = 0 // the spec's cap, which these values check
 			e := newEnv(t, poolRule(2, 0), opts)
 			prompt := seq(0, 8)
 			e.inv.add(0, prompt[:5]...)

@@ -44,7 +44,8 @@ const (
 
 // costArm is the cost mode's choice among every eligible endpoint: the
 // lowest predicted TTFT among those under their fleet cap (mlf over the
-// whole eligible fleet, as spill relief computes it), ties to the higher
+// whole eligible fleet, as spill relief computes it, scaled by the
+// endpoint's overlap gain with LOXILB_KV_CAP_FULL_GAIN), ties to the higher
 // overlap, then the least loaded, then the lowest ep_idx. When every
 // endpoint is at or over its cap (unreachable while mlf ≥ 100), the least
 // loaded wins.
@@ -72,6 +73,7 @@ func (s *Selector) costArm(c *compiled, el []int16, sc *scratch, req *Request, a
 		fallback = knownSum / float64(known)
 	}
 	mlf := int64(s.opts.MeanLoadFactor)
+	g := s.gainCap(el, sc, len(req.Hashes))
 	work := float64(s.opts.CostWorkWeight) / 100
 	w := -1
 	for _, m := range el {
@@ -83,7 +85,7 @@ func (s *Selector) costArm(c *compiled, el []int16, sc *scratch, req *Request, a
 		uncached := max(prompt-int64(sc.counts[ep])*bs, 0)
 		pending := min(max(s.cost.PendingTokens(ep), 0), maxPendingTokens)
 		sc.cost[ep] = (float64(pending+uncached) + work*float64(uncached)) * per
-		if !underCap(sc.load[ep], mlf, total, sc.capc[ep], sum) {
+		if !underCap(sc.load[ep], g.mlf(mlf, sc.counts[ep]), total, sc.capc[ep], sum) {
 			continue
 		}
 		if w < 0 || costBetter(sc, ep, w) {

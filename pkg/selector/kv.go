@@ -146,10 +146,10 @@ func (s *Selector) tier15(a *Attempt, c *compiled, elig epset.Set, sc *scratch, 
 		w = s.costArm(c, el, sc, req, arg)
 		spilled = w != arg
 	} else {
-		w, spilled, mlf = s.blend(c, el, sc, int64(best), arg)
+		w, spilled, mlf = s.blend(c, el, sc, int64(best), arg, nh)
 	}
 	if !spilled && s.opts.LBMode != LBOff && s.opts.LBMode != LBCost && c.relief {
-		if r := s.relief(c, el, sc, w, mlf); r != w {
+		if r := s.relief(c, el, sc, w, mlf, s.gainCap(el, sc, nh)); r != w {
 			w, spilled = r, true
 		}
 	}
@@ -223,10 +223,58 @@ func (s *Selector) coldSeed(a *Attempt, elig epset.Set, w int) (int, bool) {
 	return w, false
 }
 
+// gainCapFor scales the cap factor mlf of an endpoint by its overlap gain
+// over the fleet's least-loaded endpoint: the full mlf once the gain reaches
+// full blocks, less in proportion below, down to 100 (the mean) for no gain.
+// A hit that saves little prefill is not worth queueing behind others
+// (docs/selection.md, "Gain-scaled cap"). full ≤ 0 turns the scaling off.
+func gainCapFor(mlf, gain, full int64) int64 {
+	switch {
+	case full <= 0 || gain >= full:
+		return mlf
+	case gain <= 0:
+		return min(mlf, 100)
+	}
+	return 100 + (mlf-100)*gain/full
+}
+
+// gainRef is what the gain-scaled cap measures gains against: the score of
+// the least-loaded eligible endpoint (ties to the higher score, so the gain
+// is never overstated) and the gain in blocks that earns the full cap
+// (LOXILB_KV_CAP_FULL_GAIN percent of the prompt's blocks, at least 1).
+// full is 0 when the scaling is off or the mode does not use it.
+type gainRef struct {
+	refScore int64
+	full     int64
+}
+
+func (g gainRef) mlf(mlf int64, score uint32) int64 {
+	return gainCapFor(mlf, int64(score)-g.refScore, g.full)
+}
+
+// gainCap computes the gain reference over the eligible endpoints. Only the
+// modes with a bounded-load cap (hard, adaptive, cost) scale it.
+func (s *Selector) gainCap(el []int16, sc *scratch, nh int) gainRef {
+	pct := int64(s.opts.CapFullGain)
+	mode := s.opts.LBMode
+	if pct <= 0 || len(el) == 0 || (mode != LBHard && mode != LBAdaptive && mode != LBCost) {
+		return gainRef{}
+	}
+	ref := -1
+	for _, m := range el {
+		ep := int(m)
+		if ref < 0 || sc.load[ep] < sc.load[ref] || (sc.load[ep] == sc.load[ref] && sc.counts[ep] > sc.counts[ref]) {
+			ref = ep
+		}
+	}
+	full := max(1, (pct*int64(nh)+99)/100)
+	return gainRef{refScore: int64(sc.counts[ref]), full: full}
+}
+
 // blend applies LOXILB_KV_LB_MODE to the positive-overlap candidates. It
 // returns the winner, whether it spilled off the argmax, and the mlf used
 // (for spill relief).
-func (s *Selector) blend(c *compiled, el []int16, sc *scratch, best int64, arg int) (int, bool, int64) {
+func (s *Selector) blend(c *compiled, el []int16, sc *scratch, best int64, arg, nh int) (int, bool, int64) {
 	mode := s.opts.LBMode
 	if mode == LBOff {
 		return arg, false, int64(s.opts.MeanLoadFactor)
@@ -252,7 +300,7 @@ func (s *Selector) blend(c *compiled, el []int16, sc *scratch, best int64, arg i
 	w := -1
 	switch mode {
 	case LBHard, LBAdaptive:
-		w = hardArm(sc, sc.cands[:n], mlf, total, sum)
+		w = hardArm(sc, sc.cands[:n], mlf, total, sum, s.gainCap(el, sc, nh))
 	case LBSoft, LBAdaptiveSoft:
 		lambda := int64(s.opts.LoadPenalty)
 		if mode == LBAdaptiveSoft {
@@ -267,14 +315,14 @@ func (s *Selector) blend(c *compiled, el []int16, sc *scratch, best int64, arg i
 }
 
 // hardArm is the bounded-load arm (hard, adaptive): the best overlap under
-// its cap, ties to the least loaded, then the lowest ep_idx; when every
-// candidate is at or over its cap, the least loaded, then the best overlap.
-// It returns -1 only for no candidates.
-func hardArm(sc *scratch, cands []int16, mlf, total, sum int64) int {
+// its cap (scaled by its gain, g), ties to the least loaded, then the lowest
+// ep_idx; when every candidate is at or over its cap, the least loaded, then
+// the best overlap. It returns -1 only for no candidates.
+func hardArm(sc *scratch, cands []int16, mlf, total, sum int64, g gainRef) int {
 	w := -1
 	for _, e := range cands {
 		ep := int(e)
-		if !underCap(sc.load[ep], mlf, total, sc.capc[ep], sum) {
+		if !underCap(sc.load[ep], g.mlf(mlf, sc.counts[ep]), total, sc.capc[ep], sum) {
 			continue
 		}
 		if w < 0 || sc.counts[ep] > sc.counts[w] || (sc.counts[ep] == sc.counts[w] && sc.load[ep] < sc.load[w]) {
@@ -311,9 +359,10 @@ func softArm(sc *scratch, cands []int16, best, lambda int64) int {
 }
 
 // relief is spill relief: when the chosen endpoint is at or over its cap
-// computed over the whole eligible fleet, move to the least-loaded endpoint
-// under its fleet cap (ties to the lowest ep_idx), overlap ignored.
-func (s *Selector) relief(c *compiled, el []int16, sc *scratch, w int, mlf int64) int {
+// computed over the whole eligible fleet (scaled by its gain, g), move to
+// the least-loaded endpoint under its fleet cap (ties to the lowest
+// ep_idx), overlap ignored.
+func (s *Selector) relief(c *compiled, el []int16, sc *scratch, w int, mlf int64, g gainRef) int {
 	if len(el) < 2 {
 		return w
 	}
@@ -326,7 +375,7 @@ func (s *Selector) relief(c *compiled, el []int16, sc *scratch, w int, mlf int64
 		}
 		sum += sc.capc[ep]
 	}
-	if underCap(sc.load[w], mlf, total, sc.capc[w], sum) {
+	if underCap(sc.load[w], g.mlf(mlf, sc.counts[w]), total, sc.capc[w], sum) {
 		return w
 	}
 	to := -1

@@ -166,6 +166,7 @@ func TestBlendModes(t *testing.T) {
 			opts := noSeed()
 			opts.LBMode = tc.mode
 			opts.SpillRelief = ReliefOff
+			opts.CapFullGain = 0 // the spec's formulas; gain_test.go checks the scaled cap
 			if tc.penalty > 0 {
 				opts.LoadPenalty = tc.penalty
 			}

@@ -151,6 +151,8 @@ const (
 	DefaultColdStartMinBlocks = 16
 	DefaultZeroHitN           = 50
 	DefaultCostWorkWeight     = 300
+	DefaultCapFullGain        = 0
+	MaxCapFullGain            = 100
 	MaxCostWorkWeight         = 1000
 	DefaultMaxSessions        = 4096
 	DefaultTrieMaxNodes       = 8192
@@ -181,7 +183,13 @@ type Options struct {
 	// prefix still being computed on one endpoint is not copied to an idle
 	// one for a marginally earlier first token (docs/selection.md).
 	CostWorkWeight int
-	LoadGuard      bool // LLB_KV_LOADGUARD: default off
+	// CapFullGain (LOXILB_KV_CAP_FULL_GAIN, percent of the prompt's blocks,
+	// 0..100, 0 off): in hard and adaptive, an endpoint gets the full
+	// MeanLoadFactor cap only when its overlap beats the least-loaded
+	// endpoint's by this share of the prompt; a smaller gain gets a
+	// proportionally tighter cap, down to the fleet mean (docs/selection.md).
+	CapFullGain int
+	LoadGuard   bool // LLB_KV_LOADGUARD: default off
 	// SessionHash derives an unpinned conversation's tier-1 pair from its
 	// key (LLB_PD_SESSION_HASH, default off; sessionhash.go).
 	SessionHash bool
@@ -218,6 +226,7 @@ func DefaultOptions() Options {
 		ZeroHitN:           DefaultZeroHitN,
 		Score:              ScorePrefix,
 		CostWorkWeight:     DefaultCostWorkWeight,
+		CapFullGain:        DefaultCapFullGain,
 		SessionHeaders:     []string{"X-Conversation-ID", "X-Session-ID"},
 		MaxSessions:        DefaultMaxSessions,
 		TrieMaxNodes:       DefaultTrieMaxNodes,
@@ -246,6 +255,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("LOXILB_KV_ZERO_HIT_N=%d: want 1..%d", o.ZeroHitN, maxCountLimit)
 	case o.CostWorkWeight < 0 || o.CostWorkWeight > MaxCostWorkWeight:
 		return fmt.Errorf("LOXILB_KV_COST_WORK_WEIGHT=%d: want 0..%d", o.CostWorkWeight, MaxCostWorkWeight)
+	case o.CapFullGain < 0 || o.CapFullGain > MaxCapFullGain:
+		return fmt.Errorf("LOXILB_KV_CAP_FULL_GAIN=%d: want 0..%d", o.CapFullGain, MaxCapFullGain)
 	case o.Score > ScoreOverlap:
 		return fmt.Errorf("LOXILB_KV_SCORE: unknown value %d", o.Score)
 	case o.ColdPlacement > ColdPlacementHash:

@@ -175,6 +175,7 @@ func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb string) (*Front, er
 		lb = strings.TrimSuffix(rest, "-")
 		settings.ProvisionalWeight = 0
 	}
+	sel, knobs := ruleSel(knobs)
 	if err := kvgateKnobs(knobs, &settings); err != nil {
 		return nil, fmt.Errorf("kvgate: %w", err)
 	}
@@ -194,7 +195,7 @@ func StartKVGate(ctx context.Context, env *Env, f *Fleet, lb string) (*Front, er
 		g.Shutdown()
 		return nil, err
 	}
-	args := map[string]any{"externalIP": host, "port": port, "protocol": "tcp", "sel": 0, "mode": 4,
+	args := map[string]any{"externalIP": host, "port": port, "protocol": "tcp", "sel": sel, "mode": 4,
 		"kvExactMode": 3, "kvZmqPort": f.ZMQPort, "kvBlockSize": 16, "kvHashAlgo": "sha256_cbor"}
 	var eps []map[string]any
 	for _, e := range f.Engines {
@@ -244,9 +245,30 @@ func waitSubscribers(ctx context.Context, g *gateway.Gateway, id, n int) error {
 	}
 }
 
+// ruleSel takes a "selN" part out of a kvgate policy's "@" settings: the
+// rule's sel, which places the requests tier 1.5 does not (0, round-robin,
+// unless given).
+func ruleSel(spec string) (int, string) {
+	sel := 0
+	var rest []string
+	for _, part := range strings.Split(spec, "-") {
+		if v, ok := strings.CutPrefix(part, "sel"); ok {
+			if n, err := strconv.Atoi(v); err == nil && n >= 0 && n <= 10 {
+				sel = n
+				continue
+			}
+		}
+		if part != "" {
+			rest = append(rest, part)
+		}
+	}
+	return sel, strings.Join(rest, "-")
+}
+
 // kvgateKnobs applies a kvgate policy's "@" settings, for tuning:
 // "mlf150" (LOXILB_KV_MEAN_LOAD_FACTOR), "provw100"
 // (LOXILB_KV_PROVISIONAL_WEIGHT), "costw100" (LOXILB_KV_COST_WORK_WEIGHT),
+// "gain50" (LOXILB_KV_CAP_FULL_GAIN),
 // joined by "-".
 func kvgateKnobs(spec string, s *config.Settings) error {
 	if spec == "" {
@@ -261,8 +283,10 @@ func kvgateKnobs(spec string, s *config.Settings) error {
 			s.ProvisionalWeight, err = strconv.Atoi(part[5:])
 		case strings.HasPrefix(part, "costw"):
 			s.CostWorkWeight, err = strconv.Atoi(part[5:])
+		case strings.HasPrefix(part, "gain"):
+			s.CapFullGain, err = strconv.Atoi(part[4:])
 		default:
-			err = fmt.Errorf("unknown setting %q (want mlfN, provwN, costwN)", part)
+			err = fmt.Errorf("unknown setting %q (want mlfN, provwN, costwN, gainN)", part)
 		}
 		if err != nil {
 			return fmt.Errorf("policy settings %q: %w", spec, err)

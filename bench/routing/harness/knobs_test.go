@@ -1,0 +1,39 @@
+package harness
+
+import (
+	"testing"
+
+	"github.com/kvgate/kvgate/pkg/config"
+)
+
+func TestKVGatePolicySettings(t *testing.T) {
+	tests := []struct {
+		spec          string
+		sel           int
+		rest          string
+		mlf, gain, cw int
+		wantErr       bool
+	}{
+		{spec: "", sel: 0, rest: "", mlf: 175, gain: 0, cw: 300},
+		{spec: "sel4", sel: 4, rest: "", mlf: 175, gain: 0, cw: 300},
+		{spec: "mlf150-sel8-gain100", sel: 8, rest: "mlf150-gain100", mlf: 150, gain: 100, cw: 300},
+		{spec: "costw100-gain50", sel: 0, rest: "costw100-gain50", mlf: 175, gain: 50, cw: 100},
+		{spec: "sel99", sel: 0, rest: "sel99", wantErr: true}, // out of range: left to kvgateKnobs, which refuses it
+	}
+	for _, tc := range tests {
+		t.Run(tc.spec, func(t *testing.T) {
+			sel, rest := ruleSel(tc.spec)
+			if sel != tc.sel || rest != tc.rest {
+				t.Fatalf("ruleSel(%q) = %d, %q; want %d, %q", tc.spec, sel, rest, tc.sel, tc.rest)
+			}
+			s := config.DefaultSettings()
+			err := kvgateKnobs(rest, &s)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("kvgateKnobs(%q): %v, want error %v", rest, err, tc.wantErr)
+			}
+			if err == nil && (s.MeanLoadFactor != tc.mlf || s.CapFullGain != tc.gain || s.CostWorkWeight != tc.cw) {
+				t.Fatalf("settings mlf %d gain %d costw %d", s.MeanLoadFactor, s.CapFullGain, s.CostWorkWeight)
+			}
+		})
+	}
+}
