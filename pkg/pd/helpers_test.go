@@ -311,14 +311,15 @@ func (r *rig) atRest() {
 	for {
 		total := r.loads.Total()
 		for i := range r.eps {
-			total += r.adm.InFlight(i)
+			total += r.adm.InFlight(i) + r.adm.OnEngine(i)
 		}
 		if total == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("in-flight counts not back to 0: proxy %d, admission %v", r.loads.Total(),
-				[]int{r.adm.InFlight(0), r.adm.InFlight(1), r.adm.InFlight(2)})
+			r.t.Fatalf("in-flight counts not back to 0: proxy %d, admission %v, on engines %v", r.loads.Total(),
+				[]int{r.adm.InFlight(0), r.adm.InFlight(1), r.adm.InFlight(2)},
+				[]int{r.adm.OnEngine(0), r.adm.OnEngine(1), r.adm.OnEngine(2)})
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
