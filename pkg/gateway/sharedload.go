@@ -42,7 +42,7 @@ type sharedLoads struct {
 	// replica's load the engine's running + waiting includes.
 	onEngine selector.LoadSource
 	engine   engineLoads
-	now    func() time.Time
+	now      func() time.Time
 	// staleAfter is in nanoseconds, updated with the rule's probe interval.
 	staleAfter atomic.Int64
 	// halfLife, when positive, decays the other replicas' part between
