@@ -210,6 +210,9 @@ type rigOptions struct {
 	// real provisional overlay (on an empty index) and, when reserve is
 	// set, reserves the prompt on its prefill endpoint as the gateway does.
 	provisional, reserve bool
+	// flowLoads, when set, wraps the admission count as the flow's own
+	// decode pick reads it (Config.Loads; the selector keeps admission's).
+	flowLoads func(*admission.Controller) selector.LoadSource
 }
 
 func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, seen), roles []selector.Role, o rigOptions) *rig {
@@ -262,6 +265,9 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 	cfg := o.cfg
 	cfg.ServiceID = 7
 	cfg.Health, cfg.Admission, cfg.Observer = r.tracker, r.adm, r.obs
+	if o.flowLoads != nil {
+		cfg.Loads = o.flowLoads(r.adm)
+	}
 	if cfg.PrefillTimeout == 0 {
 		cfg.PrefillTimeout = 2 * time.Second
 	}

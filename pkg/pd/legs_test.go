@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+
+	"github.com/kvgate/kvgate/pkg/pd/admission"
+	"github.com/kvgate/kvgate/pkg/selector"
 )
 
 // gated holds a request until release closes (or the request ends),
@@ -101,5 +104,58 @@ func (r *rig) expectCounts(t *testing.T, when string, inflight, onEngine [3]int)
 	}
 	if g, w := got(r.adm.OnEngine), want(onEngine); g != w {
 		t.Fatalf("%s: OnEngine %s, want %s", when, g, w)
+	}
+}
+
+// othersOn adds the other replicas' requests to the admission count, as
+// the shared load view does.
+type othersOn struct {
+	a      *admission.Controller
+	others map[int]int
+}
+
+func (o othersOn) InFlight(ep int) int { return o.a.InFlight(ep) + o.others[ep] }
+
+// TestDecodeRechoiceReadsLoads: a decode endpoint re-chosen during the
+// request is the least loaded by Config.Loads (the shared view, with the
+// other replicas' decodes), not by this replica's admission count alone,
+// on which the two candidates tie.
+func TestDecodeRechoiceReadsLoads(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		others map[int]int
+		want   string
+	}{
+		{"others decode on ep 2", map[int]int{2: 5}, "d3"},
+		{"others decode on ep 3", map[int]int{3: 5}, "d2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var rg *rig
+			prefill := func(w http.ResponseWriter, req *http.Request, s seen) {
+				// The decode chosen at admission goes admin-down while the
+				// prefill runs: the flow re-chooses.
+				rg.tracker.SetAdmin(1, true)
+				prefillOK("p0", 0)(w, req, s)
+			}
+			rg = newRig(t, []func(http.ResponseWriter, *http.Request, seen){prefill, decodeOK("d1"), decodeOK("d2"), decodeOK("d3")},
+				[]selector.Role{selector.RolePrefill, selector.RoleDecode, selector.RoleDecode, selector.RoleDecode},
+				rigOptions{flowLoads: func(a *admission.Controller) selector.LoadSource { return othersOn{a, c.others} }})
+			for i := range 4 {
+				rg.tracker.SetAdmin(1, false)
+				// Make ep 1 the selector's choice: 2 and 3 carry one unit each.
+				rg.adm.Track(2)
+				rg.adm.Track(3)
+				a := rg.post(`{"model":"m","prompt":"x"}`)
+				rg.adm.Untrack(2)
+				rg.adm.Untrack(3)
+				if a.status != 200 || a.header.Get("x-engine-id") != c.want {
+					t.Fatalf("request %d: answer %d engine %q, want %s", i, a.status, a.header.Get("x-engine-id"), c.want)
+				}
+			}
+			if len(rg.eps[1].seen()) != 0 {
+				t.Fatal("the admin-down decode endpoint was used")
+			}
+			rg.atRest()
+		})
 	}
 }
