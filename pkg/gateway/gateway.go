@@ -88,7 +88,8 @@ type Options struct {
 	// RulesFileInterval is how often RulesFile is checked (0: 2 s).
 	RulesFileInterval time.Duration
 	// LocalLoadOnly turns the shared load view off (sharedload.go): the
-	// selector counts this process's in-flight requests only. Code only,
+	// selector counts this process's in-flight requests only (the
+	// admission count on P/D rules). Code only,
 	// for the routing benchmark's comparison.
 	LocalLoadOnly bool
 	// SharedLoadHalfLife, when positive, decays the other replicas' part of

@@ -42,8 +42,8 @@ type ruleHealth struct {
 	// probeUp is told when an endpoint's probe comes back, so the KV
 	// subscriber can check for an engine restart (docs/ingest.md).
 	probeUp func(ep int)
-	// shared is the single-pool rule's shared load view (sharedload.go);
-	// nil for P/D rules, whose admission controller counts their load.
+	// shared is the rule's shared load view (sharedload.go); nil with
+	// Options.LocalLoadOnly.
 	shared atomic.Pointer[sharedLoads]
 	// token is the rule's backendTokenFile token, for its probes, scrapes
 	// and KV subscribers.
@@ -110,20 +110,31 @@ func (h *ruleHealth) newTracker(rule *config.Rule) (*health.Tracker, error) {
 	return t, nil
 }
 
-// loads is the selector's L_i: the admission controller's count for P/D
-// rules (prefill admission to the end of the decode stream), else the
-// proxy's.
+// loads is the selector's L_i: the shared load view (sharedload.go) over
+// this replica's own count, which is the admission controller's for P/D
+// rules (prefill admission to the end of the decode stream; its caps stay
+// on that count) and the proxy's otherwise; with localOnly, the own count.
 func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly bool, halfLife time.Duration) selector.LoadSource {
+	var local, onEngine selector.LoadSource = proxy, nil
 	if h.admission != nil {
-		return h.admission
+		local, onEngine = h.admission, h.admission.Legs()
 	}
 	if localOnly {
-		return proxy
+		return local
 	}
-	shared := newSharedLoads(proxy, h, sharedStaleAfter(rule.ProbeInterval(), rule.ProbeTimeout()))
+	shared := newSharedLoads(local, onEngine, h, sharedStaleAfter(rule.ProbeInterval(), rule.ProbeTimeout()))
 	shared.halfLife = halfLife
 	h.shared.Store(shared)
 	return shared
+}
+
+// pdLoads is the load the P/D flow's own decode pick reads: the view the
+// selector was given, else the admission controller's count.
+func (h *ruleHealth) pdLoads() selector.LoadSource {
+	if s := h.shared.Load(); s != nil {
+		return s
+	}
+	return h.admission
 }
 
 // engineLoadScraped is the trackers' OnEngineLoad hook.

@@ -25,7 +25,7 @@ func (h *ruleHealth) handler(rule *config.Rule, r *router, audit *usageAuditor) 
 		return plain, nil
 	}
 	f, err := pd.New(pd.Config{
-		ServiceID: rule.ServiceID, Begin: r.pdPlan, Plain: plain, Health: h, Admission: h.admission,
+		ServiceID: rule.ServiceID, Begin: r.pdPlan, Plain: plain, Health: h, Admission: h.admission, Loads: h.pdLoads(),
 		PrefillTimeout: h.settings.PrefillTimeout, DecodeSilence: h.settings.DecodeSilence,
 		DecodeOnlyFallback: h.settings.DecodeOnlyFallback,
 		Observer:           &pdObserver{m: h.m, service: rule.ServiceID, modelLabel: r.modelLabel}, Logger: h.log,

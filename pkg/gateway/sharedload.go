@@ -22,19 +22,27 @@ type engineLoads interface {
 	EngineLoad(ep int) (load int, at time.Time, known bool)
 }
 
-// sharedLoads is the selector's L_i for a single-pool rule:
+// sharedLoads is the selector's L_i:
 //
-//	L_i = max(local_i, max(0, engine_i − local_i@scrape) + local_i)
+//	L_i = max(local_i, max(0, engine_i − onEngine_i@scrape) + local_i)
 //
 // local_i is this replica's in-flight count now, engine_i the engine's
-// running + waiting at its last scrape and local_i@scrape this replica's
-// count at that instant; so the other replicas' load is frozen at the scrape
-// and this replica's own is live. A sample older than staleAfter (or none)
+// running + waiting at its last scrape and onEngine_i@scrape the part of
+// this replica's count the engine was running at that instant; so the
+// other replicas' load is frozen at the scrape and this replica's own is
+// live. For a single-pool rule onEngine is local itself (the proxy's
+// count). For a P/D rule local is the admission controller's count, which
+// holds a prefill endpoint's request until its decode ends, and onEngine
+// the requests still in the leg that endpoint's engine runs
+// (admission.Controller.Legs). A sample older than staleAfter (or none)
 // leaves local_i alone.
 type sharedLoads struct {
-	local  selector.LoadSource
-	engine engineLoads
-	now    func() time.Time
+	local selector.LoadSource
+	// onEngine is the count snapshotted at each scrape: what of this
+	// replica's load the engine's running + waiting includes.
+	onEngine selector.LoadSource
+	engine   engineLoads
+	now      func() time.Time
 	// staleAfter is in nanoseconds, updated with the rule's probe interval.
 	staleAfter atomic.Int64
 	// halfLife, when positive, decays the other replicas' part between
@@ -45,17 +53,22 @@ type sharedLoads struct {
 	atScrape [epset.Max]atomic.Int64
 }
 
-func newSharedLoads(local selector.LoadSource, engine engineLoads, staleAfter time.Duration) *sharedLoads {
-	s := &sharedLoads{local: local, engine: engine, now: time.Now}
+// newSharedLoads builds the view; onEngine nil means local (single-pool
+// rules, whose every in-flight request is on its engine).
+func newSharedLoads(local, onEngine selector.LoadSource, engine engineLoads, staleAfter time.Duration) *sharedLoads {
+	if onEngine == nil {
+		onEngine = local
+	}
+	s := &sharedLoads{local: local, onEngine: onEngine, engine: engine, now: time.Now}
 	s.staleAfter.Store(int64(staleAfter))
 	return s
 }
 
-// scraped takes the snapshot of local_i@scrape; the tracker calls it just
-// before it stores ep's new engine load.
+// scraped takes the snapshot of onEngine_i@scrape; the tracker calls it
+// just before it stores ep's new engine load.
 func (s *sharedLoads) scraped(ep int) {
 	if uint(ep) < epset.Max {
-		s.atScrape[ep].Store(int64(s.local.InFlight(ep)))
+		s.atScrape[ep].Store(int64(s.onEngine.InFlight(ep)))
 	}
 }
 

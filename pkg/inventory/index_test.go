@@ -288,6 +288,13 @@ func TestAgainstModel(t *testing.T) {
 			if slabs {
 				name += "/huge-page slabs"
 			}
+			// -short (the race step, make race) runs a quarter of the
+			// operations: the model check is single-threaded, and under
+			// -race it was the package's longest test; make test runs all.
+			ops := tc.ops
+			if testing.Short() {
+				ops /= 4
+			}
 			t.Run(name, func(t *testing.T) {
 				r := rand.New(rand.NewPCG(7, uint64(tc.ops)))
 				ix := newIndex(t, MaxMaxBlocks)
@@ -295,7 +302,7 @@ func TestAgainstModel(t *testing.T) {
 					useTinySlabs(ix)
 				}
 				m := model{}
-				for op := range tc.ops {
+				for op := range ops {
 					ep, rank := r.IntN(tc.eps), r.IntN(tc.rank)
 					mb := makeMember(ep, rank)
 					hashes := make([]uint64, 1+r.IntN(300))
@@ -340,7 +347,7 @@ func TestAgainstModel(t *testing.T) {
 							}
 						}
 					}
-					if op%97 != 0 && op != tc.ops-1 {
+					if op%97 != 0 && op != ops-1 {
 						continue
 					}
 					byEp := map[int][]uint64{}

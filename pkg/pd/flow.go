@@ -122,6 +122,9 @@ type Config struct {
 	// controller. Required.
 	Health    Health
 	Admission *admission.Controller
+	// Loads is what the flow's own decode pick reads (the rule's shared
+	// load view, docs/replicas.md); nil means Admission's count.
+	Loads selector.LoadSource
 	// PrefillTimeout bounds the prefill leg (all its attempts) and the
 	// decode leg's first byte (LLB_PD_PREFILL_TIMEOUT_SEC; default 30 s).
 	PrefillTimeout time.Duration
@@ -170,6 +173,9 @@ func New(cfg Config, t Topology) (*Flow, error) {
 		return nil, errors.New("pd: config needs Health and Admission")
 	case cfg.PrefillTimeout < 0 || cfg.DecodeSilence < 0:
 		return nil, errors.New("pd: negative timeout")
+	}
+	if cfg.Loads == nil {
+		cfg.Loads = cfg.Admission
 	}
 	if cfg.PrefillTimeout == 0 {
 		cfg.PrefillTimeout = DefaultPrefillTimeout
@@ -256,6 +262,9 @@ type run struct {
 
 	// holds: the endpoints this request counts as in flight on.
 	prefill, decode int
+	// inPrefillLeg, inDecodeLeg: the held endpoint's engine is running this
+	// request's leg (admission.Controller.LegStarted).
+	inPrefillLeg, inDecodeLeg bool
 
 	d             selector.Decision
 	prefillFailed int
@@ -274,9 +283,21 @@ func (r *run) obs() Observer { return r.f.obs }
 func (r *run) holdPrefill(ep int) {
 	r.prefill = ep
 	r.x.IncLoad(ep)
+	r.f.cfg.Admission.LegStarted(ep)
+	r.inPrefillLeg = true
+}
+
+// endPrefillLeg marks the prefill engine done with this request (its
+// response head arrived, or the leg failed); the admission unit stays.
+func (r *run) endPrefillLeg() {
+	if r.inPrefillLeg {
+		r.f.cfg.Admission.LegEnded(r.prefill)
+		r.inPrefillLeg = false
+	}
 }
 
 func (r *run) releasePrefill() {
+	r.endPrefillLeg()
 	if r.prefill >= 0 {
 		r.f.cfg.Admission.ReleasePrefill(r.prefill)
 		r.x.DecLoad(r.prefill)
@@ -297,7 +318,20 @@ func (r *run) holdDecode(ep int) {
 	}
 }
 
+// startDecodeLeg marks the held decode endpoint's engine as running this
+// request, until the decode unit is released.
+func (r *run) startDecodeLeg() {
+	if r.decode >= 0 && !r.inDecodeLeg {
+		r.f.cfg.Admission.LegStarted(r.decode)
+		r.inDecodeLeg = true
+	}
+}
+
 func (r *run) releaseDecode() {
+	if r.inDecodeLeg {
+		r.f.cfg.Admission.LegEnded(r.decode)
+		r.inDecodeLeg = false
+	}
 	if r.decode >= 0 {
 		r.f.cfg.Admission.Untrack(r.decode)
 		r.x.DecLoad(r.decode)
@@ -636,6 +670,8 @@ func (r *run) prefillLeg(ctx context.Context, p int, deadline time.Time) legOutc
 		return legErr(ctx, hw, err)
 	}
 	resp, err := x.ReadResponse(bc, deadline)
+	// The engine has finished the prefill by its head (or dropped it).
+	r.endPrefillLeg()
 	if err != nil {
 		return legErr(ctx, hw, err)
 	}
@@ -702,7 +738,7 @@ func (r *run) pickDecode(excluded epset.Set) int {
 	best, bestLoad := -1, 0
 	var tied []int
 	for ep := elig.Next(0); ep >= 0; ep = elig.Next(ep + 1) {
-		l := r.f.cfg.Admission.InFlight(ep)
+		l := r.f.cfg.Loads.InFlight(ep)
 		if ep == r.decode {
 			l-- // this request's own unit
 		}
@@ -806,6 +842,7 @@ func (r *run) tryDecode(ctx context.Context, loop *attempt.Loop, dec int) (keep,
 		return x.Fail(502, "pd_decode_backend_died", "building the decode request failed: "+err.Error()), false
 	}
 	start := time.Now()
+	r.startDecodeLeg()
 	bc, err := x.Dial(ctx, r.topo.eps[dec].addr())
 	if err != nil {
 		if ctx.Err() != nil {

@@ -210,6 +210,9 @@ type rigOptions struct {
 	// real provisional overlay (on an empty index) and, when reserve is
 	// set, reserves the prompt on its prefill endpoint as the gateway does.
 	provisional, reserve bool
+	// flowLoads, when set, wraps the admission count as the flow's own
+	// decode pick reads it (Config.Loads; the selector keeps admission's).
+	flowLoads func(*admission.Controller) selector.LoadSource
 }
 
 func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, seen), roles []selector.Role, o rigOptions) *rig {
@@ -262,6 +265,9 @@ func newRig(t testing.TB, handlers []func(http.ResponseWriter, *http.Request, se
 	cfg := o.cfg
 	cfg.ServiceID = 7
 	cfg.Health, cfg.Admission, cfg.Observer = r.tracker, r.adm, r.obs
+	if o.flowLoads != nil {
+		cfg.Loads = o.flowLoads(r.adm)
+	}
 	if cfg.PrefillTimeout == 0 {
 		cfg.PrefillTimeout = 2 * time.Second
 	}
@@ -311,14 +317,15 @@ func (r *rig) atRest() {
 	for {
 		total := r.loads.Total()
 		for i := range r.eps {
-			total += r.adm.InFlight(i)
+			total += r.adm.InFlight(i) + r.adm.OnEngine(i)
 		}
 		if total == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("in-flight counts not back to 0: proxy %d, admission %v", r.loads.Total(),
-				[]int{r.adm.InFlight(0), r.adm.InFlight(1), r.adm.InFlight(2)})
+			r.t.Fatalf("in-flight counts not back to 0: proxy %d, admission %v, on engines %v", r.loads.Total(),
+				[]int{r.adm.InFlight(0), r.adm.InFlight(1), r.adm.InFlight(2)},
+				[]int{r.adm.OnEngine(0), r.adm.OnEngine(1), r.adm.OnEngine(2)})
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -72,7 +72,9 @@ func TestActiveActiveReplicas(t *testing.T) {
 	}
 	block := testnet.Block(t)
 	pool, poolZMQ := startEngines(t, tok, block, 11, 3, enginesim.RoleBoth)
-	prefill, pdZMQ := startEngines(t, tok, block, 21, 2, enginesim.RolePrefill)
+	// Slow prefills (2 ms per uncached token): a long prompt keeps its
+	// prefill engine busy for seconds, a short one is done in milliseconds.
+	prefill, pdZMQ := startEngines(t, tok, block, 21, 2, enginesim.RolePrefill, func(c *enginesim.Config) { c.PrefillUsPerToken = 2000 })
 	decode, _ := startEngines(t, tok, block, 31, 2, enginesim.RoleDecode)
 	// Distinct ports per rule; each replica binds them on its own VIP.
 	poolPort, pdPort := testnet.Port(t, block+"3"), testnet.Port(t, block+"3")
@@ -208,6 +210,70 @@ func TestActiveActiveReplicas(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("A's prefill pick avoids the prefill endpoint B loads", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		sharedPDPrefill(ctx, t, a, b, pdPort, prefill, []int{10, 11})
+	})
+}
+
+// sharedPDPrefill: replica B keeps one prefill endpoint busy with long
+// prefills (one session key, so B's own pick piles them there); once A's
+// scrape has seen them, A's cold prompts must all go to the other prefill
+// endpoint. A's own admission count is 0 on both, so with only its own
+// count A places them by hash or round-robin, about half on the busy one.
+func sharedPDPrefill(ctx context.Context, t *testing.T, a, b *daemon, port int, prefill []*enginesim.Engine, idx []int) {
+	t.Helper()
+	const loaders = 4
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bEps := make([]int, loaders)
+	errs := make([]error, loaders)
+	for i := range loaders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// ~3,000 uncached tokens: about 6 s of prefill each, long
+			// enough for A's scrape and picks on a loaded machine.
+			long := strings.Repeat(fmt.Sprintf("load %d item ", i), 750)
+			bEps[i], errs[i] = complete(ctx, b.vip, port, long, 1, "loader")
+		}()
+	}
+	busy := -1
+	waitFor(t, 15*time.Second, "B's prefills running on one prefill engine", func() bool {
+		for k, e := range prefill {
+			if engineRunning(t, e) >= loaders {
+				busy = k
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(1500 * time.Millisecond) // A's next scrape (probeInterval 1 s) sees them
+	starts := []string{"Amber", "Birch", "Cedar", "Dune", "Ember", "Fjord"}
+	var picks []int
+	for i, w := range starts {
+		ep, err := complete(ctx, a.vip, port, fmt.Sprintf("%s: a short new question number %d for replica A", w, i), 1, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		picks = append(picks, ep)
+	}
+	if still := engineRunning(t, prefill[busy]); still == 0 {
+		t.Fatalf("B's prefills ended before A's picks were done: the test proves nothing (picks %v)", picks)
+	}
+	for _, ep := range picks {
+		if ep == idx[busy] {
+			t.Fatalf("A sent prefills to ep %d, which B loads: A's picks %v", idx[busy], picks)
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil || bEps[i] != idx[busy] {
+			t.Fatalf("B's loader %d: ep %d, %v (busy ep %d)", i, bEps[i], err, idx[busy])
+		}
+	}
 }
 
 // samePlacement sends each of 8 new prefixes to both replicas at once,

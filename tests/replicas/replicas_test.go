@@ -40,18 +40,23 @@ func repoTokenizerDir(t *testing.T) string {
 }
 
 // startEngines starts n engines of role on <block>.<first>…, sharing one KV
-// events port (replay on port + 1000).
-func startEngines(t *testing.T, tok enginesim.Tokenizer, block string, first, n int, role enginesim.Role) ([]*enginesim.Engine, int) {
+// events port (replay on port + 1000); tune, when given, adjusts each
+// engine's config.
+func startEngines(t *testing.T, tok enginesim.Tokenizer, block string, first, n int, role enginesim.Role, tune ...func(*enginesim.Config)) ([]*enginesim.Engine, int) {
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	engines, port, err := enginesim.StartGroup(n, 10,
 		func() (int, error) { return testnet.PortPair(t, fmt.Sprintf("%s%d", block, first), 1000), nil },
 		func(i, port int) enginesim.Config {
 			host := fmt.Sprintf("%s%d", block, first+i)
-			return enginesim.Config{Host: host, ID: fmt.Sprintf("engine-%d", first+i), Model: model, Tokenizer: tok,
+			c := enginesim.Config{Host: host, ID: fmt.Sprintf("engine-%d", first+i), Model: model, Tokenizer: tok,
 				PythonHashSeed: "0", HashSeedSet: true, Role: role,
 				KVEventsEndpoint: fmt.Sprintf("tcp://%s:%d", host, port), ReplayEndpoint: fmt.Sprintf("tcp://%s:%d", host, port+1000),
 				PrefillUsPerToken: 20, TTFTFloor: time.Millisecond, DecodeTokensPerS: 40, Logger: quiet}
+			for _, f := range tune {
+				f(&c)
+			}
+			return c
 		})
 	if err != nil {
 		t.Fatal(err)

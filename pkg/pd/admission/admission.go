@@ -124,6 +124,15 @@ type Controller struct {
 	obs   Observer
 
 	inflight [epset.Max]atomic.Int64
+	// onEngine counts the requests in a leg the endpoint's engine is
+	// running: a prefill endpoint's from admission to the prefill's
+	// response head, a decode endpoint's from the decode request to the end
+	// of its stream. The engine's own running + waiting counts exactly
+	// these, so the shared load view subtracts them, snapshotted at each
+	// scrape (docs/replicas.md, "Shared load view"); inflight, which also
+	// holds a prefill endpoint's requests until their decode ends, stays
+	// the count the caps are enforced on.
+	onEngine [epset.Max]atomic.Int64
 	satWords [4]atomic.Uint64 // the saturated set, readable without the lock
 
 	gate *TotalGate
@@ -267,6 +276,39 @@ func (a *Controller) Untrack(ep int) {
 		a.inflight[ep].Add(1)
 	}
 }
+
+// LegStarted counts one request whose leg ep's engine is now running
+// (a prefill sent, or a decode sent); LegEnded ends it. They only feed
+// OnEngine, never a cap.
+func (a *Controller) LegStarted(ep int) {
+	if ep >= 0 && ep < epset.Max {
+		a.onEngine[ep].Add(1)
+	}
+}
+
+// LegEnded ends a leg counted by LegStarted.
+func (a *Controller) LegEnded(ep int) {
+	if ep >= 0 && ep < epset.Max && a.onEngine[ep].Add(-1) < 0 {
+		a.onEngine[ep].Add(1)
+	}
+}
+
+// OnEngine is the number of this controller's requests ep's engine is
+// running now (LegStarted minus LegEnded).
+func (a *Controller) OnEngine(ep int) int {
+	if ep < 0 || ep >= epset.Max {
+		return 0
+	}
+	return int(a.onEngine[ep].Load())
+}
+
+// Legs is OnEngine as a selector.LoadSource: the count the shared load
+// view snapshots at each scrape of ep's engine.
+func (a *Controller) Legs() selector.LoadSource { return legCounts{a} }
+
+type legCounts struct{ a *Controller }
+
+func (l legCounts) InFlight(ep int) int { return l.a.OnEngine(ep) }
 
 // Park admits the request on one of candidates: at once if one is under
 // its cap, else by waiting in the FIFO of the candidate with the shortest

@@ -292,3 +292,39 @@ func TestTrackerDrainsAttached(t *testing.T) {
 		})
 	}
 }
+
+// TestLegCounts: OnEngine follows LegStarted/LegEnded apart from the
+// admission count and the cap, never goes negative and ignores
+// out-of-range endpoints.
+func TestLegCounts(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		ep                int
+		started, ended    int
+		wantOn, wantLegsN int
+	}{
+		{"two legs, one ended", 3, 2, 1, 1, 1},
+		{"unbalanced end", 3, 1, 3, 0, 0},
+		{"negative ep", -1, 2, 0, 0, 0},
+		{"ep beyond the set", epset.Max, 2, 0, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, _, _ := newTestAdmission(t, Config{MaxInflightPerEP: 1})
+			for range c.started {
+				a.LegStarted(c.ep)
+			}
+			for range c.ended {
+				a.LegEnded(c.ep)
+			}
+			if got := a.OnEngine(c.ep); got != c.wantOn {
+				t.Fatalf("OnEngine = %d, want %d", got, c.wantOn)
+			}
+			if got := a.Legs().InFlight(c.ep); got != c.wantLegsN {
+				t.Fatalf("Legs().InFlight = %d, want %d", got, c.wantLegsN)
+			}
+			if a.InFlight(c.ep) != 0 || !a.Saturated().Empty() {
+				t.Fatal("legs moved the admission count or the cap")
+			}
+		})
+	}
+}
