@@ -22,8 +22,11 @@ import (
 type preparedSlab struct {
 	capacity int           // bytes mapped
 	fill     int           // bytes faulted in from the start
-	done     chan struct{} // closed once sb is set (nil when mapping failed)
+	done     chan struct{} // closed once sb is set (nil when mapping failed or cancelled)
 	sb       *slab
+	// started: the worker has begun mapping it; cancelled: nobody wants it
+	// any more, and the worker skips it. Both under prefaulter.mu.
+	started, cancelled bool
 }
 
 // prefaulter prepares slabs for an arena. Its own mutex, never the table's
@@ -51,13 +54,16 @@ func (p *prefaulter) prepare(seg, capacity, fill int) {
 		if old.capacity >= capacity {
 			return
 		}
-		select {
-		case <-old.done:
-			p.prepared[seg] = nil
-			go unmapPrepared(old) // off the writer's path
-		default:
-			return // still being faulted in; a rebuild will find it too small
+		if old.started {
+			select {
+			case <-old.done:
+				go unmapPrepared(old) // off the writer's path
+			default:
+				return // being faulted in; a rebuild will find it too small
+			}
 		}
+		old.cancelled = true // a no-op once started
+		p.prepared[seg] = nil
 	}
 	ps := &preparedSlab{capacity: capacity, fill: fill, done: make(chan struct{})}
 	p.prepared[seg] = ps
@@ -80,7 +86,13 @@ func (p *prefaulter) work() {
 		}
 		ps := p.queue[0]
 		p.queue = p.queue[1:]
+		skip := ps.cancelled
+		ps.started = true
 		p.mu.Unlock()
+		if skip {
+			close(ps.done)
+			continue
+		}
 		if raw, mem, err := p.mapSlab(ps.capacity); err == nil {
 			p.populate(mem[:min(ps.fill, len(mem))])
 			ps.sb = &slab{raw: raw, mem: mem}
@@ -91,12 +103,17 @@ func (p *prefaulter) work() {
 
 // take returns segment seg's prepared slab when it holds capacity bytes, with
 // the pages past used bytes handed back, or nil (the caller maps its own).
-// It waits for a slab still being faulted in: the rebuild would otherwise
-// fault the same memory in itself.
+// It waits for a slab being faulted in (the rebuild would otherwise fault
+// the same memory in itself), not for one still queued behind other
+// segments': that one is cancelled and the caller maps its own.
 func (p *prefaulter) take(seg, capacity, used int) *slab {
 	p.mu.Lock()
 	ps := p.prepared[seg]
 	p.prepared[seg] = nil
+	if ps != nil && !ps.started {
+		ps.cancelled = true
+		ps = nil
+	}
 	p.mu.Unlock()
 	if ps == nil {
 		return nil
@@ -130,6 +147,11 @@ func (p *prefaulter) discard() {
 	p.mu.Lock()
 	all := p.prepared
 	p.prepared = [numSegments]*preparedSlab{}
+	for _, ps := range all {
+		if ps != nil && !ps.started {
+			ps.cancelled = true // never mapped: nothing to fault in only to unmap
+		}
+	}
 	p.mu.Unlock()
 	for _, ps := range all {
 		if ps != nil {

@@ -103,3 +103,82 @@ func waitNoPrepared(t *testing.T, p *prefaulter) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestPrefaulterCancelsQueued: a slab still queued behind another segment's
+// is never mapped once a rebuild or a discard no longer wants it, and one
+// outgrown before it started is replaced; one being faulted in is waited for.
+func TestPrefaulterCancelsQueued(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		act        func(p *prefaulter) *slab
+		wantMapped int64 // slabs mapped in all
+		wantTaken  bool
+	}{
+		{"taken while queued: the caller maps its own", func(p *prefaulter) *slab { return p.take(1, 4096, 4096) }, 1, false},
+		{"discarded while queued", func(p *prefaulter) *slab { p.discard(); return nil }, 1, false},
+		{"outgrown while queued: replaced", func(p *prefaulter) *slab {
+			p.prepare(1, 8192, 8192)
+			return nil
+		}, 2, false},
+		{"being faulted in: waited for", func(p *prefaulter) *slab { return p.take(0, 4096, 4096) }, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mapped atomic.Int64
+			release := make(chan struct{})
+			p := newPrefaulter(func(n int) ([]byte, []byte, error) {
+				mapped.Add(1)
+				return mapSlab(n)
+			})
+			first := true
+			p.populate = func([]byte) {
+				if first { // hold the worker on segment 0
+					first = false
+					<-release
+				}
+			}
+			p.prepare(0, 4096, 4096)
+			p.prepare(1, 4096, 4096)
+			for mapped.Load() == 0 { // the worker is on segment 0
+				time.Sleep(time.Millisecond)
+			}
+			p.mu.Lock()
+			queued := p.prepared[1]
+			p.mu.Unlock()
+			done := make(chan *slab, 1)
+			go func() { done <- tc.act(p) }()
+			if !tc.wantTaken {
+				// Segment 1's request is settled (taken, discarded or
+				// replaced) before the worker may move on to it.
+				deadline := time.Now().Add(time.Minute)
+				for {
+					p.mu.Lock()
+					settled := p.prepared[1] != queued
+					p.mu.Unlock()
+					if settled {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("segment 1 not settled after a minute")
+					}
+					time.Sleep(time.Millisecond)
+				}
+				close(release)
+				if sb := <-done; sb != nil {
+					t.Fatal("a queued slab was handed out")
+				}
+			} else {
+				close(release)
+				if sb := <-done; sb == nil {
+					t.Fatal("the slab being faulted in was not handed out")
+				} else {
+					unmapSlab(sb.raw)
+				}
+			}
+			waitPrefaulter(t, p)
+			p.discard()
+			if got := mapped.Load(); got != tc.wantMapped {
+				t.Errorf("slabs mapped: %d, want %d", got, tc.wantMapped)
+			}
+		})
+	}
+}
