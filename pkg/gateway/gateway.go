@@ -232,14 +232,17 @@ func New(opts Options) (*Gateway, error) {
 		tokenizer.WithTokenizerOptions(tokenizer.WithConversationObserver(g.Metrics.ConversationLookup)))
 	g.Metrics.SetConversationCacheSource(func() int { return g.pool.PrefixStats().Bytes })
 	g.Metrics.SetMessageCacheSource(g.messageCacheBytes)
-	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, g.guard)
+	so := opts.SubscriberOptions
+	if so.Releaser == nil && so.ReleaseAfter >= 0 {
+		so.Releaser = ingest.NewMemReleaser(g.guard)
+	}
+	g.ready = newPreloader(g.pool, opts.TokenizerDir, tokLog, g.Metrics.SetReady, so.Releaser.Request, g.guard)
 	defer func() {
 		if !built {
 			g.ready.close()
 		}
 	}()
 	g.ready.scan()
-	so := opts.SubscriberOptions
 	so.ReplayPortOffset = opts.Settings.ReplayPortOffset
 	so.MaxFrameBytes = opts.Settings.MaxFrameBytes
 	so.PollMin, so.PollMax = opts.Settings.TRTLLMPollMin, opts.Settings.TRTLLMPollMax

@@ -24,11 +24,19 @@ const maxPreload = 256
 // broken file is logged by the pool and must not hold readiness forever). A
 // model a rule names but that is not staged is never queued, so it cannot
 // block readiness. See docs/api.md "Readiness".
+//
+// Parsing a tokenizer.json leaves about twice the loaded tokenizer as
+// garbage (≈ 30 MB for Qwen3), which an idle daemon would keep resident for
+// minutes, so once the queue is empty after a load the preloader asks for
+// one release of freed memory (release; the daemon's ingest.MemReleaser,
+// coalesced with ingest's and bounded to one a second; docs/ingest.md,
+// "End to end").
 type preloader struct {
 	pool     *tokenizer.Pool
 	dir      string
 	log      *slog.Logger
 	setGauge func(ready bool)
+	release  func() // nil: never
 
 	mu      sync.Mutex
 	pending map[string]bool // queued or loading, by model name
@@ -41,12 +49,12 @@ type preloader struct {
 	done   chan struct{}
 }
 
-func newPreloader(pool *tokenizer.Pool, dir string, log *slog.Logger, setGauge func(bool), guard *recovery.Guard) *preloader {
+func newPreloader(pool *tokenizer.Pool, dir string, log *slog.Logger, setGauge func(bool), release func(), guard *recovery.Guard) *preloader {
 	if dir == "" {
 		dir = tokenizer.DefaultDir
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &preloader{pool: pool, dir: dir, log: log, setGauge: setGauge,
+	p := &preloader{pool: pool, dir: dir, log: log, setGauge: setGauge, release: release,
 		pending: map[string]bool{}, seen: map[string]bool{}, wake: make(chan struct{}, 1),
 		ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	p.setGauge(true)
@@ -121,6 +129,7 @@ func (p *preloader) ruleCreated(r *config.Rule) {
 // shares the cores.
 func (p *preloader) run() {
 	defer close(p.done)
+	loaded := false // since the last release
 	for {
 		p.mu.Lock()
 		var m string
@@ -129,6 +138,10 @@ func (p *preloader) run() {
 		}
 		p.mu.Unlock()
 		if m == "" {
+			if loaded && p.release != nil {
+				p.release()
+			}
+			loaded = false
 			select {
 			case <-p.wake:
 				continue
@@ -140,6 +153,7 @@ func (p *preloader) run() {
 			return
 		}
 		start := time.Now()
+		loaded = true // a failed parse leaves garbage too
 		if _, err := p.pool.Get(m); err != nil {
 			// The pool logs the failure itself; this line only times the attempt.
 			p.log.Debug("tokenizer preload failed", "model", m, "reason", tokenizer.ErrorReason(err), "took", time.Since(start))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,5 +138,71 @@ func TestReadyWithNothingStaged(t *testing.T) {
 			t.Errorf("%s: %s", dir, l)
 		}
 		g.Shutdown()
+	}
+}
+
+// TestPreloadReleasesGarbage: once the preload queue is empty after a load
+// (successful or not), the preloader asks once for the freed memory to be
+// returned (parsing a tokenizer.json leaves about twice the tokenizer as
+// garbage, which an idle daemon kept resident); a scan that queues nothing
+// asks for nothing. Before, the preloader never released.
+func TestPreloadReleasesGarbage(t *testing.T) {
+	llama2, err := filepath.Abs("../tokenizer/testdata/llama2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		stage  func(t *testing.T, dir string)
+		wantAt int // releases once ready
+	}{
+		{"nothing staged", func(*testing.T, string) {}, 0},
+		{"one tokenizer", func(t *testing.T, dir string) {
+			if err := os.Symlink(llama2, filepath.Join(dir, "meta-llama__Llama-2-7b")); err != nil {
+				t.Fatal(err)
+			}
+		}, 1},
+		{"two tokenizers and a broken one: one release", func(t *testing.T, dir string) {
+			for _, m := range []string{"a__one", "b__two"} {
+				if err := os.Symlink(llama2, filepath.Join(dir, m)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.MkdirAll(filepath.Join(dir, "broken__model"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "broken__model", "tokenizer.json"), []byte("{not json"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tc.stage(t, dir)
+			var releases atomic.Int32
+			p := newPreloader(tokenizer.NewPool(dir, tokenizer.WithLogger(quietLogger())), dir, quietLogger(),
+				func(bool) {}, func() { releases.Add(1) }, nil)
+			defer p.close()
+			p.scan()
+			waitReleases(t, &releases, tc.wantAt)
+			p.scan() // nothing new staged
+			time.Sleep(50 * time.Millisecond)
+			if got := releases.Load(); got != int32(tc.wantAt) {
+				t.Errorf("releases after an empty scan = %d, want %d", got, tc.wantAt)
+			}
+		})
+	}
+}
+
+// waitReleases waits (bounded) until the preloader is idle with want
+// releases asked for.
+func waitReleases(t *testing.T, releases *atomic.Int32, want int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute) // loads on a loaded 2-core machine
+	for releases.Load() < int32(want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("releases = %d after a minute, want %d", releases.Load(), want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

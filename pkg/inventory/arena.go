@@ -101,13 +101,21 @@ type arena struct {
 	// exit bytes (segmentHugeMin and segmentHugeExit; tests lower them).
 	enter, exit int
 	mapSlab     func(size int) (raw, mem []byte, err error) // the platform's mapSlab; tests make it fail
+	pre         *prefaulter                                // slabs faulted in ahead of a reserved burst (prefault.go)
 }
 
 func newArena() *arena {
-	return &arena{enter: segmentHugeMin, exit: segmentHugeExit, mapSlab: mapSlab}
+	a := &arena{enter: segmentHugeMin, exit: segmentHugeExit, mapSlab: mapSlab}
+	// Through a.mapSlab, so a mapping failure injected by a test reaches the
+	// prepared slabs too.
+	a.pre = newPrefaulter(func(n int) (raw, mem []byte, err error) { return a.mapSlab(n) })
+	return a
 }
 
 func (a *arena) release() {
+	if a.pre != nil {
+		a.pre.discard()
+	}
 	for i, sb := range a.slabs {
 		if sb != nil {
 			unmapSlab(sb.raw)
@@ -245,10 +253,11 @@ func (t *table) rebuildSegmentSizes(seg int, sizes [shardsPerSegment]int) bool {
 	}
 	old := a.slabs[seg]
 	var next *slab
-	if total >= a.exit {
-		capacity := total + total/slabSlackDiv
-		capacity = (capacity + 4095) &^ 4095
-		raw, mem, err := a.mapSlab(capacity)
+	if total >= a.exit && a.pre != nil {
+		next = a.pre.take(seg, slabCapacity(total), total)
+	}
+	if total >= a.exit && next == nil {
+		raw, mem, err := a.mapSlab(slabCapacity(total))
 		if err != nil {
 			a.failed = true
 			if old == nil {

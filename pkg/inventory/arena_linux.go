@@ -34,3 +34,20 @@ func unmapSlab(raw []byte) {
 		_ = unix.Munmap(raw)
 	}
 }
+
+// populateSlab faults mem in for writing (MADV_POPULATE_WRITE, Linux ≥ 5.14),
+// so the writer that later fills it does not pay the kernel's zeroing.
+// Failure (an older kernel) only leaves the pages to be faulted on first
+// touch, as without it.
+func populateSlab(mem []byte) {
+	if len(mem) > 0 {
+		_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
+	}
+}
+
+// dropPages returns mem's pages to the kernel; they read as zero after.
+func dropPages(mem []byte) {
+	if len(mem) > 0 {
+		_ = unix.Madvise(mem, unix.MADV_DONTNEED)
+	}
+}

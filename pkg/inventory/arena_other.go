@@ -10,3 +10,7 @@ func mapSlab(int) (raw, mem []byte, err error) {
 }
 
 func unmapSlab([]byte) {}
+
+func populateSlab([]byte) {}
+
+func dropPages([]byte) {}

@@ -58,6 +58,7 @@ func (ix *Index) ExpectStored(ep, n int) {
 func (t *table) reserve(ep, n int) {
 	t.reservedSum += n - t.reserved[ep]
 	t.reserved[ep] = n
+	t.prefaultReserved()
 }
 
 // reservedShare is the reserved hashes each shard should expect, bounded by

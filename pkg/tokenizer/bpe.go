@@ -43,7 +43,7 @@ func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
 // bpeModel is HF's BPE model. In byte-level mode its vocabulary keys are raw
 // bytes (decoded from GPT-2's byte alphabet), so words need no remapping.
 type bpeModel struct {
-	vocab       map[string]uint32
+	vocab       *vocabIndex // spellings in the internal alphabet
 	merges      map[uint64]mergeValue
 	byteLevel   bool
 	byteIDs     [256]int64 // id of each single byte (byte-level), -1 when absent
@@ -117,7 +117,6 @@ func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, err
 		return nil, errors.New("model: empty vocab")
 	}
 	m := &bpeModel{
-		vocab:       make(map[string]uint32, len(j.Vocab)),
 		byteLevel:   byteLevel,
 		unkID:       -1,
 		fuseUnk:     j.FuseUnk,
@@ -131,9 +130,11 @@ func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, err
 	if j.EndOfWordSuffix != nil {
 		m.suffix = *j.EndOfWordSuffix
 	}
-	m.loadVocab(j.Vocab, j.ByteFallback)
+	if err := m.loadVocab(j.Vocab, j.ByteFallback); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
 	if j.UnkToken != nil {
-		id, ok := m.vocab[*j.UnkToken]
+		id, ok := m.vocab.get(*j.UnkToken)
 		if !ok {
 			return nil, fmt.Errorf("model: unk_token %q not in vocab", *j.UnkToken)
 		}
@@ -152,7 +153,7 @@ func newBPE(raw json.RawMessage, byteLevel bool, cacheWords int) (*bpeModel, err
 // loadVocab fills m.vocab from the file's vocab, in m's internal alphabet
 // (raw bytes for a byte-level model), and the byte and byte-fallback id
 // tables.
-func (m *bpeModel) loadVocab(vocab map[string]uint32, byteFallback bool) {
+func (m *bpeModel) loadVocab(vocab map[string]uint32, byteFallback bool) error {
 	dec := byteDecoder
 	internal := func(tok string) string {
 		if !m.byteLevel {
@@ -168,8 +169,13 @@ func (m *bpeModel) loadVocab(vocab map[string]uint32, byteFallback bool) {
 		}
 		return string(b)
 	}
+	spellings, ids := make([]string, 0, len(vocab)), make([]uint32, 0, len(vocab))
 	for tok, id := range vocab {
-		m.vocab[internal(tok)] = id
+		spellings, ids = append(spellings, internal(tok)), append(ids, id)
+	}
+	var err error
+	if m.vocab, err = newVocabIndex(spellings, ids); err != nil {
+		return err
 	}
 	for i := range m.byteIDs {
 		m.byteIDs[i] = -1
@@ -177,18 +183,19 @@ func (m *bpeModel) loadVocab(vocab map[string]uint32, byteFallback bool) {
 	}
 	if m.byteLevel {
 		for b := 0; b < 256; b++ {
-			if id, ok := m.vocab[string([]byte{byte(b)})]; ok {
+			if id, ok := m.vocab.get(string([]byte{byte(b)})); ok {
 				m.byteIDs[b] = int64(id)
 			}
 		}
 	}
 	if byteFallback {
 		for b := 0; b < 256; b++ {
-			if id, ok := m.vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
+			if id, ok := m.vocab.get(fmt.Sprintf("<0x%02X>", b)); ok {
 				m.fallbackIDs[b] = int64(id)
 			}
 		}
 	}
+	return nil
 }
 
 // loadMerges builds m.merges from the ranked merges. Merges name tokens in
@@ -254,7 +261,7 @@ func (m *bpeModel) encodeWord(word string, dst []uint32) []uint32 {
 		return dst
 	}
 	if m.ignoreMerge {
-		if id, ok := m.vocab[word]; ok {
+		if id, ok := m.vocab.get(word); ok {
 			return append(dst, id)
 		}
 	}
@@ -288,7 +295,7 @@ func (m *bpeModel) initialSymbols(word string, syms []uint32) []uint32 {
 			piece += m.suffix
 		}
 		i += w
-		if id, ok := m.vocab[piece]; ok {
+		if id, ok := m.vocab.get(piece); ok {
 			syms = append(syms, id)
 			prevUnk = false
 			continue

@@ -42,7 +42,7 @@ type Tokenizer struct {
 
 	post postProcessor
 
-	idToToken []string // original vocab strings (byte-level alphabet), by id
+	idToToken stringTable // original vocab strings (byte-level alphabet), by id; "" = none
 	vocabSize int
 
 	metaspace *metaspacePre // for Decode
@@ -244,9 +244,7 @@ func findMetaspace(p preTokenizer) *metaspacePre {
 
 func (t *Tokenizer) buildVocab(added []AddedToken) error {
 	maxID := uint32(0)
-	for _, id := range t.model.vocab {
-		maxID = max(maxID, id)
-	}
+	t.model.vocab.each(func(_ string, id uint32) { maxID = max(maxID, id) })
 	for _, a := range added {
 		maxID = max(maxID, a.ID)
 	}
@@ -254,20 +252,20 @@ func (t *Tokenizer) buildVocab(added []AddedToken) error {
 		return fmt.Errorf("token id %d is implausibly large", maxID)
 	}
 	t.vocabSize = int(maxID) + 1
-	t.idToToken = make([]string, t.vocabSize)
+	byID := make([]string, t.vocabSize) // packed into t.idToToken below
 	enc := byteEncoder
-	for tok, id := range t.model.vocab {
+	t.model.vocab.each(func(tok string, id uint32) {
 		if t.info.byteLevel {
 			// Store the original (byte-alphabet) spelling for IDToToken.
 			var b strings.Builder
 			for i := 0; i < len(tok); i++ {
 				b.WriteRune(enc[tok[i]])
 			}
-			t.idToToken[id] = b.String()
+			byID[id] = b.String()
 		} else {
-			t.idToToken[id] = tok
+			byID[id] = tok
 		}
-	}
+	})
 	t.added = added
 	t.rawTrie, t.normTrie = newTokenTrie(), newTokenTrie()
 	t.addedByID = make(map[uint32]*AddedToken, len(added))
@@ -277,7 +275,7 @@ func (t *Tokenizer) buildVocab(added []AddedToken) error {
 		if a.Content == "" {
 			return fmt.Errorf("added token %d has empty content", a.ID)
 		}
-		t.idToToken[a.ID] = a.Content
+		byID[a.ID] = a.Content
 		t.addedByID[a.ID] = a
 		t.addedByText[a.Content] = a.ID
 		if a.Normalized && t.normalizer != nil {
@@ -286,7 +284,17 @@ func (t *Tokenizer) buildVocab(added []AddedToken) error {
 			t.rawTrie.add(a.Content, i)
 		}
 	}
-	return nil
+	var err error
+	t.idToToken, err = packStrings(byID)
+	return err
+}
+
+// token returns the vocabulary string of id, "" when there is none.
+func (t *Tokenizer) token(id uint32) string {
+	if int(id) >= t.idToToken.len() {
+		return ""
+	}
+	return t.idToToken.at(int(id))
 }
 
 // detectChunking enables the warm-path chunk cache when the pre-tokenizer is
@@ -492,10 +500,8 @@ func (t *Tokenizer) VocabSize() int { return t.vocabSize }
 // IDToToken returns the vocabulary string of id (in the model's alphabet,
 // e.g. "Ġhello" for byte-level BPE) and whether id exists.
 func (t *Tokenizer) IDToToken(id uint32) (string, bool) {
-	if int(id) >= len(t.idToToken) || t.idToToken[id] == "" {
-		return "", false
-	}
-	return t.idToToken[id], true
+	tok := t.token(id)
+	return tok, tok != ""
 }
 
 // TokenToID returns the id of a vocabulary string or added token.
@@ -515,8 +521,7 @@ func (t *Tokenizer) TokenToID(token string) (uint32, bool) {
 		}
 		token = string(b)
 	}
-	id, ok := t.model.vocab[token]
-	return id, ok
+	return t.model.vocab.get(token)
 }
 
 // AddedTokens returns the added tokens (special or not), sorted by id.
@@ -550,10 +555,10 @@ func (t *Tokenizer) Decode(ids []uint32) string {
 			b = append(b, a.Content...)
 			continue
 		}
-		if int(id) >= len(t.idToToken) || t.idToToken[id] == "" {
+		tok := t.token(id)
+		if tok == "" {
 			continue
 		}
-		tok := t.idToToken[id]
 		if t.info.byteLevel {
 			dec := byteDecoder
 			for _, r := range tok {

@@ -44,16 +44,16 @@ func TestByteBudgetDrainedPeak(t *testing.T) {
 // TestMemReleaserCoalesces: requests within the interval make one pending
 // release; a nil releaser (ReleaseAfter < 0) ignores requests.
 func TestMemReleaserCoalesces(t *testing.T) {
-	var nilReleaser *memReleaser
-	nilReleaser.request() // must not panic
-	m := &memReleaser{}
+	var nilReleaser *MemReleaser
+	nilReleaser.Request() // must not panic
+	m := &MemReleaser{}
 	m.last.Store(time.Now().UnixNano()) // the next release waits for the interval
-	m.request()
+	m.Request()
 	if !m.pending.Load() {
 		t.Fatal("no release pending after a request")
 	}
 	last := m.last.Load()
-	m.request() // coalesced into the pending one
+	m.Request() // coalesced into the pending one
 	if m.last.Load() != last {
 		t.Fatal("a coalesced request released at once")
 	}
@@ -63,6 +63,13 @@ func TestMemReleaserCoalesces(t *testing.T) {
 	}
 	if NewManager(Options{}).opts.releaser == nil {
 		t.Error("the default does not release")
+	}
+	shared := NewMemReleaser(nil)
+	if NewManager(Options{Releaser: shared}).opts.releaser != shared {
+		t.Error("the daemon's shared releaser is not used")
+	}
+	if NewManager(Options{Releaser: shared, ReleaseAfter: -1}).opts.releaser != nil {
+		t.Error("ReleaseAfter < 0 still releases through the shared releaser")
 	}
 }
 

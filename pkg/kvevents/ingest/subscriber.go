@@ -196,7 +196,12 @@ type Options struct {
 	// Guard recovers a panic in a rank's goroutines; nil still recovers.
 	Guard *recovery.Guard
 
-	releaser *memReleaser // shared by a Manager's ranks; set by NewManager
+	// Releaser, when set, is the daemon's MemReleaser, shared with its other
+	// sources of transient garbage (the tokenizer preload) so their releases
+	// coalesce; nil: NewManager makes one for its ranks.
+	Releaser *MemReleaser
+
+	releaser *MemReleaser // what the ranks use; nil when ReleaseAfter < 0
 }
 
 func (o Options) withDefaults() Options {
@@ -262,7 +267,10 @@ type Manager struct {
 func NewManager(opts Options) *Manager {
 	opts = opts.withDefaults()
 	if opts.ReleaseAfter > 0 {
-		opts.releaser = &memReleaser{guard: opts.Guard}
+		opts.releaser = opts.Releaser
+		if opts.releaser == nil {
+			opts.releaser = NewMemReleaser(opts.Guard)
+		}
 	}
 	return &Manager{opts: opts, subs: make(map[string]*endpointSub)}
 }
@@ -805,7 +813,7 @@ func (r *rankSub) receive(ctx context.Context, sock zmq4.Socket, reconnect bool)
 			budget.release(m.size)
 			r.flushApplied(len(queue))
 			if len(queue) == 0 && r.opts.releaser != nil && budget.drainedPeak() >= r.opts.ReleaseAfter {
-				r.opts.releaser.request()
+				r.opts.releaser.Request()
 			}
 		}
 	}
