@@ -101,7 +101,7 @@ type arena struct {
 	// exit bytes (segmentHugeMin and segmentHugeExit; tests lower them).
 	enter, exit int
 	mapSlab     func(size int) (raw, mem []byte, err error) // the platform's mapSlab; tests make it fail
-	pre         *prefaulter                                // slabs faulted in ahead of a reserved burst (prefault.go)
+	pre         *prefaulter                                 // slabs faulted in ahead of a reserved burst (prefault.go)
 }
 
 func newArena() *arena {
