@@ -55,6 +55,30 @@ func PortPair(t testing.TB, host string, offset int) int {
 	return p
 }
 
+// Ports returns n distinct TCP ports that were free on host a moment ago.
+// Successive Port calls may return the same port (each listener closes
+// before the next one binds); Ports holds every listener until all n are
+// bound.
+func Ports(t testing.TB, host string, n int) []int {
+	t.Helper()
+	ports := make([]int, 0, n)
+	lns := make([]net.Listener, 0, n)
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			t.Fatalf("listen %s: %v", host, err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
 // FreePort is Port for callers without a testing.TB (the bench commands).
 func FreePort(host string) (int, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))

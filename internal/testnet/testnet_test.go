@@ -36,3 +36,21 @@ func TestAllocations(t *testing.T) {
 		})
 	}
 }
+
+// TestPortsDistinct: Ports never repeats a port. Successive Port calls do
+// (bind to port 0 reuses a just-closed port; 47 of 500 rounds of 40 Port
+// calls on 127.0.0.1 repeated one), which made tests that key state by port
+// compare one rule with two histories.
+func TestPortsDistinct(t *testing.T) {
+	host := Host(t)
+	for round := range 100 {
+		ports := Ports(t, host, 40)
+		seen := map[int]bool{}
+		for _, p := range ports {
+			if seen[p] {
+				t.Fatalf("round %d: port %d returned twice: %v", round, p, ports)
+			}
+			seen[p] = true
+		}
+	}
+}
