@@ -57,22 +57,7 @@ func TestManyModelsOneRule(t *testing.T) {
 		}
 		return true
 	})
-	// Each model's tokenizer is staged under its own name (the spec's path).
-	staging := stagingDir(t)
-	if err := os.Symlink(repoTokenizerDir(t), filepath.Join(staging, strings.ReplaceAll(modelB, "/", "__"))); err != nil {
-		t.Fatal(err)
-	}
-	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
-	gw := startProc(t, []string{"LLB_KV_NONE_HASH_SEED=0", "LLB_KV_MODEL_DISCOVERY_SEC=1"}, filepath.Join(dir, "kvgate"),
-		"--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", staging, "--decision-header")
-	tg := &testGateway{api: "http://" + api}
-	waitFor(t, "the management API", 20*time.Second, func() bool {
-		resp, err := http.Get(tg.api + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	gw, tg := startModelsGateway(t, dir, block, 1, "--decision-header")
 	vip, vport := block+"1", testnet.Port(t, block+"1")
 	var eps []string
 	for _, h := range hosts {
@@ -347,21 +332,7 @@ func restartWithAnotherModel(t *testing.T, dir string, probeInterval, probeTimeo
 	}
 	engine(hosts[0], model)
 	second := engine(hosts[1], model)
-	staging := stagingDir(t)
-	if err := os.Symlink(repoTokenizerDir(t), filepath.Join(staging, strings.ReplaceAll(modelB, "/", "__"))); err != nil {
-		t.Fatal(err)
-	}
-	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
-	gw := startProc(t, []string{"LLB_KV_NONE_HASH_SEED=0", "LLB_KV_MODEL_DISCOVERY_SEC=3600"}, filepath.Join(dir, "kvgate"),
-		"--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", staging)
-	tg := &testGateway{api: "http://" + api}
-	waitFor(t, "the management API", 20*time.Second, func() bool {
-		resp, err := http.Get(tg.api + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	gw, tg := startModelsGateway(t, dir, block, 3600)
 	vip, vport := block+"1", testnet.Port(t, block+"1")
 	id := tg.createRule(t, []byte(fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","sel":0,"mode":4,
 		"kvExactMode":3,"kvZmqPort":5557,"kvHashAlgo":"sha256_cbor","kvBlockSize":16,"probeInterval":%d,"probeTimeout":%d,"probeRetries":%d},
@@ -406,6 +377,29 @@ func restartWithAnotherModel(t *testing.T, dir string, probeInterval, probeTimeo
 			t.Fatalf("%s after the restart: %d on %q, want 200 on the only engine still serving it", model, r.status, r.engine)
 		}
 	}
+}
+
+// startModelsGateway starts the kvgate binary in dir on block's .2, with
+// both models' tokenizers staged (each under its own slug, the spec's path)
+// and model discovery every discoverySec, and waits for /readyz.
+func startModelsGateway(t *testing.T, dir, block string, discoverySec int, args ...string) (*proc, *testGateway) {
+	t.Helper()
+	staging := stagingDir(t)
+	if err := os.Symlink(repoTokenizerDir(t), filepath.Join(staging, strings.ReplaceAll(modelB, "/", "__"))); err != nil {
+		t.Fatal(err)
+	}
+	api := fmt.Sprintf("%s2:%d", block, testnet.Port(t, block+"2"))
+	gw := startProc(t, []string{"LLB_KV_NONE_HASH_SEED=0", fmt.Sprintf("LLB_KV_MODEL_DISCOVERY_SEC=%d", discoverySec)}, filepath.Join(dir, "kvgate"),
+		append([]string{"--api", api, "--state-dir", t.TempDir(), "--tokenizer-dir", staging}, args...)...)
+	tg := &testGateway{api: "http://" + api}
+	waitFor(t, "the management API", 20*time.Second, func() bool {
+		resp, err := http.Get(tg.api + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	return gw, tg
 }
 
 // daemonStatus is the daemon's GET /netlox/v1/status.
