@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 )
 
@@ -145,4 +146,23 @@ func writeAtomic(path string, b []byte) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// EngineCAs is the fixture of the engine-TLS tests: the CA a rule trusts
+// (written to a file in a temporary directory of t, as backend_ca_path
+// names one), and another CA whose certificates the rule must refuse.
+func EngineCAs(t testing.TB) (trusted, other *CA, caFile string) {
+	t.Helper()
+	trusted, err := NewCA("engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other, err = NewCA("someone else"); err != nil {
+		t.Fatal(err)
+	}
+	caFile = filepath.Join(t.TempDir(), "ca.crt")
+	if err := trusted.WriteCA(caFile); err != nil {
+		t.Fatal(err)
+	}
+	return trusted, other, caFile
 }

@@ -68,12 +68,7 @@ func server(t *testing.T, pair *testcerts.Pair) string {
 // TestCallsAndExplain: real calls to engines over the rule's client, and
 // the hint each TLS failure carries.
 func TestCallsAndExplain(t *testing.T) {
-	ca, _ := testcerts.NewCA("engines")
-	other, _ := testcerts.NewCA("someone else")
-	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	if err := ca.WriteCA(caFile); err != nil {
-		t.Fatal(err)
-	}
+	ca, other, caFile := testcerts.EngineCAs(t)
 	engineTLS, err := tlsterm.NewEngineTLS(caFile)
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -57,12 +56,7 @@ func httpsEngine(t *testing.T, ca *testcerts.CA, key string) (Target, *atomic.In
 // signed passes (with the token, over one kept-alive connection); another
 // CA's and a plain client fail with a reason that says what to fix.
 func TestProbeOverTLS(t *testing.T) {
-	ca, _ := testcerts.NewCA("engines")
-	other, _ := testcerts.NewCA("someone else")
-	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	if err := ca.WriteCA(caFile); err != nil {
-		t.Fatal(err)
-	}
+	ca, other, caFile := testcerts.EngineCAs(t)
 	engineTLS, err := tlsterm.NewEngineTLS(caFile)
 	if err != nil {
 		t.Fatal(err)

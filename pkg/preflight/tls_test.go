@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,12 +62,7 @@ func httpsEngine(t *testing.T, ca *testcerts.CA) config.Endpoint {
 // call the engines over https with the rule's engine client; a certificate
 // another CA signed fails the health row with the fix in its detail.
 func TestEngineCallsOverTLS(t *testing.T) {
-	ca, _ := testcerts.NewCA("engines")
-	other, _ := testcerts.NewCA("someone else")
-	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	if err := ca.WriteCA(caFile); err != nil {
-		t.Fatal(err)
-	}
+	ca, other, caFile := testcerts.EngineCAs(t)
 	engineTLS, err := tlsterm.NewEngineTLS(caFile)
 	if err != nil {
 		t.Fatal(err)
