@@ -70,6 +70,7 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LOXILB_KV_PROVISIONAL_WEIGHT": "0"}, func(s Settings) bool { return s.ProvisionalWeight == 0 }},
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": " Hash "}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementHash }},
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": "sel"}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementSel }},
+		{map[string]string{"LLB_KV_COLD_PLACEMENT": "cost"}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementCost }},
 		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "250"}, func(s Settings) bool { return s.LoadScrapeInterval == 250*time.Millisecond }},
 		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "0"}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
 		{map[string]string{}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
@@ -179,7 +180,7 @@ func TestSettingsSelectorKnobErrors(t *testing.T) {
 		{"LOXILB_KV_LB_MODE", "medium", `environment variable LOXILB_KV_LB_MODE="medium" is invalid: allowed values: off, hard, soft, adaptive, adaptive-soft, cost`},
 		{"LOXILB_KV_SPILL_RELIEF", " sometimes ", `environment variable LOXILB_KV_SPILL_RELIEF="sometimes" is invalid: allowed values: auto, on (1, true, yes), off (0, false, no)`},
 		{"LOXILB_KV_SCORE", "leading-run", `environment variable LOXILB_KV_SCORE="leading-run" is invalid: allowed values: leading (the default; alias prefix), overlap`},
-		{"LLB_KV_COLD_PLACEMENT", "rendezvous", `environment variable LLB_KV_COLD_PLACEMENT="rendezvous" is invalid: allowed values: sel (the default), hash`},
+		{"LLB_KV_COLD_PLACEMENT", "rendezvous", `environment variable LLB_KV_COLD_PLACEMENT="rendezvous" is invalid: allowed values: sel (the default), hash, cost`},
 	} {
 		_, err := SettingsFromLookup(lookupOf(map[string]string{tc.name: tc.value}))
 		if err == nil || err.Error() != tc.want {

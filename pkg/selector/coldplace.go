@@ -25,25 +25,34 @@ const (
 	// ColdPlacementHash places them by a bounded-load rendezvous hash of
 	// the prompt's first blocks.
 	ColdPlacementHash
+	// ColdPlacementCost places them on the endpoint with the least
+	// predicted time to first token: the prefill work pending there plus
+	// the whole prompt, times its learned per-token time (costPick).
+	ColdPlacementCost
 )
 
 func (p ColdPlacement) String() string {
-	if p == ColdPlacementHash {
+	switch p {
+	case ColdPlacementHash:
 		return "hash"
+	case ColdPlacementCost:
+		return "cost"
 	}
 	return "sel"
 }
 
 // ParseColdPlacement parses a LLB_KV_COLD_PLACEMENT value: sel (also empty,
-// the default) or hash, case-insensitively.
+// the default), hash or cost, case-insensitively.
 func ParseColdPlacement(s string) (ColdPlacement, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "", "sel":
 		return ColdPlacementSel, nil
 	case "hash":
 		return ColdPlacementHash, nil
+	case "cost":
+		return ColdPlacementCost, nil
 	}
-	return 0, &ParseError{What: "cold placement", Value: strings.TrimSpace(s), Allowed: "sel (the default), hash"}
+	return 0, &ParseError{What: "cold placement", Value: strings.TrimSpace(s), Allowed: "sel (the default), hash, cost"}
 }
 
 // coldKeyBlocks is how many leading blocks key a cold placement: the shallow
@@ -67,13 +76,19 @@ func coldKey(hashes []uint64, minBlocks int) uint64 {
 // (coldHashPick), sc.load holding the loads. -1 when the option is off, the
 // prompt has no full block or nothing is eligible.
 func (s *Selector) coldPlace(req *Request, elig epset.Set, sc *scratch, d *Decision) int {
-	if s.opts.ColdPlacement != ColdPlacementHash || len(req.Hashes) == 0 {
-		return -1
-	}
 	if d.Reason != ReasonNoWorker && d.Reason != ReasonShallow {
 		return -1
 	}
-	return coldHashPick(elig, coldKey(req.Hashes, d.MinBlocks), sc)
+	switch s.opts.ColdPlacement {
+	case ColdPlacementHash:
+		if len(req.Hashes) == 0 {
+			return -1
+		}
+		return coldHashPick(elig, coldKey(req.Hashes, d.MinBlocks), sc)
+	case ColdPlacementCost:
+		return s.costPick(req, elig, sc)
+	}
+	return -1
 }
 
 // coldSlack is how far above the least-loaded eligible endpoint a cold

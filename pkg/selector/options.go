@@ -259,7 +259,7 @@ func (o Options) Validate() error {
 		return fmt.Errorf("LOXILB_KV_CAP_FULL_GAIN=%d: want 0..%d", o.CapFullGain, MaxCapFullGain)
 	case o.Score > ScoreOverlap:
 		return fmt.Errorf("LOXILB_KV_SCORE: unknown value %d", o.Score)
-	case o.ColdPlacement > ColdPlacementHash:
+	case o.ColdPlacement > ColdPlacementCost:
 		return fmt.Errorf("LLB_KV_COLD_PLACEMENT: unknown value %d", o.ColdPlacement)
 	case o.MaxSessions < 1 || o.MaxSessions > maxCountLimit:
 		return fmt.Errorf("selector: MaxSessions=%d: want 1..%d", o.MaxSessions, maxCountLimit)

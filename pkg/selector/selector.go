@@ -150,6 +150,7 @@ type Selector struct {
 	trie     *trie
 
 	rrLoad, rrDecode, rrSel, rrNormal atomic.Uint64
+	rrCold                            atomic.Uint64 // ties of the cold placement by cost
 	coldTick                          atomic.Uint64
 	zeroStreak                        atomic.Int64
 
