@@ -33,8 +33,10 @@ type Settings struct {
 	// replica picks the same pair (docs/replicas.md). Default off.
 	SessionHash bool
 	// LLB_KV_COLD_PLACEMENT: where a request no engine holds goes: sel (the
-	// rule's sel, the default) or hash (a bounded-load rendezvous hash of the
-	// prompt's first blocks, alike on every replica; docs/replicas.md).
+	// rule's sel, the default), hash (a bounded-load rendezvous hash of the
+	// prompt's first blocks, alike on every replica; docs/replicas.md) or
+	// cost (the least predicted TTFT from pending prefill work;
+	// docs/selection.md).
 	ColdPlacement selector.ColdPlacement
 	// LLB_KV_LOAD_SCRAPE_MS: when set (100-60000; 0 is the default), KV and P/D rules scrape
 	// their engines' /metrics on this interval instead of with each probe,
