@@ -46,7 +46,8 @@ func TestAppendRenderChatReusedBuffer(t *testing.T) {
 				t.Fatalf("RenderChat error %v, want error %v", wantErr, tc.wantErr)
 			}
 			for _, prefix := range []string{"", "kept>"} {
-				dst := append(buf[:0], prefix...)
+				buf = append(buf[:0], prefix...)
+				dst := buf
 				for i := len(dst); i < cap(dst); i++ {
 					dst[:cap(dst)][i] = '#' // stale bytes of an earlier render
 				}

@@ -199,3 +199,57 @@ func TestSharedTextMatchesString(t *testing.T) {
 		}
 	}
 }
+
+// Concurrent AppendChat calls on one Model share its render buffers and one
+// IDPool: each must still get its own conversation's ids (run with -race).
+func TestAppendChatConcurrent(t *testing.T) {
+	path := filepath.Join("testdata", "qwen3", "tokenizer.json")
+	cached, err := LoadModel(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := LoadModel(path, WithConversationCache(0), WithPrefixCache(0), WithWordCache(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(13, 14))
+	const workers, turns = 4, 5
+	reqs := make([][]ChatRequest, workers)
+	wants := make([][][]uint32, workers)
+	for w := range workers {
+		msgs := []map[string]any{{"role": "system", "content": validUTF8(randomGrowth(r, cached.Tokenizer, 9000))}}
+		for range turns {
+			msgs = append(msgs, map[string]any{"role": "user", "content": validUTF8(randomGrowth(r, cached.Tokenizer, 1000))})
+			req := ChatRequest{Messages: slices.Clone(msgs)}
+			want, _, err := fresh.EncodeChat(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs[w], wants[w] = append(reqs[w], req), append(wants[w], want)
+			msgs = append(msgs, map[string]any{"role": "assistant", "content": "ok"})
+		}
+	}
+	var pool IDPool
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i, req := range reqs[w] {
+				got, err := cached.AppendChat(pool.Get(), req)
+				if err == nil && !slices.Equal(got, wants[w][i]) {
+					err = fmt.Errorf("worker %d turn %d: ids differ from a fresh encode", w, i)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				pool.Put(got)
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
