@@ -39,19 +39,10 @@ func benchTokenizer(b *testing.B, name string, opts ...Option) *Tokenizer {
 
 func (t *Tokenizer) resetCaches() {
 	if c := t.model.cache; c != nil {
-		for i := range c.shards {
-			c.shards[i].mu.Lock()
-			clear(c.shards[i].m)
-			c.shards[i].mu.Unlock()
-		}
+		c.reset()
 	}
 	if c := t.chunks; c != nil {
-		for i := range c.shards {
-			c.shards[i].mu.Lock()
-			clear(c.shards[i].m)
-			c.shards[i].bytes = 0
-			c.shards[i].mu.Unlock()
-		}
+		c.reset()
 	}
 }
 
