@@ -39,7 +39,11 @@ func benchTokenizer(b *testing.B, name string, opts ...Option) *Tokenizer {
 
 func (t *Tokenizer) resetCaches() {
 	if c := t.model.cache; c != nil {
-		c.reset()
+		for i := range c.shards {
+			c.shards[i].mu.Lock()
+			clear(c.shards[i].m)
+			c.shards[i].mu.Unlock()
+		}
 	}
 	if c := t.chunks; c != nil {
 		c.reset()

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -505,47 +504,46 @@ func (m *bpeModel) mergeHeap(syms []uint32) int {
 
 // wordCache is a bounded, sharded map from pre-token to ids. A full shard is
 // cleared rather than tracked per entry: cheap, and hot words come back at once.
-// Its entries live in idTables, which the GC does not scan (up to 64k words).
 type wordCache struct {
-	seed     maphash.Seed
 	shards   [16]wordShard
 	perShard int
 }
 
 type wordShard struct {
 	mu sync.RWMutex
-	t  *idTable
+	m  map[string][]uint32
 }
 
 // maxCachedWord bounds the length of cached words: long runs are rare and
 // would pin memory.
 const maxCachedWord = 256
 
-// Word shard blocks: 4096 words of a few bytes and ids each fill a few.
-const (
-	wordTextBlock = 4 << 10
-	wordIDsBlock  = 1 << 10
-)
-
 func newWordCache(words int) *wordCache {
-	c := &wordCache{perShard: words / 16, seed: maphash.MakeSeed()}
+	c := &wordCache{perShard: words / 16}
 	if c.perShard < 1 {
 		return nil
 	}
 	for i := range c.shards {
-		c.shards[i].t = newIDTable(wordTextBlock, wordIDsBlock)
+		c.shards[i].m = make(map[string][]uint32)
 	}
 	return c
+}
+
+func shardOf(s string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return int(h & 15)
 }
 
 func (c *wordCache) get(word string) ([]uint32, bool) {
 	if c == nil || len(word) > maxCachedWord {
 		return nil, false
 	}
-	h := maphash.String(c.seed, word)
-	sh := &c.shards[h&15]
+	sh := &c.shards[shardOf(word)]
 	sh.mu.RLock()
-	ids, ok := sh.t.get(h, word)
+	ids, ok := sh.m[word]
 	sh.mu.RUnlock()
 	return ids, ok
 }
@@ -554,21 +552,13 @@ func (c *wordCache) put(word string, ids []uint32) {
 	if c == nil || len(word) > maxCachedWord {
 		return
 	}
-	h := maphash.String(c.seed, word)
-	sh := &c.shards[h&15]
+	sh := &c.shards[shardOf(word)]
+	own := append([]uint32(nil), ids...)
+	key := strings.Clone(word)
 	sh.mu.Lock()
-	if sh.t.entries >= c.perShard {
-		sh.t.reset()
+	if len(sh.m) >= c.perShard {
+		clear(sh.m)
 	}
-	sh.t.put(h, word, ids)
+	sh.m[key] = own
 	sh.mu.Unlock()
-}
-
-// reset empties the cache (benchmarks of the cold path).
-func (c *wordCache) reset() {
-	for i := range c.shards {
-		c.shards[i].mu.Lock()
-		c.shards[i].t.reset()
-		c.shards[i].mu.Unlock()
-	}
 }

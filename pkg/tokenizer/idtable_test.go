@@ -19,7 +19,7 @@ func TestIDTableMatchesMap(t *testing.T) {
 		textBlock int
 		idsBlock  int
 	}{
-		{"no collisions, word blocks", 1 << 62, wordTextBlock, wordIDsBlock},
+		{"no collisions, chunk blocks", 1 << 62, chunkTextBlock, chunkIDsBlock},
 		{"many collisions, tiny blocks", 7, 16, 4},
 		{"entries larger than a block", 1 << 62, 3, 2},
 	}
