@@ -51,6 +51,7 @@ type config struct {
 	cpuProfile    string
 	memProfile    string
 	slowest       int
+	users         int
 }
 
 func run() error {
@@ -60,14 +61,15 @@ func run() error {
 	flag.IntVar(&c.tokens, "tokens", 100_000, "approximate prompt tokens per request")
 	flag.Float64Var(&c.seen, "seen", 0.9, "fraction of the prompt seen before in warm mode")
 	flag.IntVar(&c.blockSize, "block-size", 16, "KV block size in tokens")
-	flag.StringVar(&c.modes, "modes", "cold,warm", "modes to run, in order")
+	flag.StringVar(&c.modes, "modes", "cold,warm", "modes to run, in order: cold, warm, users (-users conversations under one system prompt, each seen before, taking turns)")
+	flag.IntVar(&c.users, "users", 4, "conversations of the users mode")
 	flag.StringVar(&c.variants, "variants", "before,after", "before: message cache, tokenizer conversation cache and hash chain cache off; after: all on (the daemon's defaults) and the ids in a reused buffer (tokenizer.IDPool, as the router releases it after hashing); nopool: after without the IDPool")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured requests here")
 	flag.IntVar(&c.slowest, "slowest", 0, "also list the n requests of longest decision wall time, stage by stage (what makes the tail)")
 	flag.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile (go tool pprof -sample_index=alloc_space) here at the end")
 	flag.Parse()
-	if c.requests < 1 || c.requests > 1_000_000 || c.tokens < 1000 || c.seen <= 0 || c.seen >= 1 {
-		return fmt.Errorf("need -requests ≥ 1, -tokens ≥ 1000, 0 < -seen < 1")
+	if c.requests < 1 || c.requests > 1_000_000 || c.tokens < 1000 || c.seen <= 0 || c.seen >= 1 || c.users < 1 || c.users > 64 {
+		return fmt.Errorf("need 1 ≤ -requests ≤ 1e6, -tokens ≥ 1000, 0 < -seen < 1, 1 ≤ -users ≤ 64")
 	}
 	fmt.Printf("machine: %s; tokenizer %s; %d requests per mode, ~%d tokens, %.0f%% seen (warm)\n",
 		machine(), c.tokenizerPath, c.requests, c.tokens, c.seen*100)
@@ -219,7 +221,9 @@ func measure(c config, mode, variant string) (*result, error) {
 	const model = "Qwen/Qwen3-0.6B"
 	seenTokens := int(float64(c.tokens) * c.seen)
 	base := conversation(r, 0, seenTokens, 2000)
-	if mode == "warm" {
+	var users [][]map[string]string
+	switch mode {
+	case "warm":
 		// The conversation so far was routed before (as the previous turn).
 		b, err := body(model, base)
 		if err != nil {
@@ -228,13 +232,34 @@ func measure(c config, mode, variant string) (*result, error) {
 		if _, err := d.decide(b); err != nil {
 			return nil, err
 		}
+	case "users":
+		// Users of one application: base's system prompt, then each user's
+		// own history, each routed before.
+		for u := range c.users {
+			h := append([]map[string]string{base[0]}, conversation(r, uint64(u+1), seenTokens, 2000)[1:]...)
+			users = append(users, h)
+			b, err := body(model, h)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := d.decide(b); err != nil {
+				return nil, err
+			}
+		}
+	case "cold":
+	default:
+		return nil, fmt.Errorf("unknown mode %q", mode)
 	}
 	res := &result{stages: map[string][]time.Duration{}, stageCPU: map[string][]time.Duration{}}
 	for i := range c.requests {
 		var msgs []map[string]string
-		if mode == "cold" {
+		switch mode {
+		case "cold":
 			msgs = conversation(r, uint64(i+1), c.tokens, 2000)
-		} else {
+		case "users":
+			// The users take turns, a new question after their history.
+			msgs = append(slices.Clone(users[i%len(users)]), map[string]string{"role": "user", "content": sentence(r, c.tokens-seenTokens)})
+		default:
 			// A new question each time after the same seen conversation.
 			msgs = append(slices.Clone(base), map[string]string{"role": "user", "content": sentence(r, c.tokens-seenTokens)})
 		}

@@ -253,3 +253,40 @@ func TestAppendChatConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// Users of one application share a system prompt. A user's first request
+// starts from another user's entry (the prompt is all they share) and must
+// not evict it: that user's next turn still reuses their whole history. The
+// same conversation moving on replaces its own entry.
+func TestConversationCacheKeepsOtherUsers(t *testing.T) {
+	m, err := LoadModel(filepath.Join("testdata", "qwen3", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(19, 20))
+	grow := func(n int) string { return validUTF8(randomGrowth(r, m.Tokenizer, n)) }
+	system := map[string]any{"role": "system", "content": grow(2000)}
+	users := make([][]map[string]any, 3)
+	texts := make([]string, len(users))
+	for i := range users {
+		users[i] = []map[string]any{system, {"role": "user", "content": grow(12000)}}
+		if _, texts[i], err = m.EncodeChat(ChatRequest{Messages: users[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range users {
+		next := append(slices.Clone(users[i]), map[string]any{"role": "assistant", "content": "ok"}, map[string]any{"role": "user", "content": "and then?"})
+		before := m.PrefixStats().ReusedBytes
+		if _, _, err := m.EncodeChat(ChatRequest{Messages: next}); err != nil {
+			t.Fatal(err)
+		}
+		// The reuse stops at the last added token (<|im_start|>) before the
+		// end of the shared bytes: the previous render's generation prompt.
+		if got := int(m.PrefixStats().ReusedBytes - before); got < len(texts[i])-64 {
+			t.Fatalf("user %d's next turn reused %d bytes of their %d-byte history", i, got, len(texts[i]))
+		}
+	}
+	if st := m.PrefixStats(); st.Entries != len(users) {
+		t.Fatalf("%d entries, want one per user", st.Entries)
+	}
+}

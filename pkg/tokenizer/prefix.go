@@ -176,9 +176,9 @@ func lastSafeCut(cuts []prefixCut, common, maxAdded int) (prefixCut, bool) {
 }
 
 // store keeps a copy of text and its ids; from, when not nil, is the entry
-// the encode started from, which the new one supersedes (the conversation
-// moved on), and whose first common bytes text shares: only the rest is
-// copied.
+// the encode started from, whose first common bytes text shares (only the
+// rest is copied), and which the new entry supersedes when it shares most
+// of it (see supersedes).
 func (c *prefixCache) store(from *prefixEntry, common int, text string, ids segslice.Slice[uint32], cuts []prefixCut, maxWordBytes int) {
 	if len(text) < minPrefixText || len(cuts) == 0 {
 		return
@@ -194,9 +194,10 @@ func (c *prefixCache) store(from *prefixEntry, common int, text string, ids segs
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	replaces := from != nil && supersedes(common, from.text.Len())
 	bucket := c.buckets[e.key]
 	for i, el := range bucket {
-		if old := el.Value.(*prefixEntry); old == from || old.text.equal(text) {
+		if old := el.Value.(*prefixEntry); (old == from && replaces) || old.text.equal(text) {
 			c.removeLocked(el, i)
 			break
 		}
@@ -217,6 +218,16 @@ func (c *prefixCache) store(from *prefixEntry, common int, text string, ids segs
 		}
 	}
 }
+
+// supersedes reports whether a new entry sharing common of the n elements
+// of the entry it started from replaces that entry: it shares at least 3/4
+// of it, so it is the same conversation moving on (a new turn, the last one
+// rewritten). Another user's conversation under the same system prompt
+// shares only that prompt and leaves the entry cached: replacing it made
+// users of one application evict each other's conversations on every
+// request (docs/tokenizer.md, "Decision cost at long context"). The same
+// rule holds in reqfacts' message cache and kvhash's chain cache.
+func supersedes(common, n int) bool { return 4*common >= 3*n }
 
 func (c *prefixCache) removeLocked(el *list.Element, i int) {
 	e := el.Value.(*prefixEntry)
