@@ -180,7 +180,7 @@ func TestSettingsSelectorKnobErrors(t *testing.T) {
 		{"LOXILB_KV_LB_MODE", "medium", `environment variable LOXILB_KV_LB_MODE="medium" is invalid: allowed values: off, hard, soft, adaptive, adaptive-soft, cost`},
 		{"LOXILB_KV_SPILL_RELIEF", " sometimes ", `environment variable LOXILB_KV_SPILL_RELIEF="sometimes" is invalid: allowed values: auto, on (1, true, yes), off (0, false, no)`},
 		{"LOXILB_KV_SCORE", "leading-run", `environment variable LOXILB_KV_SCORE="leading-run" is invalid: allowed values: leading (the default; alias prefix), overlap`},
-		{"LLB_KV_COLD_PLACEMENT", "rendezvous", `environment variable LLB_KV_COLD_PLACEMENT="rendezvous" is invalid: allowed values: sel (the default), hash, cost`},
+		{"LLB_KV_COLD_PLACEMENT", "rendezvous", `environment variable LLB_KV_COLD_PLACEMENT="rendezvous" is invalid: allowed values: cost (the default), sel, hash`},
 	} {
 		_, err := SettingsFromLookup(lookupOf(map[string]string{tc.name: tc.value}))
 		if err == nil || err.Error() != tc.want {

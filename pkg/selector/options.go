@@ -194,7 +194,7 @@ type Options struct {
 	// key (LLB_PD_SESSION_HASH, default off; sessionhash.go).
 	SessionHash bool
 	// ColdPlacement is where a request without a holder goes
-	// (LLB_KV_COLD_PLACEMENT, default sel; coldplace.go).
+	// (LLB_KV_COLD_PLACEMENT, default cost; coldplace.go).
 	ColdPlacement ColdPlacement
 	// CursorStart is where the round-robin cursors start (default 0).
 	// Replicas of one fleet start theirs apart, so the requests a client
@@ -231,6 +231,7 @@ func DefaultOptions() Options {
 		MaxSessions:        DefaultMaxSessions,
 		TrieMaxNodes:       DefaultTrieMaxNodes,
 		QueueStaleAfter:    DefaultQueueStaleAfter,
+		ColdPlacement:      DefaultColdPlacement,
 	}
 }
 
