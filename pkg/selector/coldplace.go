@@ -20,7 +20,8 @@ import (
 type ColdPlacement uint8
 
 const (
-	// ColdPlacementSel leaves cold requests to the rule's sel (the default).
+	// ColdPlacementSel leaves cold requests to the rule's sel (the spec's
+	// fallback).
 	ColdPlacementSel ColdPlacement = iota
 	// ColdPlacementHash places them by a bounded-load rendezvous hash of
 	// the prompt's first blocks.
