@@ -229,7 +229,8 @@ func (c *Costs) Forget(ep int) {
 }
 
 // coldCostTolerance is the margin, in percent of the least prediction,
-// within which cold placement counts endpoints as tied. Without it the
+// within which cold placement counts endpoints as tied (and takes them in
+// turn). Without it the
 // endpoint whose learned per-token time happens to be lowest would take
 // every cold prompt of an idle fleet, its estimate's noise deciding where
 // whole prefixes start; a prompt's own pending prefill elsewhere still
@@ -239,8 +240,11 @@ const coldCostTolerance = 10
 // costPick is the cold placement by cost (LLB_KV_COLD_PLACEMENT=cost): the
 // eligible endpoint with the least predicted time to first token for a
 // prompt no endpoint holds, (pending_i + prompt) × perToken_i. Endpoints
-// within coldCostTolerance of the least are tied; among them the fewest in
-// flight (sc.load), then round-robin. -1 for an empty set.
+// within coldCostTolerance of the least are tied and taken round-robin: not
+// by fewest in flight, because with replicas the in-flight counts are the
+// shared load view, which lags, and every replica would send its cold
+// prompts to the same engine until the next scrape (docs/replicas.md).
+// -1 for an empty set.
 func (s *Selector) costPick(req *Request, elig epset.Set, sc *scratch) int {
 	members := list(elig, &sc.memb)
 	if len(members) == 0 {
@@ -272,18 +276,8 @@ func (s *Selector) costPick(req *Request, elig epset.Set, sc *scratch) int {
 	}
 	limit := least * (100 + coldCostTolerance) / 100
 	n := 0
-	fewest := int64(-1)
 	for _, m := range members {
-		ep := int(m)
-		if sc.cost[ep] > limit {
-			continue
-		}
-		switch l := sc.load[ep]; {
-		case fewest < 0 || l < fewest:
-			fewest, n = l, 0
-			sc.tied[n] = m
-			n++
-		case l == fewest:
+		if sc.cost[m] <= limit {
 			sc.tied[n] = m
 			n++
 		}

@@ -291,7 +291,7 @@ func absDur(d time.Duration) time.Duration {
 
 // TestColdPlacementByCost: with LLB_KV_COLD_PLACEMENT=cost a prompt nobody
 // holds goes to the least predicted time to first token, endpoints within
-// the tolerance tied and split by in-flight count, then round-robin; a
+// the tolerance tied and taken round-robin (not by in-flight count); a
 // prompt with a holder is tier 1.5's, unchanged.
 func TestColdPlacementByCost(t *testing.T) {
 	prompt := seq(1<<30, 10) // 160 tokens at block size 16
@@ -314,10 +314,10 @@ func TestColdPlacementByCost(t *testing.T) {
 			want:    []int{1, 1}, reason: ReasonNoWorker,
 		},
 		{
-			name:    "work within the tolerance is a tie, split by in-flight count",
-			pending: map[int]int64{0: 10},
-			loads:   [3]int{0, 3, 1},
-			want:    []int{0, 0}, reason: ReasonNoWorker, // 170 vs 160 tokens: within 10 %
+			name:    "work within the tolerance is a tie, taken in turn whatever the in-flight counts",
+			pending: map[int]int64{0: 10, 2: 5000},
+			loads:   [3]int{3, 0, 0},
+			want:    []int{0, 1, 0}, reason: ReasonNoWorker, // 170 vs 160 tokens: within 10 %; ep2 far beyond
 		},
 		{
 			name: "a faster engine wins beyond the tolerance",
