@@ -50,6 +50,10 @@ type Settings struct {
 	LoadPenalty int
 	// LOXILB_KV_SPILL_RELIEF: auto, on or off. Default auto.
 	SpillRelief selector.Relief
+	// LLB_KV_RELIEF_TARGET: fleet (the spec's relief, the default) or
+	// holders (relief moves a hit only to an endpoint holding part of its
+	// prefix; for replicas, docs/replicas.md).
+	ReliefTarget selector.ReliefTarget
 	// LOXILB_KV_COLDSTART_SEED_N: every Nth hit seeds a cold endpoint; 0 disables. Default 16.
 	ColdStartSeedN int
 	// LOXILB_KV_COLDSTART_MIN_BLOCKS: fewer blocks than this is cold. Default 16; 0 is read as 1.
@@ -223,6 +227,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_MEAN_LOAD_FACTOR", &s.MeanLoadFactor, selector.MinMeanLoadFactor, selector.MaxMeanLoadFactor)
 	p.integer("LOXILB_KV_LOAD_PENALTY", &s.LoadPenalty, 1, selector.MaxLoadPenalty)
 	parsed(&p, "LOXILB_KV_SPILL_RELIEF", &s.SpillRelief, selector.ParseRelief)
+	parsed(&p, "LLB_KV_RELIEF_TARGET", &s.ReliefTarget, selector.ParseReliefTarget)
 	p.integer("LOXILB_KV_COLDSTART_SEED_N", &s.ColdStartSeedN, 0, 1<<20)
 	p.integer("LOXILB_KV_COLDSTART_MIN_BLOCKS", &s.ColdStartMinBlocks, 0, 1<<30)
 	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, inventory.MinMaxBlocks, inventory.MaxMaxBlocks)
