@@ -3,8 +3,9 @@ package selector
 import "testing"
 
 // TestReliefTarget: with LLB_KV_RELIEF_TARGET=holders, spill relief moves a
-// hit only to an endpoint holding part of its prefix; fleet (the default)
-// keeps the spec's move onto any under-cap endpoint, overlap ignored.
+// hit to an endpoint holding part of its prefix, and onto one without only
+// at 1.5 times the fleet cap; fleet (the default) keeps the spec's move onto
+// any under-cap endpoint, overlap ignored.
 func TestReliefTarget(t *testing.T) {
 	prompt := seq(0, 4)
 	tests := []struct {
@@ -17,9 +18,14 @@ func TestReliefTarget(t *testing.T) {
 		spill   bool
 		score   int
 	}{
-		// One holder, ep0 at 3 of L=3: fleet cap ceil(175·3/300)=2, over.
-		{name: "fleet moves onto no overlap", target: ReliefToFleet, overlap: map[int]int{0: 4}, loads: map[int]int{0: 3}, want: 1, spill: true, score: 0},
-		{name: "holders keeps a lone holder", target: ReliefToHolders, overlap: map[int]int{0: 4}, loads: map[int]int{0: 3}, want: 0, score: 4},
+		// One holder, loads {3,1,1}: L=5, fleet cap ceil(175·5/300)=3, ep0
+		// at it. Fleet moves to ep1; holders has no other holder, and ep0 is
+		// under 1.5 × the fleet cap, ceil(262·5/300)=5: it stays.
+		{name: "fleet moves onto no overlap", target: ReliefToFleet, overlap: map[int]int{0: 4}, loads: map[int]int{0: 3, 1: 1, 2: 1}, want: 1, spill: true, score: 0},
+		{name: "holders keeps a lone holder", target: ReliefToHolders, overlap: map[int]int{0: 4}, loads: map[int]int{0: 3, 1: 1, 2: 1}, want: 0, score: 4},
+		// Loads {3,0,0}: L=3, 1.5 × the fleet cap is ceil(262·3/300)=3 and
+		// ep0 is at it: a hot prefix on one endpoint still spreads.
+		{name: "holders spreads a hot lone holder", target: ReliefToHolders, overlap: map[int]int{0: 4}, loads: map[int]int{0: 3}, want: 1, spill: true, score: 0},
 		// ep0 (4 blocks) and ep2 (1 block) hold it; loads {4,0,1}: L=5,
 		// candidates' cap ceil(175·5/200)=5 keeps ep0 in the primary arm;
 		// fleet cap ceil(175·5/300)=3, ep0 over. Fleet: least loaded ep1;
@@ -30,6 +36,7 @@ func TestReliefTarget(t *testing.T) {
 		// so both holders are at it (the candidates' cap ceil(175·8/200)=7
 		// keeps ep0 in the primary arm). Fleet moves to ep1; holders stays.
 		{name: "fleet leaves holders at cap", eps: 4, target: ReliefToFleet, overlap: map[int]int{0: 4, 2: 1}, loads: map[int]int{0: 4, 2: 4}, want: 1, spill: true, score: 0},
+		// ep0 is under 1.5 × the fleet cap, ceil(262·8/400)=6: holders stays.
 		{name: "holders stays when holders are at cap", eps: 4, target: ReliefToHolders, overlap: map[int]int{0: 4, 2: 1}, loads: map[int]int{0: 4, 2: 4}, want: 0, score: 4},
 		// Under its fleet cap nothing moves, whatever the target.
 		{name: "under cap stays", target: ReliefToHolders, overlap: map[int]int{0: 4}, loads: map[int]int{0: 1, 1: 1, 2: 1}, want: 0, score: 4},
