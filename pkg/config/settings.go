@@ -41,6 +41,11 @@ type Settings struct {
 	// for a fresher shared load view across replicas (docs/replicas.md).
 	// Default 0: with each probe.
 	LoadScrapeInterval time.Duration
+	// LLB_KV_LOAD_MIRROR: between two scrapes, move the other replicas' part
+	// of the shared load view as this replica's own count moved since the
+	// scrape, scaled by their share of the fleet's load (docs/replicas.md).
+	// Default off; with one replica it changes nothing.
+	LoadMirror bool
 
 	// LOXILB_KV_LB_MODE (or the legacy LOXILB_KV_UNIFIED_MODE). Default hard.
 	LBMode selector.LBMode
@@ -205,6 +210,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, selector.MaxMinMatchTokens)
 	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
 	p.boolean("LLB_PD_SESSION_HASH", &s.SessionHash)
+	p.boolean("LLB_KV_LOAD_MIRROR", &s.LoadMirror)
 	parsed(&p, "LLB_KV_COLD_PLACEMENT", &s.ColdPlacement, selector.ParseColdPlacement)
 	if v, ok := p.get("LLB_KV_LOAD_SCRAPE_MS"); ok {
 		// 0 is the default spelled out (the DaemonSet sets every variable).

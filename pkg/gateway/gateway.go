@@ -96,10 +96,6 @@ type Options struct {
 	// the shared load view between scrapes with this half-life
 	// (sharedload.go); 0, the default, keeps it frozen until the next scrape.
 	SharedLoadHalfLife time.Duration
-	// SharedLoadMirror extrapolates the other replicas' part of the shared
-	// load view between scrapes from this replica's own change since the
-	// scrape (sharedload_mirror.go).
-	SharedLoadMirror bool
 	// CursorStart is where every rule's round-robin cursors start; replicas
 	// of one fleet pass different values (cmd/kvgate: random with
 	// --rules-file) so their round-robin picks are not in step.
@@ -457,7 +453,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	scores := newTimedScorer(scorer)
 	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Confirmed: confirmed, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly, sharedOptions{halfLife: g.opts.SharedLoadHalfLife, mirror: g.opts.SharedLoadMirror}), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Confirmed: confirmed, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly, sharedOptions{halfLife: g.opts.SharedLoadHalfLife, mirror: g.opts.Settings.LoadMirror}), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)

@@ -35,7 +35,7 @@ const maxReplicas = 8
 // load every N ms (LLB_KV_LOAD_SCRAPE_MS) instead of with each 1 s probe;
 // "lc" gives the rule sel 4 (least connections) instead of round-robin;
 // "mirror" extrapolates the other replicas' part of the view from this
-// replica's own change since the scrape (gateway.Options.SharedLoadMirror);
+// replica's own change since the scrape (LLB_KV_LOAD_MIRROR=on);
 // "holders" sets LLB_KV_RELIEF_TARGET=holders.
 type ReplicaFlags struct {
 	LocalOnly bool
@@ -118,6 +118,7 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, flags R
 		settings.ColdPlacement = *flags.ColdPlacement
 	}
 	settings.LoadScrapeInterval = flags.Scrape
+	settings.LoadMirror = flags.Mirror
 	if flags.Holders {
 		settings.ReliefTarget = selector.ReliefToHolders
 	}
@@ -144,7 +145,7 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, flags R
 			rule.Args.Sel = selector.SelLeastConn
 		}
 		g, err := gateway.New(gateway.Options{Settings: settings, TokenizerDir: env.StagingDir, Datapath: "userspace", DecisionHeader: true,
-			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: flags.LocalOnly, SharedLoadHalfLife: flags.HalfLife, SharedLoadMirror: flags.Mirror,
+			Logger: env.Log, ShutdownGrace: 2 * time.Second, LocalLoadOnly: flags.LocalOnly, SharedLoadHalfLife: flags.HalfLife,
 			CursorStart: rand.New(rand.NewPCG(uint64(i), 0x5eed)).Uint64()}) // as cmd/kvgate's random start, reproducible
 		if err != nil {
 			stop()
