@@ -3,14 +3,17 @@
 // hash) run in-process on the same functions the router calls, for ~100k-token
 // chat prompts whose first ~90% was seen before (warm) and for conversations
 // never seen (cold). It reports CPU per request (getrusage, so GC counts) and
-// per-stage latency p50/p99. See docs/tokenizer.md, "Decision cost at long
-// context".
+// per-stage latency p50/p99, and the goal's figures: the wall p99 of the
+// decision (sum of stages) and process CPU p50/p99 per request, over 300
+// requests by default so that a p99 is not just the slowest of a few. See
+// docs/tokenizer.md, "Decision cost at long context".
 //
 //	go run ./bench/decision                       # both modes, the staged tokenizer of pkg/tokenizer/testdata/qwen3
 //	go run ./bench/decision -requests 40 -tokens 100000 -seen 0.9
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -47,22 +50,26 @@ type config struct {
 	variants      string
 	cpuProfile    string
 	memProfile    string
+	slowest       int
+	users         int
 }
 
 func run() error {
 	var c config
 	flag.StringVar(&c.tokenizerPath, "tokenizer", "pkg/tokenizer/testdata/qwen3/tokenizer.json", "tokenizer.json (with tokenizer_config.json beside it)")
-	flag.IntVar(&c.requests, "requests", 30, "measured requests per mode")
+	flag.IntVar(&c.requests, "requests", 300, "measured requests per mode (≥ 300 for a p99 that means something)")
 	flag.IntVar(&c.tokens, "tokens", 100_000, "approximate prompt tokens per request")
 	flag.Float64Var(&c.seen, "seen", 0.9, "fraction of the prompt seen before in warm mode")
 	flag.IntVar(&c.blockSize, "block-size", 16, "KV block size in tokens")
-	flag.StringVar(&c.modes, "modes", "cold,warm", "modes to run, in order")
-	flag.StringVar(&c.variants, "variants", "before,after", "before: message cache, tokenizer conversation cache and hash chain cache off; after: all on (the daemon's defaults)")
+	flag.StringVar(&c.modes, "modes", "cold,warm", "modes to run, in order: cold, warm, users (-users conversations under one system prompt, each seen before, taking turns)")
+	flag.IntVar(&c.users, "users", 4, "conversations of the users mode")
+	flag.StringVar(&c.variants, "variants", "before,after", "before: message cache, tokenizer conversation cache and hash chain cache off; after: all on (the daemon's defaults) and the ids in a reused buffer (tokenizer.IDPool, as the router releases it after hashing); nopool: after without the IDPool")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured requests here")
+	flag.IntVar(&c.slowest, "slowest", 0, "also list the n requests of longest decision wall time, stage by stage (what makes the tail)")
 	flag.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile (go tool pprof -sample_index=alloc_space) here at the end")
 	flag.Parse()
-	if c.requests < 1 || c.tokens < 1000 || c.seen <= 0 || c.seen >= 1 {
-		return fmt.Errorf("need -requests ≥ 1, -tokens ≥ 1000, 0 < -seen < 1")
+	if c.requests < 1 || c.requests > 1_000_000 || c.tokens < 1000 || c.seen <= 0 || c.seen >= 1 || c.users < 1 || c.users > 64 {
+		return fmt.Errorf("need 1 ≤ -requests ≤ 1e6, -tokens ≥ 1000, 0 < -seen < 1, 1 ≤ -users ≤ 64")
 	}
 	fmt.Printf("machine: %s; tokenizer %s; %d requests per mode, ~%d tokens, %.0f%% seen (warm)\n",
 		machine(), c.tokenizerPath, c.requests, c.tokens, c.seen*100)
@@ -86,7 +93,7 @@ func run() error {
 			if err != nil {
 				return fmt.Errorf("%s/%s: %w", mode, variant, err)
 			}
-			res.print(mode + "/" + variant)
+			res.print(mode+"/"+variant, min(c.slowest, c.requests))
 		}
 	}
 	return nil
@@ -176,16 +183,20 @@ type result struct {
 	tokens    []int
 	bodyBytes []int
 	allocs    []uint64 // heap bytes allocated per request
+	gcs       []uint32 // GC cycles completed during each request
 }
 
 func measure(c config, mode, variant string) (*result, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var opts []tokenizer.Option
+	var ids *tokenizer.IDPool
 	switch variant {
 	case "before":
 		opts = append(opts, tokenizer.WithConversationCache(0))
 	case "after":
+		ids = &tokenizer.IDPool{}
+	case "nopool":
 	default:
 		return nil, fmt.Errorf("unknown variant %q", variant)
 	}
@@ -194,7 +205,7 @@ func measure(c config, mode, variant string) (*result, error) {
 		return nil, fmt.Errorf("load tokenizer: %w", err)
 	}
 	var hopts []kvhash.Option
-	if variant == "after" {
+	if variant != "before" {
 		hopts = append(hopts, kvhash.WithChainCache(16<<20)) // as the gateway's rules
 	}
 	h, err := kvhash.New(kvhash.Contract{Algo: kvhash.SHA256CBOR, BlockSize: c.blockSize, Seed: kvhash.SeedOf(kvhash.DefaultSHA256Seed)}, hopts...)
@@ -202,29 +213,53 @@ func measure(c config, mode, variant string) (*result, error) {
 		return nil, fmt.Errorf("hasher: %w", err)
 	}
 	var fopts reqfacts.Options
-	if variant == "after" {
+	if variant != "before" {
 		fopts.Messages = reqfacts.NewMessageCache(reqfacts.DefaultMessageCacheBytes) // as the gateway's rules
 	}
+	d := decider{m: m, h: h, fopts: fopts, ids: ids, append: variant != "before"}
 	r := rand.New(rand.NewPCG(1, 2))
 	const model = "Qwen/Qwen3-0.6B"
 	seenTokens := int(float64(c.tokens) * c.seen)
 	base := conversation(r, 0, seenTokens, 2000)
-	if mode == "warm" {
+	var users [][]map[string]string
+	switch mode {
+	case "warm":
 		// The conversation so far was routed before (as the previous turn).
 		b, err := body(model, base)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := decide(m, h, fopts, b); err != nil {
+		if _, err := d.decide(b); err != nil {
 			return nil, err
 		}
+	case "users":
+		// Users of one application: base's system prompt, then each user's
+		// own history, each routed before.
+		for u := range c.users {
+			h := append([]map[string]string{base[0]}, conversation(r, uint64(u+1), seenTokens, 2000)[1:]...)
+			users = append(users, h)
+			b, err := body(model, h)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := d.decide(b); err != nil {
+				return nil, err
+			}
+		}
+	case "cold":
+	default:
+		return nil, fmt.Errorf("unknown mode %q", mode)
 	}
 	res := &result{stages: map[string][]time.Duration{}, stageCPU: map[string][]time.Duration{}}
 	for i := range c.requests {
 		var msgs []map[string]string
-		if mode == "cold" {
+		switch mode {
+		case "cold":
 			msgs = conversation(r, uint64(i+1), c.tokens, 2000)
-		} else {
+		case "users":
+			// The users take turns, a new question after their history.
+			msgs = append(slices.Clone(users[i%len(users)]), map[string]string{"role": "user", "content": sentence(r, c.tokens-seenTokens)})
+		default:
 			// A new question each time after the same seen conversation.
 			msgs = append(slices.Clone(base), map[string]string{"role": "user", "content": sentence(r, c.tokens-seenTokens)})
 		}
@@ -235,10 +270,11 @@ func measure(c config, mode, variant string) (*result, error) {
 		var ms0, ms1 runtime.MemStats
 		runtime.ReadMemStats(&ms0)
 		cpu0 := cpuTime()
-		st, err := decide(m, h, fopts, b)
+		st, err := d.decide(b)
 		res.cpu = append(res.cpu, cpuTime()-cpu0)
 		runtime.ReadMemStats(&ms1)
 		res.allocs = append(res.allocs, ms1.TotalAlloc-ms0.TotalAlloc)
+		res.gcs = append(res.gcs, ms1.NumGC-ms0.NumGC)
 		if err != nil {
 			return nil, err
 		}
@@ -275,9 +311,20 @@ func (st *stageTimes) stage(name string, fn func()) {
 	st.d[name], st.cpu[name] = time.Since(t0), threadCPU()-c0
 }
 
-// decide runs what router.prepare runs for a chat request with KV routing:
-// extract the facts, render + encode, hash the blocks.
-func decide(m *tokenizer.Model, h *kvhash.Hasher, fopts reqfacts.Options, raw []byte) (stageTimes, error) {
+// decider runs what router.prepare runs for a chat request with KV routing.
+type decider struct {
+	m     *tokenizer.Model
+	h     *kvhash.Hasher
+	fopts reqfacts.Options
+	// ids, when set, lends the id buffers, given back after hashing as the
+	// router does; append uses AppendChat (else EncodeChat, as before it).
+	ids    *tokenizer.IDPool
+	append bool
+}
+
+// decide extracts the facts, renders + encodes, hashes the blocks.
+func (d *decider) decide(raw []byte) (stageTimes, error) {
+	m, h, fopts := d.m, d.h, d.fopts
 	st := stageTimes{d: map[string]time.Duration{}, cpu: map[string]time.Duration{}}
 	var f reqfacts.Facts
 	st.stage("extract", func() { f = reqfacts.ExtractPath("/v1/chat/completions", raw, "", fopts) })
@@ -295,22 +342,33 @@ func decide(m *tokenizer.Model, h *kvhash.Hasher, fopts reqfacts.Options, raw []
 			}
 		}
 		agp := f.AddGenerationPrompt
-		ids, _, err = m.EncodeChat(tokenizer.ChatRequest{
+		req := tokenizer.ChatRequest{
 			Messages: f.Messages, Tools: tools, Documents: f.Documents, AddGenerationPrompt: &agp,
 			ContinueFinalMessage: f.ContinueFinalMessage, ChatTemplateKwargs: f.ChatTemplateKwargs,
 			AddSpecialTokens: f.SpecialTokens(),
 			Limits:           tokenizer.Limits{MaxWordBytes: tokenizer.DefaultMaxWordBytes, Deadline: time.Now().Add(10 * time.Second)},
-		})
+		}
+		switch {
+		case d.ids != nil:
+			ids, err = m.AppendChat(d.ids.Get(), req)
+		case d.append:
+			ids, err = m.AppendChat(nil, req)
+		default:
+			ids, _, err = m.EncodeChat(req)
+		}
 	})
 	if err != nil {
 		return st, fmt.Errorf("tokenize: %w", err)
 	}
 	var hashes []uint64
 	st.stage("hash", func() { hashes = h.AppendHashes(nil, ids, kvhash.Extra{}) })
-	if len(hashes) == 0 {
-		return st, fmt.Errorf("no block hashes for %d tokens", len(ids))
-	}
 	st.tokens = len(ids)
+	if d.ids != nil {
+		d.ids.Put(ids) // hashed: the router gives the buffer back here
+	}
+	if len(hashes) == 0 {
+		return st, fmt.Errorf("no block hashes for %d tokens", st.tokens)
+	}
 	return st, nil
 }
 
@@ -331,7 +389,7 @@ func pct(ds []time.Duration, p float64) time.Duration {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
 
-func (r *result) print(name string) {
+func (r *result) print(name string, slowest int) {
 	sum := func(m map[string][]time.Duration) []time.Duration {
 		total := make([]time.Duration, len(r.cpu))
 		for _, ds := range m {
@@ -352,4 +410,30 @@ func (r *result) print(name string) {
 	allocs := slices.Clone(r.allocs)
 	slices.Sort(allocs)
 	fmt.Printf("heap allocated per request: p50 %.2f MB\n", float64(allocs[len(allocs)/2])/(1<<20))
+	cycles, hit := 0, 0
+	for _, n := range r.gcs {
+		cycles += int(n)
+		if n > 0 {
+			hit++
+		}
+	}
+	fmt.Printf("GC cycles ended during the requests: %d, in %d of %d requests\n", cycles, hit, len(r.gcs))
+	// The issue's goal figures (docs/tokenizer.md, "Decision cost at long context").
+	if slowest > 0 {
+		order := make([]int, len(wall))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(wall[b], wall[a]) })
+		fmt.Printf("slowest requests (#, decision wall / CPU, extract, tokenize, hash wall / CPU ms, process CPU, GC cycles ended):\n")
+		for _, i := range order[:slowest] {
+			fmt.Printf("  #%d %s / %s", i, ms(wall[i]), ms(cpu[i]))
+			for _, s := range []string{"extract", "tokenize", "hash"} {
+				fmt.Printf(", %s %s / %s", s, ms(r.stages[s][i]), ms(r.stageCPU[s][i]))
+			}
+			fmt.Printf(", process %s, gc %d\n", ms(r.cpu[i]), r.gcs[i])
+		}
+	}
+	fmt.Printf("goal figures: decision wall p99 %s ms over %d requests; process CPU per request p50 %s ms, p99 %s ms\n",
+		ms(pct(wall, 0.99)), len(wall), ms(pct(r.cpu, 0.5)), ms(pct(r.cpu, 0.99)))
 }

@@ -42,6 +42,20 @@ var ErrBadMessages = errors.New("chattemplate: invalid chat messages")
 // normalises the messages as vLLM's chat parser does (content parts, tool
 // call arguments), then renders with transformers' variables.
 func (t *Template) RenderChat(in ChatInput) (string, error) {
+	out, err := t.AppendRenderChat(nil, in)
+	if err != nil {
+		return "", err
+	}
+	o := output{buf: out} // a new array nobody else holds: the string may share it
+	return o.String(), nil
+}
+
+// AppendRenderChat is RenderChat appending the rendered text to dst (in its
+// spare capacity when that is large enough) and returning the extended
+// slice; on error dst comes back unchanged. A caller that renders long
+// prompts can so reuse one buffer across requests (docs/tokenizer.md,
+// "Decision cost at long context"); the template keeps nothing of it.
+func (t *Template) AppendRenderChat(dst []byte, in ChatInput) ([]byte, error) {
 	addGen, cont := in.AddGenerationPrompt, in.ContinueFinalMessage
 	var tools, documents any
 	if in.Tools != nil {
@@ -57,13 +71,13 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 	for _, k := range sortedKeys(in.Kwargs) {
 		v, err := toValue(in.Kwargs[k], 0)
 		if err != nil {
-			return "", fmt.Errorf("chattemplate: chat_template_kwargs %q: %w", k, err)
+			return dst, fmt.Errorf("chattemplate: chat_template_kwargs %q: %w", k, err)
 		}
 		switch k {
 		case "chat_template", "tokenize":
-			return "", fmt.Errorf("%w: chat_template_kwargs must not contain %q", ErrBadMessages, k)
+			return dst, fmt.Errorf("%w: chat_template_kwargs must not contain %q", ErrBadMessages, k)
 		case "messages", "conversation":
-			return "", fmt.Errorf("%w: chat_template_kwargs must not contain %q", ErrBadMessages, k)
+			return dst, fmt.Errorf("%w: chat_template_kwargs must not contain %q", ErrBadMessages, k)
 		case "add_generation_prompt":
 			addGen = isTruthy(v)
 		case "continue_final_message":
@@ -77,30 +91,36 @@ func (t *Template) RenderChat(in ChatInput) (string, error) {
 		}
 	}
 	if addGen && cont {
-		return "", fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrBadMessages)
+		return dst, fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrBadMessages)
 	}
 	msgs, err := t.normalizeMessages(in.Messages)
 	if err != nil {
-		return "", err
+		return dst, err
 	}
 	if cont && len(msgs) == 0 {
-		return "", fmt.Errorf("%w: continue_final_message needs at least one message", ErrBadMessages)
+		return dst, fmt.Errorf("%w: continue_final_message needs at least one message", ErrBadMessages)
 	}
 	if tools, err = toValue(tools, 0); err != nil {
-		return "", fmt.Errorf("chattemplate: tools: %w", err)
+		return dst, fmt.Errorf("chattemplate: tools: %w", err)
 	}
 	if documents, err = toValue(documents, 0); err != nil {
-		return "", fmt.Errorf("chattemplate: documents: %w", err)
+		return dst, fmt.Errorf("chattemplate: documents: %w", err)
 	}
 	root.set("messages", msgs)
 	root.set("tools", tools)
 	root.set("documents", documents)
 	root.set("add_generation_prompt", addGen)
-	out, err := t.renderUntil(root, renderSizeHint(msgs, tools != nil || documents != nil), in.Deadline)
+	n0 := len(dst)
+	out, err := t.appendRender(dst, root, renderSizeHint(msgs, tools != nil || documents != nil), in.Deadline)
 	if err != nil || !cont {
 		return out, err
 	}
-	return continueFinalMessage(out, msgs[len(msgs)-1].(*Dict))
+	o := output{buf: out[n0:]}
+	text, err := continueFinalMessage(o.String(), msgs[len(msgs)-1].(*Dict))
+	if err != nil {
+		return dst, err
+	}
+	return out[:n0+len(text)], nil // text is a prefix of the render
 }
 
 // renderSizeHint pre-sizes the rendered prompt. The common templates write

@@ -96,7 +96,7 @@ func (r *renderer) step() error {
 	return nil
 }
 
-func (r *renderer) write(b *strings.Builder, s string) error {
+func (r *renderer) write(b *output, s string) error {
 	r.written += len(s)
 	if r.written > r.cfg.maxOutput {
 		return fmt.Errorf("%w: output larger than %d bytes", ErrLimit, r.cfg.maxOutput)
@@ -118,7 +118,7 @@ func (r *renderer) checkSize(n int) error {
 // writeValue writes v's Python str(). A container is sized first: one built
 // from shared parts ([a, a] nested n deep) is small in memory but its text
 // is exponential, and must fail before the text is built.
-func (r *renderer) writeValue(b *strings.Builder, v any) error {
+func (r *renderer) writeValue(b *output, v any) error {
 	if err := r.checkValue(v); err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func (r *renderer) seqBytes(items []any) int {
 	return max(valueBytes(items, r.cfg.maxOutput+1)-itemBytes, 0)
 }
 
-func (r *renderer) execBody(nodes []node, sc *scope, out *strings.Builder) (flow, error) {
+func (r *renderer) execBody(nodes []node, sc *scope, out *output) (flow, error) {
 	for _, n := range nodes {
 		f, err := r.exec(n, sc, out)
 		if err != nil || f != flowNormal {
@@ -207,7 +207,7 @@ func (r *renderer) execBody(nodes []node, sc *scope, out *strings.Builder) (flow
 	return flowNormal, nil
 }
 
-func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
+func (r *renderer) exec(n node, sc *scope, out *output) (flow, error) {
 	switch n := n.(type) {
 	case *textNode:
 		return flowNormal, r.write(out, n.text)
@@ -252,7 +252,7 @@ func (r *renderer) exec(n node, sc *scope, out *strings.Builder) (flow, error) {
 }
 
 // execOutput writes the value of a {{ … }} tag.
-func (r *renderer) execOutput(n *outputNode, sc *scope, out *strings.Builder) (flow, error) {
+func (r *renderer) execOutput(n *outputNode, sc *scope, out *output) (flow, error) {
 	if n.constant {
 		// Jinja2 folds a fully constant {{ }} at compile time through
 		// as_const, where slicing a non-sequence yields Undefined.
@@ -275,7 +275,7 @@ func (r *renderer) execOutput(n *outputNode, sc *scope, out *strings.Builder) (f
 }
 
 // execIf runs the body of the first true condition, else the else body.
-func (r *renderer) execIf(n *ifNode, sc *scope, out *strings.Builder) (flow, error) {
+func (r *renderer) execIf(n *ifNode, sc *scope, out *output) (flow, error) {
 	for i, c := range n.conds {
 		v, err := r.eval(c, sc)
 		if err != nil {
@@ -289,8 +289,8 @@ func (r *renderer) execIf(n *ifNode, sc *scope, out *strings.Builder) (flow, err
 }
 
 // execSetBlock assigns the rendered body, through its filter if any.
-func (r *renderer) execSetBlock(n *setBlockNode, sc *scope, out *strings.Builder) (flow, error) {
-	var buf strings.Builder
+func (r *renderer) execSetBlock(n *setBlockNode, sc *scope, out *output) (flow, error) {
+	var buf output
 	if _, err := r.execBody(n.body, sc, &buf); err != nil {
 		return flowNormal, err
 	}
@@ -305,8 +305,8 @@ func (r *renderer) execSetBlock(n *setBlockNode, sc *scope, out *strings.Builder
 }
 
 // execFilterBlock writes the rendered body through its filter chain.
-func (r *renderer) execFilterBlock(n *filterBlockNode, sc *scope, out *strings.Builder) (flow, error) {
-	var buf strings.Builder
+func (r *renderer) execFilterBlock(n *filterBlockNode, sc *scope, out *output) (flow, error) {
+	var buf output
 	if _, err := r.execBody(n.body, sc, &buf); err != nil {
 		return flowNormal, err
 	}
@@ -318,7 +318,7 @@ func (r *renderer) execFilterBlock(n *filterBlockNode, sc *scope, out *strings.B
 }
 
 // execWith runs the body in a scope holding the with targets.
-func (r *renderer) execWith(n *withNode, sc *scope, out *strings.Builder) (flow, error) {
+func (r *renderer) execWith(n *withNode, sc *scope, out *output) (flow, error) {
 	inner := newScope(sc)
 	for i, t := range n.targets {
 		v, err := r.eval(n.values[i], sc)
@@ -386,7 +386,7 @@ type loopObject struct {
 	hasLast bool
 }
 
-func (r *renderer) runLoop(n *forNode, iterable any, sc *scope, out *strings.Builder, depth0 int) error {
+func (r *renderer) runLoop(n *forNode, iterable any, sc *scope, out *output, depth0 int) error {
 	items, err := iterate(iterable)
 	if err != nil {
 		return err
@@ -474,7 +474,7 @@ func (r *renderer) callMacro(m *macroValue, args []any, kw *Dict, caller *macroV
 	if caller != nil {
 		sc.set("caller", caller)
 	}
-	var buf strings.Builder
+	var buf output
 	if _, err := r.execBody(m.body, sc, &buf); err != nil {
 		return nil, err
 	}
@@ -883,7 +883,7 @@ func (r *renderer) foldPlus(vals []any) (any, error) {
 // every message a chat template prints this way; docs/tokenizer.md
 // "Decision cost at long context"). The bounds are charged as for the
 // joined string.
-func (r *renderer) writePlusChain(e *binExpr, sc *scope, out *strings.Builder) error {
+func (r *renderer) writePlusChain(e *binExpr, sc *scope, out *output) error {
 	vals, total, allStrings, err := r.plusOperands(e, sc)
 	if err != nil {
 		return err
@@ -1274,7 +1274,7 @@ func (r *renderer) callValue(fn any, args []any, kw *Dict, caller *macroValue) (
 		if r.depth > r.cfg.maxCallDepth {
 			return nil, fmt.Errorf("%w: call depth above %d", ErrLimit, r.cfg.maxCallDepth)
 		}
-		var buf strings.Builder
+		var buf output
 		if err := r.runLoop(f.node, args[0], f.outer, &buf, f.depth0+1); err != nil {
 			return nil, err
 		}

@@ -13,7 +13,6 @@ package chattemplate
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -125,15 +124,26 @@ func (t *Template) render(root *scope, sizeHint int) (string, error) {
 }
 
 func (t *Template) renderUntil(root *scope, sizeHint int, deadline time.Time) (string, error) {
+	out, err := t.appendRender(nil, root, sizeHint, deadline)
+	if err != nil {
+		return "", err
+	}
+	o := output{buf: out} // a new array nobody else holds: the string may share it
+	return o.String(), nil
+}
+
+// appendRender renders after dst's bytes, growing dst by sizeHint first when
+// its spare capacity is smaller.
+func (t *Template) appendRender(dst []byte, root *scope, sizeHint int, deadline time.Time) ([]byte, error) {
 	r := &renderer{cfg: &t.cfg, deadline: deadline}
-	var out strings.Builder
-	out.Grow(min(sizeHint, t.cfg.maxOutput))
+	out := output{buf: dst}
+	out.grow(min(sizeHint, t.cfg.maxOutput))
 	if _, err := r.execBody(t.body, root, &out); err != nil {
 		var te *TemplateException
 		if errors.As(err, &te) {
-			return "", te
+			return dst, te
 		}
-		return "", fmt.Errorf("chattemplate: render: %w", err)
+		return dst, fmt.Errorf("chattemplate: render: %w", err)
 	}
-	return out.String(), nil
+	return out.buf, nil
 }

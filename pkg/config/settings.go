@@ -32,9 +32,11 @@ type Settings struct {
 	// routes by a bounded-load rendezvous hash of its session key, so every
 	// replica picks the same pair (docs/replicas.md). Default off.
 	SessionHash bool
-	// LLB_KV_COLD_PLACEMENT: where a request no engine holds goes: sel (the
-	// rule's sel, the default) or hash (a bounded-load rendezvous hash of the
-	// prompt's first blocks, alike on every replica; docs/replicas.md).
+	// LLB_KV_COLD_PLACEMENT: where a request no engine holds goes: cost
+	// (the default: the least predicted TTFT from pending prefill work;
+	// docs/selection.md), sel (the rule's sel, the spec's fallback) or hash
+	// (a bounded-load rendezvous hash of the prompt's first blocks, alike on
+	// every replica; docs/replicas.md).
 	ColdPlacement selector.ColdPlacement
 	// LLB_KV_LOAD_SCRAPE_MS: when set (100-60000; 0 is the default), KV and P/D rules scrape
 	// their engines' /metrics on this interval instead of with each probe,
@@ -149,6 +151,7 @@ func DefaultSettings() Settings {
 		ProvisionalWeight:  inventory.DefaultProvisionalWeight,
 		CostWorkWeight:     selector.DefaultCostWorkWeight,
 		CapFullGain:        selector.DefaultCapFullGain,
+		ColdPlacement:      selector.DefaultColdPlacement,
 		ProvisionalTTL:     inventory.DefaultProvisionalTTL,
 		ReplayPortOffset:   1000,
 		MaxPromptTokens:    262144,

@@ -74,6 +74,7 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LLB_KV_RELIEF_TARGET": "fleet"}, func(s Settings) bool { return s.ReliefTarget == selector.ReliefToFleet }},
 		{map[string]string{"LLB_KV_LOAD_MIRROR": "on"}, func(s Settings) bool { return s.LoadMirror }},
 		{map[string]string{}, func(s Settings) bool { return !s.LoadMirror }},
+		{map[string]string{"LLB_KV_COLD_PLACEMENT": "cost"}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementCost }},
 		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "250"}, func(s Settings) bool { return s.LoadScrapeInterval == 250*time.Millisecond }},
 		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "0"}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
 		{map[string]string{}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
@@ -184,7 +185,7 @@ func TestSettingsSelectorKnobErrors(t *testing.T) {
 		{"LOXILB_KV_LB_MODE", "medium", `environment variable LOXILB_KV_LB_MODE="medium" is invalid: allowed values: off, hard, soft, adaptive, adaptive-soft, cost`},
 		{"LOXILB_KV_SPILL_RELIEF", " sometimes ", `environment variable LOXILB_KV_SPILL_RELIEF="sometimes" is invalid: allowed values: auto, on (1, true, yes), off (0, false, no)`},
 		{"LOXILB_KV_SCORE", "leading-run", `environment variable LOXILB_KV_SCORE="leading-run" is invalid: allowed values: leading (the default; alias prefix), overlap`},
-		{"LLB_KV_COLD_PLACEMENT", "rendezvous", `environment variable LLB_KV_COLD_PLACEMENT="rendezvous" is invalid: allowed values: sel (the default), hash`},
+		{"LLB_KV_COLD_PLACEMENT", "rendezvous", `environment variable LLB_KV_COLD_PLACEMENT="rendezvous" is invalid: allowed values: cost (the default), sel, hash`},
 		{"LLB_KV_RELIEF_TARGET", "overlap", `environment variable LLB_KV_RELIEF_TARGET="overlap" is invalid: allowed values: fleet (the default), holders`},
 	} {
 		_, err := SettingsFromLookup(lookupOf(map[string]string{tc.name: tc.value}))

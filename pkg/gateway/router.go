@@ -68,8 +68,12 @@ type router struct {
 	costs   *selector.Costs
 	opts    selector.Options
 	pool    *tokenizer.Pool
-	m       *metrics.Metrics
-	log     *slog.Logger
+	// ids lends prompt id buffers to the encode; prepare gives each back
+	// once the block hashes are computed (docs/tokenizer.md, "Decision cost
+	// at long context").
+	ids tokenizer.IDPool
+	m   *metrics.Metrics
+	log *slog.Logger
 	// maxTokens is LLB_KV_MAX_PROMPT_TOKENS; gate bounds the bodies being
 	// tokenized at once, process-wide (inspect.go).
 	maxTokens int
@@ -340,10 +344,11 @@ func (r *router) preparePlan(st *ruleState, req *fullproxy.Request) *plan {
 		return skip(causeBusy, nil)
 	}
 	t1 := time.Now()
-	ids, err := func() ([]uint32, error) {
+	ids, pooled, err := func() ([]uint32, bool, error) {
 		defer release() // a recovered panic must not keep the budget forever
 		return r.tokenize(st, f, sc.model.parent)
 	}()
+	buf := ids // before truncation: what goes back to r.ids
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "tokenize", Duration: time.Since(t1)})
 	if err == nil && r.maxTokens > 0 && len(ids) > r.maxTokens {
 		err = &tokenizer.LimitError{Cause: tokenizer.CauseTokens, Detail: fmt.Sprintf("%d tokens, limit %d", len(ids), r.maxTokens)}
@@ -364,6 +369,9 @@ func (r *router) preparePlan(st *ruleState, req *fullproxy.Request) *plan {
 	var skipped selector.Reason
 	if sr.Hashes, skipped = r.kvHashes(st, ids, f); skipped != selector.ReasonNone {
 		sr.Upstream = skipped
+	}
+	if pooled {
+		r.ids.Put(buf) // hashed: only len(ids) is kept (sc.tokens, sr.PromptTokens)
 	}
 	sc.model.salt.KeyAll(sr.Hashes) // the index holds model-keyed hashes (inventory.ModelSalt)
 	sc.stages = append(sc.stages, fullproxy.Stage{Name: "hash", Duration: time.Since(t2)})
@@ -444,13 +452,15 @@ func (r *router) limits() tokenizer.Limits {
 // own engine request; the first shares the request's prefix). A LoRA
 // adapter's prompt is encoded with its base model's tokenizer, as vLLM does:
 // the one kvLoraAdapters names, else the parent its engines list.
-func (r *router) tokenize(st *ruleState, f *reqfacts.Facts, discoveredParent string) ([]uint32, error) {
+// pooled says the ids are a buffer from r.ids (the request's own token ids
+// are not).
+func (r *router) tokenize(st *ruleState, f *reqfacts.Facts, discoveredParent string) (ids []uint32, pooled bool, err error) {
 	first, isCompletion := f.FirstPrompt()
 	if f.Kind == reqfacts.KindCompletion && !isCompletion {
-		return nil, errors.New("completion without a prompt")
+		return nil, false, errors.New("completion without a prompt")
 	}
 	if isCompletion && first.IsTokens {
-		return first.Tokens, nil
+		return first.Tokens, false, nil
 	}
 	model := f.Model
 	if base, ok := st.loraTokenizer[f.LoRA]; ok && f.LoRA != "" {
@@ -460,19 +470,20 @@ func (r *router) tokenize(st *ruleState, f *reqfacts.Facts, discoveredParent str
 	}
 	m, err := r.pool.Get(model)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if isCompletion {
-		return m.EncodePromptLimited(first.Text, f.AddSpecialTokens, r.limits())
+		ids, err = m.AppendPromptLimited(r.ids.Get(), first.Text, f.AddSpecialTokens, r.limits())
+		return ids, true, err
 	}
 	tools := f.Tools
 	if len(tools) > 0 {
 		if tools, err = chattemplate.VLLMToolDicts(tools, true); err != nil {
-			return nil, fmt.Errorf("tools: %w", err)
+			return nil, false, fmt.Errorf("tools: %w", err)
 		}
 	}
 	agp := f.AddGenerationPrompt
-	ids, _, err := m.EncodeChat(tokenizer.ChatRequest{
+	ids, err = m.AppendChat(r.ids.Get(), tokenizer.ChatRequest{
 		Messages:             f.Messages,
 		Tools:                tools,
 		Documents:            f.Documents,
@@ -483,7 +494,7 @@ func (r *router) tokenize(st *ruleState, f *reqfacts.Facts, discoveredParent str
 		AddSpecialTokens:     f.SpecialTokens(),
 		Limits:               r.limits(),
 	})
-	return ids, err
+	return ids, true, err
 }
 
 // trieText is what the Tier-1 trie keys on: the completion prompt, or a

@@ -74,14 +74,19 @@ func (c *chainCache) longest(tokens []uint32, extra Extra, bs int) (*chainEntry,
 	return best, bestN
 }
 
-func (c *chainCache) store(from *chainEntry, e *chainEntry) {
+// store keeps e. It replaces from, the entry it extended, only when e
+// shares at least 3/4 of from's blocks (the same conversation moving on):
+// another user's request under the same system prompt shares only that and
+// leaves from cached (as pkg/tokenizer's conversation cache does;
+// docs/tokenizer.md, "Decision cost at long context").
+func (c *chainCache) store(from *chainEntry, shared int, e *chainEntry) {
 	cost := e.cost()
 	if cost > c.maxBytes {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if i := slices.Index(c.entries, from); from != nil && i >= 0 {
+	if i := slices.Index(c.entries, from); from != nil && i >= 0 && 4*shared >= 3*from.hashes.Len() {
 		c.bytes -= from.cost()
 		c.entries = slices.Delete(c.entries, i, i+1)
 	}
@@ -117,7 +122,7 @@ func (h *Hasher) appendCached(dst []uint64, tokens []uint32, extra Extra) []uint
 	h.scratch.Put(s)
 	e.tokens = e.tokens.Extend(tokens[shared*bs : n*bs])
 	e.digests, e.hashes = e.digests.ExtendOwned(digests), e.hashes.ExtendOwned(hashes)
-	h.chains.store(from, e)
+	h.chains.store(from, shared, e)
 	dst = e.hashes.AppendTo(dst, shared)
 	return append(dst, hashes...)
 }

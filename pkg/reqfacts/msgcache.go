@@ -183,6 +183,15 @@ func (c *MessageCache) lookup(rest []byte) (*messageEntry, int) {
 	return best, bestN
 }
 
+// prevBytes is the length of e's raw array.
+func prevBytes(e *messageEntry) int64 {
+	n := int64(0)
+	for _, seg := range e.raw {
+		n += int64(len(seg))
+	}
+	return n
+}
+
 // commonPrefixSegments is commonPrefix of the concatenated segments and b.
 func commonPrefixSegments(segs [][]byte, b []byte) int {
 	n := 0
@@ -270,7 +279,11 @@ func (c *MessageCache) store(raw []byte, dec decodedMessages, prev *messageEntry
 	e := &messageEntry{raw: segs, dec: dec.prefix(len(dec.msgs)), cost: cost, start: key}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if prev != nil && prev.elem != nil {
+	// prev is replaced only by the same conversation moving on: an array
+	// reusing at least 3/4 of its bytes. Another user's conversation under
+	// the same system prompt reuses only that and leaves prev cached (as
+	// pkg/tokenizer's conversation cache does; docs/tokenizer.md).
+	if prev != nil && prev.elem != nil && 4*reused >= 3*int(prevBytes(prev)) {
 		c.remove(prev)
 	}
 	if bucket := c.byStart[key]; len(bucket) >= entriesPerStart {

@@ -20,30 +20,47 @@ import (
 type ColdPlacement uint8
 
 const (
-	// ColdPlacementSel leaves cold requests to the rule's sel (the default).
+	// ColdPlacementSel leaves cold requests to the rule's sel (the spec's
+	// fallback).
 	ColdPlacementSel ColdPlacement = iota
 	// ColdPlacementHash places them by a bounded-load rendezvous hash of
 	// the prompt's first blocks.
 	ColdPlacementHash
+	// ColdPlacementCost places them on the endpoint with the least
+	// predicted time to first token: the prefill work pending there plus
+	// the whole prompt, times its learned per-token time (costPick).
+	ColdPlacementCost
 )
 
 func (p ColdPlacement) String() string {
-	if p == ColdPlacementHash {
+	switch p {
+	case ColdPlacementHash:
 		return "hash"
+	case ColdPlacementCost:
+		return "cost"
 	}
 	return "sel"
 }
 
-// ParseColdPlacement parses a LLB_KV_COLD_PLACEMENT value: sel (also empty,
-// the default) or hash, case-insensitively.
+// DefaultColdPlacement is LLB_KV_COLD_PLACEMENT's default: by cost. The
+// spec's fallback, the rule's sel, lost the routing benchmark's herding
+// workload (docs/routing-benchmark.md, "Cold placement by cost").
+const DefaultColdPlacement = ColdPlacementCost
+
+// ParseColdPlacement parses a LLB_KV_COLD_PLACEMENT value: cost (also
+// empty, the default), sel or hash, case-insensitively.
 func ParseColdPlacement(s string) (ColdPlacement, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "sel":
+	case "":
+		return DefaultColdPlacement, nil
+	case "sel":
 		return ColdPlacementSel, nil
 	case "hash":
 		return ColdPlacementHash, nil
+	case "cost":
+		return ColdPlacementCost, nil
 	}
-	return 0, &ParseError{What: "cold placement", Value: strings.TrimSpace(s), Allowed: "sel (the default), hash"}
+	return 0, &ParseError{What: "cold placement", Value: strings.TrimSpace(s), Allowed: "cost (the default), sel, hash"}
 }
 
 // coldKeyBlocks is how many leading blocks key a cold placement: the shallow
@@ -63,17 +80,28 @@ func coldKey(hashes []uint64, minBlocks int) uint64 {
 
 // coldPlace is the cold placement of a request tier 1.5 did not route for
 // want of a holder (no_worker, or shallow: too little overlap to count):
-// the eligible endpoint of highest rendezvous weight among the least loaded
-// (coldHashPick), sc.load holding the loads. -1 when the option is off, the
-// prompt has no full block or nothing is eligible.
-func (s *Selector) coldPlace(req *Request, elig epset.Set, sc *scratch, d *Decision) int {
-	if s.opts.ColdPlacement != ColdPlacementHash || len(req.Hashes) == 0 {
-		return -1
-	}
+// with hash, the eligible endpoint of highest rendezvous weight among the
+// least loaded (coldHashPick), sc.load holding the loads; with cost, the
+// least predicted TTFT (costPick), single-pool rules only: a P/D rule's
+// Tier 2 already picks by load. -1 when the option is sel, the prompt has
+// no full block (hash) or nothing is eligible.
+func (s *Selector) coldPlace(req *Request, elig epset.Set, sc *scratch, d *Decision, pd bool) int {
 	if d.Reason != ReasonNoWorker && d.Reason != ReasonShallow {
 		return -1
 	}
-	return coldHashPick(elig, coldKey(req.Hashes, d.MinBlocks), sc)
+	switch s.opts.ColdPlacement {
+	case ColdPlacementHash:
+		if len(req.Hashes) == 0 {
+			return -1
+		}
+		return coldHashPick(elig, coldKey(req.Hashes, d.MinBlocks), sc)
+	case ColdPlacementCost:
+		if pd {
+			return -1
+		}
+		return s.costPick(req, elig, sc)
+	}
+	return -1
 }
 
 // coldSlack is how far above the least-loaded eligible endpoint a cold

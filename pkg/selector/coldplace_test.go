@@ -240,7 +240,7 @@ func TestColdPlacementPD(t *testing.T) {
 // FuzzParseColdPlacement: any input parses to a known value whose String
 // parses back to itself, or is refused with a ParseError; never a panic.
 func FuzzParseColdPlacement(f *testing.F) {
-	for _, s := range []string{"", "sel", "hash", " HASH ", "rr"} {
+	for _, s := range []string{"", "sel", "hash", " HASH ", "cost", "rr"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -227,3 +227,66 @@ func (c *Costs) Forget(ep int) {
 	}
 	c.ewma[ep].Store(0)
 }
+
+// coldCostTolerance is the margin, in percent of the least prediction,
+// within which cold placement counts endpoints as tied. Without it the
+// endpoint whose learned per-token time happens to be lowest would take
+// every cold prompt of an idle fleet, its estimate's noise deciding where
+// whole prefixes start; a prompt's own pending prefill elsewhere still
+// separates endpoints (it doubles a prediction).
+const coldCostTolerance = 10
+
+// costPick is the cold placement by cost (LLB_KV_COLD_PLACEMENT=cost): the
+// eligible endpoint with the least predicted time to first token for a
+// prompt no endpoint holds, (pending_i + prompt) × perToken_i. Endpoints
+// within coldCostTolerance of the least are tied; among them the fewest in
+// flight (sc.load), then round-robin. -1 for an empty set.
+func (s *Selector) costPick(req *Request, elig epset.Set, sc *scratch) int {
+	members := list(elig, &sc.memb)
+	if len(members) == 0 {
+		return -1
+	}
+	prompt := max(int64(req.PromptTokens), int64(len(req.Hashes))*int64(max(req.BlockTokens, 1)), 1)
+	var knownSum float64
+	known := 0
+	for _, m := range members {
+		if v, ok := s.cost.PrefillPerToken(int(m)); ok && v > 0 {
+			knownSum += float64(v)
+			known++
+		}
+	}
+	fallback := float64(DefaultPrefillPerToken)
+	if known > 0 {
+		fallback = knownSum / float64(known)
+	}
+	least := math.Inf(1)
+	for _, m := range members {
+		ep := int(m)
+		per := fallback
+		if v, ok := s.cost.PrefillPerToken(ep); ok && v > 0 {
+			per = float64(v)
+		}
+		pending := min(max(s.cost.PendingTokens(ep), 0), maxPendingTokens)
+		sc.cost[ep] = float64(pending+prompt) * per
+		least = min(least, sc.cost[ep])
+	}
+	limit := least * (100 + coldCostTolerance) / 100
+	n := 0
+	fewest := int64(-1)
+	for _, m := range members {
+		ep := int(m)
+		if sc.cost[ep] > limit {
+			continue
+		}
+		switch l := sc.load[ep]; {
+		case fewest < 0 || l < fewest:
+			fewest, n = l, 0
+			sc.tied[n] = m
+			n++
+		case l == fewest:
+			sc.tied[n] = m
+			n++
+		}
+	}
+	return pickTied(sc.tied[:n], &s.rrCold)
+}

@@ -288,3 +288,70 @@ func absDur(d time.Duration) time.Duration {
 	}
 	return d
 }
+
+// TestColdPlacementByCost: with LLB_KV_COLD_PLACEMENT=cost a prompt nobody
+// holds goes to the least predicted time to first token, endpoints within
+// the tolerance tied and split by in-flight count, then round-robin; a
+// prompt with a holder is tier 1.5's, unchanged.
+func TestColdPlacementByCost(t *testing.T) {
+	prompt := seq(1<<30, 10) // 160 tokens at block size 16
+	for _, tc := range []struct {
+		name    string
+		stored  map[int]int // ep → leading blocks of prompt it holds
+		loads   [3]int
+		pending map[int]int64
+		per     map[int]time.Duration
+		want    []int // endpoints of successive decisions
+		reason  Reason
+	}{
+		{
+			name: "idle fleet: round-robin among the tied",
+			want: []int{0, 1, 2, 0}, reason: ReasonNoWorker,
+		},
+		{
+			name:    "pending prefill work steers it away",
+			pending: map[int]int64{0: 3000, 2: 3000},
+			want:    []int{1, 1}, reason: ReasonNoWorker,
+		},
+		{
+			name:    "work within the tolerance is a tie, split by in-flight count",
+			pending: map[int]int64{0: 10},
+			loads:   [3]int{0, 3, 1},
+			want:    []int{0, 0}, reason: ReasonNoWorker, // 170 vs 160 tokens: within 10 %
+		},
+		{
+			name: "a faster engine wins beyond the tolerance",
+			per:  map[int]time.Duration{0: 80 * time.Microsecond, 1: 80 * time.Microsecond, 2: 40 * time.Microsecond},
+			want: []int{2, 2}, reason: ReasonNoWorker,
+		},
+		{
+			name:    "a held prefix is tier 1.5's, whatever the pending work",
+			stored:  map[int]int{0: 10},
+			pending: map[int]int64{0: 1000},
+			want:    []int{0}, reason: ReasonHit,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inv := newInv()
+			for ep, n := range tc.stored {
+				inv.add(ep, prompt[:n]...)
+			}
+			loads := &testLoads{}
+			copy(loads.l[:], tc.loads[:])
+			sel, err := New(poolRule(3, SelRR), coldOpts(ColdPlacementCost), Deps{Scorer: inv, Loads: loads,
+				Cost: fixedCost{pending: tc.pending, per: tc.per}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range tc.want {
+				req := kvReq(prompt)
+				req.PromptTokens = 160
+				a := sel.Begin(req)
+				d := a.Decide()
+				if d.Endpoint != want || d.Reason != tc.reason || (tc.reason == ReasonNoWorker) != d.ColdPlaced {
+					t.Fatalf("decision %d: %+v, want ep %d (%v)", i, d, want, tc.reason)
+				}
+			}
+		})
+	}
+}

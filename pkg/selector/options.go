@@ -194,7 +194,7 @@ type Options struct {
 	// key (LLB_PD_SESSION_HASH, default off; sessionhash.go).
 	SessionHash bool
 	// ColdPlacement is where a request without a holder goes
-	// (LLB_KV_COLD_PLACEMENT, default sel; coldplace.go).
+	// (LLB_KV_COLD_PLACEMENT, default cost; coldplace.go).
 	ColdPlacement ColdPlacement
 	// ReliefTarget is where spill relief may move a hit
 	// (LLB_KV_RELIEF_TARGET, default fleet; replica_relief.go).
@@ -234,6 +234,7 @@ func DefaultOptions() Options {
 		MaxSessions:        DefaultMaxSessions,
 		TrieMaxNodes:       DefaultTrieMaxNodes,
 		QueueStaleAfter:    DefaultQueueStaleAfter,
+		ColdPlacement:      DefaultColdPlacement,
 	}
 }
 
@@ -264,7 +265,7 @@ func (o Options) Validate() error {
 		return fmt.Errorf("LOXILB_KV_CAP_FULL_GAIN=%d: want 0..%d", o.CapFullGain, MaxCapFullGain)
 	case o.Score > ScoreOverlap:
 		return fmt.Errorf("LOXILB_KV_SCORE: unknown value %d", o.Score)
-	case o.ColdPlacement > ColdPlacementHash:
+	case o.ColdPlacement > ColdPlacementCost:
 		return fmt.Errorf("LLB_KV_COLD_PLACEMENT: unknown value %d", o.ColdPlacement)
 	case o.MaxSessions < 1 || o.MaxSessions > maxCountLimit:
 		return fmt.Errorf("selector: MaxSessions=%d: want 1..%d", o.MaxSessions, maxCountLimit)

@@ -150,6 +150,7 @@ type Selector struct {
 	trie     *trie
 
 	rrLoad, rrDecode, rrSel, rrNormal atomic.Uint64
+	rrCold                            atomic.Uint64 // ties of the cold placement by cost
 	coldTick                          atomic.Uint64
 	zeroStreak                        atomic.Int64
 
@@ -541,7 +542,7 @@ func (s *Selector) decidePD(a *Attempt, c *compiled, sc *scratch) Decision {
 
 	// Tier 2: min in-flight + queued, round-robin on ties only; or, for a
 	// prefix nobody holds, the cold placement every replica derives alike.
-	if ep := s.coldPlace(a.req, prefE, sc, &d); ep >= 0 {
+	if ep := s.coldPlace(a.req, prefE, sc, &d, true); ep >= 0 {
 		d.Endpoint, d.Tier, d.ColdPlaced = ep, TierLoad, true
 		d.Decode = s.minLoad(decE, sc, &s.rrDecode)
 		return d
@@ -569,7 +570,7 @@ func (s *Selector) decidePool(a *Attempt, c *compiled, sc *scratch) Decision {
 	if s.tier15(a, c, elig, sc, &d) {
 		return d
 	}
-	if ep := s.coldPlace(a.req, elig, sc, &d); ep >= 0 {
+	if ep := s.coldPlace(a.req, elig, sc, &d, false); ep >= 0 {
 		d.Endpoint, d.Tier, d.ColdPlaced = ep, TierSelector, true
 		return d
 	}

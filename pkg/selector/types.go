@@ -259,10 +259,11 @@ type Decision struct {
 	Spilled bool
 	// ColdSeed: cold-start seeding replaced the winner.
 	ColdSeed bool
-	// ColdPlaced: cold placement (LLB_KV_COLD_PLACEMENT=hash) chose the
-	// endpoint by the prompt's rendezvous hash: a request no engine held
-	// (Reason no_worker or shallow, Tier 3 or 2), or a hit whose holders
-	// were all this replica's predictions (Reason hit).
+	// ColdPlaced: cold placement (LLB_KV_COLD_PLACEMENT=hash or cost) chose
+	// the endpoint: by the prompt's rendezvous hash or by predicted TTFT for
+	// a request no engine held (Reason no_worker or shallow, Tier 3 or 2),
+	// or, with hash, for a hit whose holders were all this replica's
+	// predictions (Reason hit).
 	ColdPlaced bool
 	// Fallthrough: in P/D mode, tier 1.5 missed or LLB_KV_LOADGUARD skipped it
 	// (loxilb_pd_kv_tier15_fallthrough_total). Never set in single-pool mode.

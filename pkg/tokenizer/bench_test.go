@@ -46,12 +46,7 @@ func (t *Tokenizer) resetCaches() {
 		}
 	}
 	if c := t.chunks; c != nil {
-		for i := range c.shards {
-			c.shards[i].mu.Lock()
-			clear(c.shards[i].m)
-			c.shards[i].bytes = 0
-			c.shards[i].mu.Unlock()
-		}
+		c.reset()
 	}
 }
 

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/kvgate/kvgate/pkg/chattemplate"
 )
@@ -56,17 +57,26 @@ func (m *Model) template(src string, fromConfig bool) (*chattemplate.Template, e
 // tools, documents, add_generation_prompt, the special-token strings of
 // tokenizer_config.json and the chat_template_kwargs.
 func (m *Model) RenderChat(req ChatRequest) (string, error) {
+	tmpl, in, err := m.chatInput(req)
+	if err != nil {
+		return "", err
+	}
+	return tmpl.RenderChat(in)
+}
+
+// chatInput picks the template and builds the render input of req.
+func (m *Model) chatInput(req ChatRequest) (*chattemplate.Template, chattemplate.ChatInput, error) {
 	src, fromConfig := req.ChatTemplate, false
 	if src == "" {
 		var err error
 		if src, err = m.Config.SelectChatTemplate(len(req.Tools) > 0); err != nil {
-			return "", err
+			return nil, chattemplate.ChatInput{}, err
 		}
 		fromConfig = true
 	}
 	tmpl, err := m.template(src, fromConfig)
 	if err != nil {
-		return "", err
+		return nil, chattemplate.ChatInput{}, err
 	}
 	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
 	kwargs := req.ChatTemplateKwargs
@@ -82,7 +92,7 @@ func (m *Model) RenderChat(req ChatRequest) (string, error) {
 			kwargs["enable_thinking"] = req.ReasoningEffort != "none"
 		}
 	}
-	return tmpl.RenderChat(chattemplate.ChatInput{
+	return tmpl, chattemplate.ChatInput{
 		Messages:             req.Messages,
 		Tools:                req.Tools,
 		Documents:            req.Documents,
@@ -91,7 +101,7 @@ func (m *Model) RenderChat(req ChatRequest) (string, error) {
 		Kwargs:               kwargs,
 		SpecialTokens:        m.Config.SpecialTokensMap(),
 		Deadline:             req.Limits.Deadline,
-	})
+	}, nil
 }
 
 // EncodeChat renders the chat and encodes the rendered text without special
@@ -108,4 +118,51 @@ func (m *Model) EncodeChat(req ChatRequest) ([]uint32, string, error) {
 		return nil, rendered, err
 	}
 	return ids, rendered, nil
+}
+
+// maxPooledRender bounds the render buffers AppendChat keeps for reuse (a
+// 1M-token prompt's text); a larger render's buffer is left to the GC.
+const maxPooledRender = 4 << 20
+
+// AppendChat is EncodeChat appending the ids to dst, without the rendered
+// text: the render is written into a buffer the Model reuses across calls
+// and the text never leaves the call (the tokenizer's caches copy what they
+// keep), so a warm 100k-token request allocates neither a 400 KB text nor,
+// when the caller passes a reused dst (see IDPool), a 400 KB id array
+// (docs/tokenizer.md, "Decision cost at long context"). dst's elements are
+// kept and do not count against req.Limits.MaxTokens; on error dst comes
+// back at its length. The ids equal EncodeChat's.
+func (m *Model) AppendChat(dst []uint32, req ChatRequest) ([]uint32, error) {
+	tmpl, in, err := m.chatInput(req)
+	if err != nil {
+		return dst, err
+	}
+	buf := m.getRenderBuf()
+	defer func() { m.putRenderBuf(buf) }()
+	if buf, err = tmpl.AppendRenderChat(buf[:0], in); err != nil {
+		return dst, err
+	}
+	// The text shares buf, which is not written again until the encode
+	// below has returned and nothing holds the text (see putRenderBuf).
+	text := unsafe.String(unsafe.SliceData(buf), len(buf))
+	add := req.AddSpecialTokens
+	return m.AppendPromptLimited(dst, text, &add, req.Limits)
+}
+
+func (m *Model) getRenderBuf() []byte {
+	if b, ok := m.renderBufs.Get().(*[]byte); ok {
+		return *b
+	}
+	return nil
+}
+
+// putRenderBuf keeps buf for the next AppendChat. The encode that read it
+// has returned, and the caches that outlive it (prefix, chunk and word
+// caches) hold copies, never the text itself (TestAppendChatReusedBuffers).
+func (m *Model) putRenderBuf(buf []byte) {
+	if cap(buf) == 0 || cap(buf) > maxPooledRender {
+		return
+	}
+	buf = buf[:0]
+	m.renderBufs.Put(&buf)
 }

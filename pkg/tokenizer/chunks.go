@@ -1,7 +1,7 @@
 package tokenizer
 
 import (
-	"strings"
+	"hash/maphash"
 	"sync"
 	"unicode/utf8"
 )
@@ -13,36 +13,41 @@ import (
 type chunkCache struct {
 	min      int
 	perShard int // byte budget per shard
+	seed     maphash.Seed
 	shards   [16]chunkShard
 }
 
+// chunkShard's entries live in an idTable, which the GC does not scan: a
+// full cache holds tens of thousands of chunks.
 type chunkShard struct {
 	mu    sync.RWMutex
-	m     map[string][]uint32
+	t     *idTable
 	bytes int
 }
 
+// Chunk shard blocks: chunks are about chunkMin (1 KiB) of text each. 8 KiB
+// blocks keep a nearly empty cache small (64 KiB ones made the cold encode
+// of a 32k-token prompt 12% slower after a reset, in fresh memory) and a
+// full shard (4 MiB) at a few hundred GC objects instead of ~8k.
+const (
+	chunkTextBlock = 8 << 10
+	chunkIDsBlock  = 2 << 10
+)
+
 func newChunkCache(budget, min int) *chunkCache {
-	c := &chunkCache{min: min, perShard: budget / 16}
+	c := &chunkCache{min: min, perShard: budget / 16, seed: maphash.MakeSeed()}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32)
+		c.shards[i].t = newIDTable(chunkTextBlock, chunkIDsBlock)
 	}
 	return c
 }
 
-func chunkShardOf(s string) int {
-	// The key's tail and length: chunks sharing a start differ at the end.
-	h := uint32(len(s))
-	for i := max(0, len(s)-16); i < len(s); i++ {
-		h = h*31 + uint32(s[i])
-	}
-	return int(h & 15)
-}
-
+// get returns the cached ids of s, which the caller must not modify.
 func (c *chunkCache) get(s string) ([]uint32, bool) {
-	sh := &c.shards[chunkShardOf(s)]
+	h := maphash.String(c.seed, s)
+	sh := &c.shards[h&15]
 	sh.mu.RLock()
-	ids, ok := sh.m[s]
+	ids, ok := sh.t.get(h, s)
 	sh.mu.RUnlock()
 	return ids, ok
 }
@@ -52,19 +57,28 @@ func (c *chunkCache) put(s string, ids []uint32) {
 	if cost > c.perShard {
 		return
 	}
-	sh := &c.shards[chunkShardOf(s)]
-	own := append([]uint32(nil), ids...)
-	key := strings.Clone(s)
+	h := maphash.String(c.seed, s)
+	sh := &c.shards[h&15]
 	sh.mu.Lock()
-	if _, dup := sh.m[key]; !dup {
+	if _, dup := sh.t.get(h, s); !dup {
 		if sh.bytes+cost > c.perShard {
-			clear(sh.m)
+			sh.t.reset()
 			sh.bytes = 0
 		}
-		sh.m[key] = own
+		sh.t.put(h, s, ids)
 		sh.bytes += cost
 	}
 	sh.mu.Unlock()
+}
+
+// reset empties the cache (benchmarks of the cold path).
+func (c *chunkCache) reset() {
+	for i := range c.shards {
+		c.shards[i].mu.Lock()
+		c.shards[i].t.reset()
+		c.shards[i].bytes = 0
+		c.shards[i].mu.Unlock()
+	}
 }
 
 // safeBoundary reports whether the GPT-4 family scanner always has a match

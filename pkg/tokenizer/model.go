@@ -20,6 +20,7 @@ type Model struct {
 
 	templates       sync.Map     // template source -> compiled template (chat.go)
 	cachedOverrides atomic.Int64 // request-supplied templates cached so far
+	renderBufs      sync.Pool    // *[]byte: AppendChat's render buffers (chat.go)
 }
 
 // LoadModel loads path (a tokenizer.json, or a directory holding one) and the
@@ -114,21 +115,30 @@ func (m *Model) EncodePrompt(text string, addSpecial *bool) ([]uint32, error) {
 
 // EncodePromptLimited is EncodePrompt under lim (see Limits).
 func (m *Model) EncodePromptLimited(text string, addSpecial *bool, lim Limits) ([]uint32, error) {
-	add := addSpecial == nil || *addSpecial
-	if !add {
-		return m.Tokenizer.EncodeLimited(text, false, lim)
-	}
-	ids, err := m.Tokenizer.EncodeLimited(text, false, lim)
+	ids, err := m.AppendPromptLimited(nil, text, addSpecial, lim)
 	if err != nil {
 		return nil, err
 	}
-	if len(m.promptPrefix) == 0 && len(m.promptSuffix) == 0 {
-		return ids, nil
+	return ids, nil
+}
+
+// AppendPromptLimited is EncodePromptLimited appending the ids to dst (see
+// Tokenizer.AppendEncodeLimited: dst's elements are kept, do not count
+// against lim.MaxTokens, and on error dst comes back at its length).
+func (m *Model) AppendPromptLimited(dst []uint32, text string, addSpecial *bool, lim Limits) ([]uint32, error) {
+	n0 := len(dst)
+	add := addSpecial == nil || *addSpecial
+	if add {
+		dst = append(dst, m.promptPrefix...)
 	}
-	out := make([]uint32, 0, len(ids)+len(m.promptPrefix)+len(m.promptSuffix))
-	out = append(out, m.promptPrefix...)
-	out = append(out, ids...)
-	return append(out, m.promptSuffix...), nil
+	ids, err := m.Tokenizer.AppendEncodeLimited(dst, text, false, lim)
+	if err != nil {
+		return ids[:n0], err
+	}
+	if add {
+		ids = append(ids, m.promptSuffix...)
+	}
+	return ids, nil
 }
 
 // PromptSpecialTokens returns the ids EncodePrompt puts before and after the

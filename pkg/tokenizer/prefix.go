@@ -43,8 +43,10 @@ type PrefixStats struct {
 }
 
 type prefixEntry struct {
-	key  uint64
-	text string
+	key uint64
+	// text is a copy: the caller's string may be a buffer reused after the
+	// encode (AppendChat). The next turn's entry shares its segments.
+	text sharedText
 	// ids of text, without post-processor specials; the next turn's entry
 	// shares the storage of the ids it reused.
 	ids  segslice.Slice[uint32]
@@ -103,11 +105,12 @@ func validUTF8(text string) string {
 	return strings.ToValidUTF8(text, "\uFFFD")
 }
 
-// find returns the ids that text's encode can start from and the byte
-// offset where encoding must resume, or (nil, 0); record counts the outcome.
-func (c *prefixCache) find(text string, maxAdded, maxWordBytes int) (*prefixEntry, prefixCut) {
+// find returns the ids that text's encode can start from, the byte offset
+// where encoding must resume and how many bytes text shares with the
+// entry's text, or (nil, 0, 0).
+func (c *prefixCache) find(text string, maxAdded, maxWordBytes int) (*prefixEntry, prefixCut, int) {
 	if len(text) < minPrefixText {
-		return nil, prefixCut{}
+		return nil, prefixCut{}, 0
 	}
 	key := c.keyOf(text)
 	c.mu.Lock()
@@ -118,6 +121,7 @@ func (c *prefixCache) find(text string, maxAdded, maxWordBytes int) (*prefixEntr
 	c.mu.Unlock()
 	var best *prefixEntry
 	var bestCut prefixCut
+	bestCommon := 0
 	for _, e := range cands {
 		if e.maxWordBytes != 0 && (maxWordBytes == 0 || maxWordBytes < e.maxWordBytes) {
 			continue
@@ -125,12 +129,13 @@ func (c *prefixCache) find(text string, maxAdded, maxWordBytes int) (*prefixEntr
 		if e.maxWordBytes == 0 && maxWordBytes != 0 {
 			continue
 		}
-		cut, ok := lastSafeCut(e.cuts, commonPrefix(e.text, text), maxAdded)
+		common := e.text.commonPrefix(text)
+		cut, ok := lastSafeCut(e.cuts, common, maxAdded)
 		if ok && cut.at > bestCut.at {
-			best, bestCut = e, cut
+			best, bestCut, bestCommon = e, cut, common
 		}
 	}
-	return best, bestCut
+	return best, bestCut, bestCommon
 }
 
 // record counts one lookup of a long text: a hit reused reusedBytes.
@@ -170,22 +175,29 @@ func lastSafeCut(cuts []prefixCut, common, maxAdded int) (prefixCut, bool) {
 	return cuts[lo-1], cuts[lo-1].at > 0
 }
 
-// store keeps text's ids; from, when not nil, is the entry the encode
-// started from, which the new one supersedes (the conversation moved on).
-func (c *prefixCache) store(from *prefixEntry, text string, ids segslice.Slice[uint32], cuts []prefixCut, maxWordBytes int) {
+// store keeps a copy of text and its ids; from, when not nil, is the entry
+// the encode started from, whose first common bytes text shares (only the
+// rest is copied), and which the new entry supersedes when it shares most
+// of it (see supersedes).
+func (c *prefixCache) store(from *prefixEntry, common int, text string, ids segslice.Slice[uint32], cuts []prefixCut, maxWordBytes int) {
 	if len(text) < minPrefixText || len(cuts) == 0 {
 		return
 	}
-	e := &prefixEntry{key: c.keyOf(text), text: text, ids: ids, cuts: cuts, maxWordBytes: maxWordBytes}
+	var kept sharedText
+	if from != nil {
+		kept = from.text.prefix(common) // equal to text[:common]
+	}
+	e := &prefixEntry{key: c.keyOf(text), text: kept.extend(text[kept.Len():]), ids: ids, cuts: cuts, maxWordBytes: maxWordBytes}
 	cost := e.cost()
 	if cost > c.maxBytes {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	replaces := from != nil && supersedes(common, from.text.Len())
 	bucket := c.buckets[e.key]
 	for i, el := range bucket {
-		if old := el.Value.(*prefixEntry); old == from || old.text == text {
+		if old := el.Value.(*prefixEntry); (old == from && replaces) || old.text.equal(text) {
 			c.removeLocked(el, i)
 			break
 		}
@@ -207,6 +219,16 @@ func (c *prefixCache) store(from *prefixEntry, text string, ids segslice.Slice[u
 	}
 }
 
+// supersedes reports whether a new entry sharing common of the n elements
+// of the entry it started from replaces that entry: it shares at least 3/4
+// of it, so it is the same conversation moving on (a new turn, the last one
+// rewritten). Another user's conversation under the same system prompt
+// shares only that prompt and leaves the entry cached: replacing it made
+// users of one application evict each other's conversations on every
+// request (docs/tokenizer.md, "Decision cost at long context"). The same
+// rule holds in reqfacts' message cache and kvhash's chain cache.
+func supersedes(common, n int) bool { return 4*common >= 3*n }
+
 func (c *prefixCache) removeLocked(el *list.Element, i int) {
 	e := el.Value.(*prefixEntry)
 	b := c.buckets[e.key]
@@ -220,7 +242,7 @@ func (c *prefixCache) removeLocked(el *list.Element, i int) {
 	c.bytes -= e.cost()
 }
 
-func (e *prefixEntry) cost() int { return len(e.text) + 4*e.ids.Held() + 16*len(e.cuts) + 128 }
+func (e *prefixEntry) cost() int { return e.text.held() + 4*e.ids.Held() + 16*len(e.cuts) + 128 }
 
 func (c *prefixCache) snapshot() PrefixStats {
 	c.mu.Lock()
@@ -240,13 +262,13 @@ func (t *Tokenizer) encodeReusing(text string, ids []uint32, lim Limits) ([]uint
 	if c == nil || len(text) < minPrefixText {
 		return t.encodeText(validUTF8(text), ids, b, nil, 0, 0)
 	}
-	from, cut := c.find(text, t.maxAdded, lim.MaxWordBytes)
+	from, cut, common := c.find(text, t.maxAdded, lim.MaxWordBytes)
 	// text[:cut.at] equals a cached text's bytes up to a rune boundary (an
 	// added token's start), and cached texts are valid UTF-8, so only the
 	// rest needs checking: a 400 KB prompt is not scanned again per turn.
 	if !utf8.ValidString(text[cut.at:]) {
 		text = validUTF8(text)
-		from, cut = c.find(text, t.maxAdded, lim.MaxWordBytes)
+		from, cut, common = c.find(text, t.maxAdded, lim.MaxWordBytes)
 	}
 	c.record(from != nil, cut.at)
 	var cuts []prefixCut
@@ -269,7 +291,7 @@ func (t *Tokenizer) encodeReusing(text string, ids []uint32, lim Limits) ([]uint
 	if from != nil {
 		kept = from.ids.Prefix(cut.index) // equal to ids[base : base+cut.index]
 	}
-	c.store(from, text, kept.Extend(ids[base+cut.index:]), cuts, lim.MaxWordBytes)
+	c.store(from, common, text, kept.Extend(ids[base+cut.index:]), cuts, lim.MaxWordBytes)
 	return ids, nil
 }
 

@@ -268,8 +268,8 @@ func ruleSel(spec string) (int, string) {
 // kvgateKnobs applies a kvgate policy's "@" settings, for tuning:
 // "mlf150" (LOXILB_KV_MEAN_LOAD_FACTOR), "provw100"
 // (LOXILB_KV_PROVISIONAL_WEIGHT), "costw100" (LOXILB_KV_COST_WORK_WEIGHT),
-// "gain50" (LOXILB_KV_CAP_FULL_GAIN),
-// joined by "-".
+// "gain50" (LOXILB_KV_CAP_FULL_GAIN), "coldcost" or "coldhash"
+// (LLB_KV_COLD_PLACEMENT), joined by "-".
 func kvgateKnobs(spec string, s *config.Settings) error {
 	if spec == "" {
 		return nil
@@ -285,8 +285,10 @@ func kvgateKnobs(spec string, s *config.Settings) error {
 			s.CostWorkWeight, err = strconv.Atoi(part[5:])
 		case strings.HasPrefix(part, "gain"):
 			s.CapFullGain, err = strconv.Atoi(part[4:])
+		case strings.HasPrefix(part, "cold"):
+			s.ColdPlacement, err = selector.ParseColdPlacement(part[4:])
 		default:
-			err = fmt.Errorf("unknown setting %q (want mlfN, provwN, costwN, gainN)", part)
+			err = fmt.Errorf("unknown setting %q (want mlfN, provwN, costwN, gainN, coldsel, coldhash, coldcost)", part)
 		}
 		if err != nil {
 			return fmt.Errorf("policy settings %q: %w", spec, err)
