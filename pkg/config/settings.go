@@ -43,6 +43,11 @@ type Settings struct {
 	// for a fresher shared load view across replicas (docs/replicas.md).
 	// Default 0: with each probe.
 	LoadScrapeInterval time.Duration
+	// LLB_KV_LOAD_MIRROR: between two scrapes, move the other replicas' part
+	// of the shared load view as this replica's own count moved since the
+	// scrape, scaled by their share of the fleet's load (docs/replicas.md).
+	// Default off; with one replica it changes nothing.
+	LoadMirror bool
 
 	// LOXILB_KV_LB_MODE (or the legacy LOXILB_KV_UNIFIED_MODE). Default hard.
 	LBMode selector.LBMode
@@ -52,6 +57,10 @@ type Settings struct {
 	LoadPenalty int
 	// LOXILB_KV_SPILL_RELIEF: auto, on or off. Default auto.
 	SpillRelief selector.Relief
+	// LLB_KV_RELIEF_TARGET: fleet (the spec's relief, the default) or
+	// holders (relief moves a hit only to an endpoint holding part of its
+	// prefix; for replicas, docs/replicas.md).
+	ReliefTarget selector.ReliefTarget
 	// LOXILB_KV_COLDSTART_SEED_N: every Nth hit seeds a cold endpoint; 0 disables. Default 16.
 	ColdStartSeedN int
 	// LOXILB_KV_COLDSTART_MIN_BLOCKS: fewer blocks than this is cold. Default 16; 0 is read as 1.
@@ -204,6 +213,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LLB_KV_MIN_MATCH_TOKENS", &s.MinMatchTokens, 0, selector.MaxMinMatchTokens)
 	p.boolean("LLB_KV_LOADGUARD", &s.LoadGuard)
 	p.boolean("LLB_PD_SESSION_HASH", &s.SessionHash)
+	p.boolean("LLB_KV_LOAD_MIRROR", &s.LoadMirror)
 	parsed(&p, "LLB_KV_COLD_PLACEMENT", &s.ColdPlacement, selector.ParseColdPlacement)
 	if v, ok := p.get("LLB_KV_LOAD_SCRAPE_MS"); ok {
 		// 0 is the default spelled out (the DaemonSet sets every variable).
@@ -226,6 +236,7 @@ func SettingsFromLookup(lookup func(string) (string, bool)) (Settings, error) {
 	p.integer("LOXILB_KV_MEAN_LOAD_FACTOR", &s.MeanLoadFactor, selector.MinMeanLoadFactor, selector.MaxMeanLoadFactor)
 	p.integer("LOXILB_KV_LOAD_PENALTY", &s.LoadPenalty, 1, selector.MaxLoadPenalty)
 	parsed(&p, "LOXILB_KV_SPILL_RELIEF", &s.SpillRelief, selector.ParseRelief)
+	parsed(&p, "LLB_KV_RELIEF_TARGET", &s.ReliefTarget, selector.ParseReliefTarget)
 	p.integer("LOXILB_KV_COLDSTART_SEED_N", &s.ColdStartSeedN, 0, 1<<20)
 	p.integer("LOXILB_KV_COLDSTART_MIN_BLOCKS", &s.ColdStartMinBlocks, 0, 1<<30)
 	p.integer("LOXILB_KV_MAX_BLOCKS", &s.MaxBlocks, inventory.MinMaxBlocks, inventory.MaxMaxBlocks)

@@ -70,6 +70,10 @@ func TestSettingsValues(t *testing.T) {
 		{map[string]string{"LOXILB_KV_PROVISIONAL_WEIGHT": "0"}, func(s Settings) bool { return s.ProvisionalWeight == 0 }},
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": " Hash "}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementHash }},
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": "sel"}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementSel }},
+		{map[string]string{"LLB_KV_RELIEF_TARGET": " Holders "}, func(s Settings) bool { return s.ReliefTarget == selector.ReliefToHolders }},
+		{map[string]string{"LLB_KV_RELIEF_TARGET": "fleet"}, func(s Settings) bool { return s.ReliefTarget == selector.ReliefToFleet }},
+		{map[string]string{"LLB_KV_LOAD_MIRROR": "on"}, func(s Settings) bool { return s.LoadMirror }},
+		{map[string]string{}, func(s Settings) bool { return !s.LoadMirror }},
 		{map[string]string{"LLB_KV_COLD_PLACEMENT": "cost"}, func(s Settings) bool { return s.ColdPlacement == selector.ColdPlacementCost }},
 		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "250"}, func(s Settings) bool { return s.LoadScrapeInterval == 250*time.Millisecond }},
 		{map[string]string{"LLB_KV_LOAD_SCRAPE_MS": "0"}, func(s Settings) bool { return s.LoadScrapeInterval == 0 }},
@@ -116,6 +120,7 @@ func TestSettingsErrorsNameVariable(t *testing.T) {
 		"LLB_KV_HASH_DEBUG":              "maybe",
 		"LLB_KV_MIN_MATCH_TOKENS":        "4097",
 		"LLB_KV_LOADGUARD":               "x",
+		"LLB_KV_LOAD_MIRROR":             "sometimes",
 		"LOXILB_KV_LB_MODE":              "medium",
 		"LOXILB_KV_MEAN_LOAD_FACTOR":     "99",
 		"LOXILB_KV_LOAD_PENALTY":         "0",
@@ -181,6 +186,7 @@ func TestSettingsSelectorKnobErrors(t *testing.T) {
 		{"LOXILB_KV_SPILL_RELIEF", " sometimes ", `environment variable LOXILB_KV_SPILL_RELIEF="sometimes" is invalid: allowed values: auto, on (1, true, yes), off (0, false, no)`},
 		{"LOXILB_KV_SCORE", "leading-run", `environment variable LOXILB_KV_SCORE="leading-run" is invalid: allowed values: leading (the default; alias prefix), overlap`},
 		{"LLB_KV_COLD_PLACEMENT", "rendezvous", `environment variable LLB_KV_COLD_PLACEMENT="rendezvous" is invalid: allowed values: cost (the default), sel, hash`},
+		{"LLB_KV_RELIEF_TARGET", "overlap", `environment variable LLB_KV_RELIEF_TARGET="overlap" is invalid: allowed values: fleet (the default), holders`},
 	} {
 		_, err := SettingsFromLookup(lookupOf(map[string]string{tc.name: tc.value}))
 		if err == nil || err.Error() != tc.want {
@@ -208,6 +214,7 @@ func TestSettingsDefaultsAreThePackages(t *testing.T) {
 		{"LOXILB_KV_ZERO_HIT_N", s.ZeroHitN, o.ZeroHitN},
 		{"LOXILB_KV_SCORE", s.Score, o.Score},
 		{"LLB_KV_COLD_PLACEMENT", s.ColdPlacement, o.ColdPlacement},
+		{"LLB_KV_RELIEF_TARGET", s.ReliefTarget, o.ReliefTarget},
 		{"LLB_KV_LOADGUARD", s.LoadGuard, o.LoadGuard},
 		{"LOXILB_KV_MAX_BLOCKS", s.MaxBlocks, inventory.DefaultMaxBlocks},
 	} {

@@ -453,7 +453,7 @@ func (g *Gateway) create(rule *config.Rule) (err error) {
 	scores := newTimedScorer(scorer)
 	costs := &selector.Costs{}
 	sel, err := selector.New(selectorRule(rule), g.selOpts, selector.Deps{
-		Scorer: scores, Confirmed: confirmed, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly, g.opts.SharedLoadHalfLife), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
+		Scorer: scores, Confirmed: confirmed, Loads: rh.loads(rule, loads, g.opts.LocalLoadOnly, sharedOptions{halfLife: g.opts.SharedLoadHalfLife, mirror: g.opts.Settings.LoadMirror}), Engine: rh, States: rh, Cost: costs, Observer: selectorObserver{g.Metrics}, Logger: g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("service %d: %w", id, err)

@@ -114,7 +114,7 @@ func (h *ruleHealth) newTracker(rule *config.Rule) (*health.Tracker, error) {
 // this replica's own count, which is the admission controller's for P/D
 // rules (prefill admission to the end of the decode stream; its caps stay
 // on that count) and the proxy's otherwise; with localOnly, the own count.
-func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly bool, halfLife time.Duration) selector.LoadSource {
+func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly bool, opts sharedOptions) selector.LoadSource {
 	var local, onEngine selector.LoadSource = proxy, nil
 	if h.admission != nil {
 		local, onEngine = h.admission, h.admission.Legs()
@@ -123,7 +123,7 @@ func (h *ruleHealth) loads(rule *config.Rule, proxy *fullproxy.Loads, localOnly 
 		return local
 	}
 	shared := newSharedLoads(local, onEngine, h, sharedStaleAfter(rule.ProbeInterval(), rule.ProbeTimeout()))
-	shared.halfLife = halfLife
+	shared.configure(opts)
 	h.shared.Store(shared)
 	return shared
 }

@@ -618,6 +618,7 @@ func selectorOptions(s config.Settings) (selector.Options, error) {
 	o.MeanLoadFactor = s.MeanLoadFactor
 	o.LoadPenalty = s.LoadPenalty
 	o.SpillRelief = s.SpillRelief
+	o.ReliefTarget = s.ReliefTarget
 	o.ColdStartSeedN = s.ColdStartSeedN
 	o.ColdStartMinBlocks = s.ColdStartMinBlocks
 	o.ZeroHitN = s.ZeroHitN

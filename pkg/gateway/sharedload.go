@@ -41,8 +41,10 @@ type sharedLoads struct {
 	// onEngine is the count snapshotted at each scrape: what of this
 	// replica's load the engine's running + waiting includes.
 	onEngine selector.LoadSource
-	engine   engineLoads
-	now      func() time.Time
+	// onEngineIsLocal: onEngine is local (single-pool rules).
+	onEngineIsLocal bool
+	engine          engineLoads
+	now             func() time.Time
 	// staleAfter is in nanoseconds, updated with the rule's probe interval.
 	staleAfter atomic.Int64
 	// halfLife, when positive, decays the other replicas' part between
@@ -50,18 +52,37 @@ type sharedLoads struct {
 	// seen at the scrape end and nothing replaces them. Off (0) by default:
 	// the routing benchmark measured it (docs/replicas.md, "Shared load view").
 	halfLife time.Duration
+	// mirror extrapolates the other replicas' part between scrapes from
+	// this replica's own change since the scrape (sharedload_mirror.go); off by default.
+	mirror   bool
 	atScrape [epset.Max]atomic.Int64
+	// maxEp is one more than the highest endpoint ever scraped, bounding the
+	// mirror's pass over the endpoints.
+	maxEp atomic.Int64
+	ratio mirrorRatio
+}
+
+// sharedOptions are the view's variants (gateway.Options).
+type sharedOptions struct {
+	halfLife time.Duration
+	mirror   bool
 }
 
 // newSharedLoads builds the view; onEngine nil means local (single-pool
 // rules, whose every in-flight request is on its engine).
 func newSharedLoads(local, onEngine selector.LoadSource, engine engineLoads, staleAfter time.Duration) *sharedLoads {
-	if onEngine == nil {
+	isLocal := onEngine == nil
+	if isLocal {
 		onEngine = local
 	}
-	s := &sharedLoads{local: local, onEngine: onEngine, engine: engine, now: time.Now}
+	s := &sharedLoads{local: local, onEngine: onEngine, onEngineIsLocal: isLocal, engine: engine, now: time.Now}
 	s.staleAfter.Store(int64(staleAfter))
 	return s
+}
+
+// configure applies the view's variants; called before the selector reads it.
+func (s *sharedLoads) configure(o sharedOptions) {
+	s.halfLife, s.mirror = o.halfLife, o.mirror
 }
 
 // scraped takes the snapshot of onEngine_i@scrape; the tracker calls it
@@ -69,6 +90,12 @@ func newSharedLoads(local, onEngine selector.LoadSource, engine engineLoads, sta
 func (s *sharedLoads) scraped(ep int) {
 	if uint(ep) < epset.Max {
 		s.atScrape[ep].Store(int64(s.onEngine.InFlight(ep)))
+		for {
+			m := s.maxEp.Load()
+			if int64(ep) < m || s.maxEp.CompareAndSwap(m, int64(ep)+1) {
+				break
+			}
+		}
 	}
 }
 
@@ -82,9 +109,17 @@ func (s *sharedLoads) InFlight(ep int) int {
 	if !ok || s.now().Sub(at) > time.Duration(s.staleAfter.Load()) {
 		return local
 	}
-	others := max(0, load-int(s.atScrape[ep].Load()))
+	atScrape := int(s.atScrape[ep].Load())
+	others := max(0, load-atScrape)
 	if age := s.now().Sub(at); s.halfLife > 0 && age > 0 && others > 0 {
 		others = int(math.Round(float64(others) * math.Exp2(-float64(age)/float64(s.halfLife))))
+	}
+	if s.mirror {
+		onEngine := local
+		if !s.onEngineIsLocal {
+			onEngine = s.onEngine.InFlight(ep)
+		}
+		others = s.mirrored(others, onEngine-atScrape)
 	}
 	return max(local, others+local)
 }

@@ -361,7 +361,9 @@ func softArm(sc *scratch, cands []int16, best, lambda int64) int {
 // relief is spill relief: when the chosen endpoint is at or over its cap
 // computed over the whole eligible fleet (scaled by its gain, g), move to
 // the least-loaded endpoint under its fleet cap (ties to the lowest
-// ep_idx), overlap ignored.
+// ep_idx), overlap ignored. With LLB_KV_RELIEF_TARGET=holders it prefers
+// an endpoint holding part of the prefix, and moves onto one with none only
+// at holdersMissPct percent of the fleet cap (replica_relief.go).
 func (s *Selector) relief(c *compiled, el []int16, sc *scratch, w int, mlf int64, g gainRef) int {
 	if len(el) < 2 {
 		return w
@@ -379,14 +381,14 @@ func (s *Selector) relief(c *compiled, el []int16, sc *scratch, w int, mlf int64
 		return w
 	}
 	to := -1
-	for _, m := range el {
-		ep := int(m)
-		if !underCap(sc.load[ep], mlf, total, sc.capc[ep], sum) {
-			continue
+	if s.opts.ReliefTarget == ReliefToHolders {
+		to = reliefTo(el, sc, mlf, total, sum, true)
+		if to < 0 && underCap(sc.load[w], g.mlf(mlf, sc.counts[w])*holdersMissPct/100, total, sc.capc[w], sum) {
+			return w
 		}
-		if to < 0 || sc.load[ep] < sc.load[to] {
-			to = ep
-		}
+	}
+	if to < 0 {
+		to = reliefTo(el, sc, mlf, total, sum, false)
 	}
 	if to < 0 {
 		return w

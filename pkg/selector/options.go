@@ -196,6 +196,9 @@ type Options struct {
 	// ColdPlacement is where a request without a holder goes
 	// (LLB_KV_COLD_PLACEMENT, default cost; coldplace.go).
 	ColdPlacement ColdPlacement
+	// ReliefTarget is where spill relief may move a hit
+	// (LLB_KV_RELIEF_TARGET, default fleet; replica_relief.go).
+	ReliefTarget ReliefTarget
 	// CursorStart is where the round-robin cursors start (default 0).
 	// Replicas of one fleet start theirs apart, so the requests a client
 	// spreads over them do not reach the same endpoint in step
@@ -248,6 +251,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("LOXILB_KV_LOAD_PENALTY=%d: want 1..%d", o.LoadPenalty, MaxLoadPenalty)
 	case o.SpillRelief > ReliefOff:
 		return fmt.Errorf("LOXILB_KV_SPILL_RELIEF: unknown value %d", o.SpillRelief)
+	case o.ReliefTarget > ReliefToHolders:
+		return fmt.Errorf("LLB_KV_RELIEF_TARGET: unknown value %d", o.ReliefTarget)
 	case o.ColdStartSeedN < 0 || o.ColdStartSeedN > maxCountLimit:
 		return fmt.Errorf("LOXILB_KV_COLDSTART_SEED_N=%d: want 0..%d", o.ColdStartSeedN, maxCountLimit)
 	case o.ColdStartMinBlocks < 0 || o.ColdStartMinBlocks > 1<<30:

@@ -33,10 +33,15 @@ const maxReplicas = 8
 // requests, for comparison; "decayN" decays the other replicas' part of the
 // shared load view with a half-life of N ms; "scrapeN" scrapes the engines'
 // load every N ms (LLB_KV_LOAD_SCRAPE_MS) instead of with each 1 s probe;
-// "lc" gives the rule sel 4 (least connections) instead of round-robin.
+// "lc" gives the rule sel 4 (least connections) instead of round-robin;
+// "mirror" extrapolates the other replicas' part of the view from this
+// replica's own change since the scrape (LLB_KV_LOAD_MIRROR=on);
+// "holders" sets LLB_KV_RELIEF_TARGET=holders.
 type ReplicaFlags struct {
 	LocalOnly bool
 	LeastConn bool
+	Mirror    bool
+	Holders   bool
 	HalfLife  time.Duration
 	Scrape    time.Duration
 	// ColdPlacement is LLB_KV_COLD_PLACEMENT; nil keeps kvgate's default.
@@ -60,6 +65,10 @@ func replicaCount(name string) (n int, flags ReplicaFlags, ok bool) {
 			flags.LocalOnly = true
 		case "lc":
 			flags.LeastConn = true
+		case "mirror":
+			flags.Mirror = true
+		case "holders":
+			flags.Holders = true
 		case "hash", "sel":
 			p, _ := selector.ParseColdPlacement(f)
 			flags.ColdPlacement = &p
@@ -109,6 +118,10 @@ func StartKVGateReplicas(ctx context.Context, env *Env, f *Fleet, n int, flags R
 		settings.ColdPlacement = *flags.ColdPlacement
 	}
 	settings.LoadScrapeInterval = flags.Scrape
+	settings.LoadMirror = flags.Mirror
+	if flags.Holders {
+		settings.ReliefTarget = selector.ReliefToHolders
+	}
 	host := f.Host + "1"
 	var gws []*gateway.Gateway
 	var urls []string

@@ -24,6 +24,9 @@ func TestReplicaPolicyNames(t *testing.T) {
 		{"kvgate-x3-hash-decay500", 3, ReplicaFlags{ColdPlacement: &hash, HalfLife: 500 * time.Millisecond}, true},
 		{"kvgate-x3-scrape250-local", 3, ReplicaFlags{LocalOnly: true, Scrape: 250 * time.Millisecond}, true},
 		{"kvgate-x3-lc", 3, ReplicaFlags{LeastConn: true}, true},
+		{"kvgate-x3-mirror", 3, ReplicaFlags{Mirror: true}, true},
+		{"kvgate-x3-holders-mirror", 3, ReplicaFlags{Mirror: true, Holders: true}, true},
+		{"kvgate-x1-holders", 1, ReplicaFlags{Holders: true}, true},
 		{"kvgate-x3-decay0", 0, ReplicaFlags{}, false},
 		{"kvgate-x3-scrape", 0, ReplicaFlags{}, false},
 		{"kvgate-x3-fast", 0, ReplicaFlags{}, false},
@@ -39,7 +42,7 @@ func TestReplicaPolicyNames(t *testing.T) {
 		}
 		same := (flags.ColdPlacement == nil) == (c.flags.ColdPlacement == nil) &&
 			(flags.ColdPlacement == nil || *flags.ColdPlacement == *c.flags.ColdPlacement)
-		if n != c.n || flags.LocalOnly != c.flags.LocalOnly || flags.LeastConn != c.flags.LeastConn || flags.HalfLife != c.flags.HalfLife || flags.Scrape != c.flags.Scrape || !same {
+		if n != c.n || flags.LocalOnly != c.flags.LocalOnly || flags.LeastConn != c.flags.LeastConn || flags.Mirror != c.flags.Mirror || flags.Holders != c.flags.Holders || flags.HalfLife != c.flags.HalfLife || flags.Scrape != c.flags.Scrape || !same {
 			t.Errorf("%s: %d %+v, want %d %+v", c.name, n, flags, c.n, c.flags)
 		}
 	}
