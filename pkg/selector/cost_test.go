@@ -19,6 +19,24 @@ func (f fixedCost) PrefillPerToken(ep int) (time.Duration, bool) {
 	return v, ok && v > 0
 }
 
+// costSelector is a 3-endpoint round-robin pool rule's selector whose
+// endpoints hold the given leading blocks of prompt and carry the given
+// in-flight loads and cost source.
+func costSelector(t *testing.T, o Options, prompt []uint64, stored map[int]int, loads [3]int, cost CostSource) *Selector {
+	t.Helper()
+	inv := newInv()
+	for ep, n := range stored {
+		inv.add(ep, prompt[:n]...)
+	}
+	l := &testLoads{}
+	copy(l.l[:], loads[:])
+	sel, err := New(poolRule(3, SelRR), o, Deps{Scorer: inv, Loads: l, Cost: cost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
+}
+
 func TestCostModeChoosesLeastPredictedTTFT(t *testing.T) {
 	prompt := seq(0, 10) // 160 tokens at block size 16
 	for _, tc := range []struct {
@@ -98,20 +116,10 @@ func TestCostModeChoosesLeastPredictedTTFT(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			inv := newInv()
-			for ep, n := range tc.stored {
-				inv.add(ep, prompt[:n]...)
-			}
-			loads := &testLoads{}
-			copy(loads.l[:], tc.loads[:])
 			o := noSeed()
 			o.LBMode = LBCost
 			o.CostWorkWeight = tc.work
-			sel, err := New(poolRule(3, SelRR), o, Deps{Scorer: inv, Loads: loads,
-				Cost: fixedCost{pending: tc.pending, per: tc.per}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sel := costSelector(t, o, prompt, tc.stored, tc.loads, fixedCost{pending: tc.pending, per: tc.per})
 			req := kvReq(prompt)
 			req.PromptTokens = tc.tokens
 			a := sel.Begin(req)
@@ -332,17 +340,7 @@ func TestColdPlacementByCost(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			inv := newInv()
-			for ep, n := range tc.stored {
-				inv.add(ep, prompt[:n]...)
-			}
-			loads := &testLoads{}
-			copy(loads.l[:], tc.loads[:])
-			sel, err := New(poolRule(3, SelRR), coldOpts(ColdPlacementCost), Deps{Scorer: inv, Loads: loads,
-				Cost: fixedCost{pending: tc.pending, per: tc.per}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sel := costSelector(t, coldOpts(ColdPlacementCost), prompt, tc.stored, tc.loads, fixedCost{pending: tc.pending, per: tc.per})
 			for i, want := range tc.want {
 				req := kvReq(prompt)
 				req.PromptTokens = 160

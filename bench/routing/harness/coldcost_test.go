@@ -1,10 +1,8 @@
 package harness
 
 import (
-	"context"
 	"math/rand/v2"
 	"testing"
-	"time"
 )
 
 // TestColdCostAvoidsPendingPrefill: with LLB_KV_COLD_PLACEMENT=cost, a
@@ -24,22 +22,7 @@ func TestColdCostAvoidsPendingPrefill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer env.Close()
-	prof := Profile{Name: "ci", PerfModel: "llama3-8b-h100", Engines: 3, NumGPUBlocks: 2000, TimeScale: 20}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	fleet, err := StartFleet(env, prof)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fleet.Close()
-	front, err := StartFront(ctx, env, fleet, prof, "kvgate@coldcost")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer front.Close()
-	if err := WarmUp(ctx, front.URL, fleet); err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, front := slowFleet(t, env, "kvgate@coldcost")
 	send := func(seed uint64, words int) routed {
 		t.Helper()
 		resp, err := openCompletion(ctx, front.URL, prose(rand.New(rand.NewPCG(seed, seed+1)), words))

@@ -35,7 +35,6 @@ func TestProvisionalBlocksCoLocateANewPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer env.Close()
-	prof := Profile{Name: "ci", PerfModel: "llama3-8b-h100", Engines: 3, NumGPUBlocks: 2000, TimeScale: 20}
 	for _, tc := range []struct {
 		policy     string
 		colocated  bool
@@ -45,21 +44,7 @@ func TestProvisionalBlocksCoLocateANewPrefix(t *testing.T) {
 		{"kvgate-off-noprov", false, "no_worker"},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			fleet, err := StartFleet(env, prof)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer fleet.Close()
-			front, err := StartFront(ctx, env, fleet, prof, tc.policy)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer front.Close()
-			if err := WarmUp(ctx, front.URL, fleet); err != nil {
-				t.Fatal(err)
-			}
+			ctx, fleet, front := slowFleet(t, env, tc.policy)
 			// Keep every engine's next step busy with a long prompt sent
 			// to it directly (kvgate does not see it), so the leader waits
 			// in the queue and its BlockStored comes only when that step
@@ -81,6 +66,30 @@ func TestProvisionalBlocksCoLocateANewPrefix(t *testing.T) {
 			}
 		})
 	}
+}
+
+// slowFleet starts a 3-engine fleet running 20× slower than the model (so a
+// long prefill lasts seconds even on a loaded machine) with policy in front,
+// warmed up; both stop, and the context ends, when the test does.
+func slowFleet(t *testing.T, env *Env, policy string) (context.Context, *Fleet, *Front) {
+	t.Helper()
+	prof := Profile{Name: "ci", PerfModel: "llama3-8b-h100", Engines: 3, NumGPUBlocks: 2000, TimeScale: 20}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	fleet, err := StartFleet(env, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fleet.Close)
+	front, err := StartFront(ctx, env, fleet, prof, policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(front.Close)
+	if err := WarmUp(ctx, front.URL, fleet); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, fleet, front
 }
 
 type routed struct {
