@@ -19,18 +19,26 @@ import (
 // the rendered text itself (not a copy), conversation B's render into the
 // same buffer would turn A's cached text into B's, and B's next turn would
 // reuse A's ids.
+// cachedAndFresh loads testdata model name twice: with the daemon's caches,
+// and with every cache off, the reference a cached result must equal.
+func cachedAndFresh(t *testing.T, name string) (cached, fresh *Model) {
+	t.Helper()
+	path := filepath.Join("testdata", name, "tokenizer.json")
+	cached, err := LoadModel(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err = LoadModel(path, WithConversationCache(0), WithPrefixCache(0), WithWordCache(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cached, fresh
+}
+
 func TestAppendChatReusedBuffers(t *testing.T) {
 	for _, name := range []string{"qwen3", "llama3"} {
 		t.Run(name, func(t *testing.T) {
-			path := filepath.Join("testdata", name, "tokenizer.json")
-			cached, err := LoadModel(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fresh, err := LoadModel(path, WithConversationCache(0), WithPrefixCache(0), WithWordCache(0))
-			if err != nil {
-				t.Fatal(err)
-			}
+			cached, fresh := cachedAndFresh(t, name)
 			r := rand.New(rand.NewPCG(7, 8))
 			// Valid UTF-8: a text the encode must repair is copied anyway,
 			// and would hide a cache that keeps the caller's text.
@@ -203,15 +211,7 @@ func TestSharedTextMatchesString(t *testing.T) {
 // Concurrent AppendChat calls on one Model share its render buffers and one
 // IDPool: each must still get its own conversation's ids (run with -race).
 func TestAppendChatConcurrent(t *testing.T) {
-	path := filepath.Join("testdata", "qwen3", "tokenizer.json")
-	cached, err := LoadModel(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fresh, err := LoadModel(path, WithConversationCache(0), WithPrefixCache(0), WithWordCache(0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cached, fresh := cachedAndFresh(t, "qwen3")
 	r := rand.New(rand.NewPCG(13, 14))
 	const workers, turns = 4, 5
 	reqs := make([][]ChatRequest, workers)
