@@ -6,6 +6,21 @@ import (
 	"testing"
 )
 
+// cachedAndFull are two hashers of contract c: one with a chain cache, one
+// without, whose full walk a cached result must equal.
+func cachedAndFull(t *testing.T, c Contract) (cached, full *Hasher) {
+	t.Helper()
+	cached, err := New(c, WithChainCache(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err = New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cached, full
+}
+
 // Random conversation growth (kept, rewritten tails, other extra keys) with
 // the chain cache gives exactly a full walk's hashes, for every vLLM
 // algorithm and block size.
@@ -13,14 +28,7 @@ func TestChainCacheEqualsFullWalk(t *testing.T) {
 	for _, algo := range []Algo{SHA256CBOR, XXHashCBOR, SHA256, XXHash} {
 		for _, bs := range []int{1, 16} {
 			c := Contract{Algo: algo, BlockSize: bs, Seed: SeedOf("42")}
-			cached, err := New(c, WithChainCache(1<<20))
-			if err != nil {
-				t.Fatal(err)
-			}
-			full, err := New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
+			cached, full := cachedAndFull(t, c)
 			r := rand.New(rand.NewPCG(uint64(bs), uint64(len(algo))))
 			extras := []Extra{{}, {LoRAName: "adapter"}, {CacheSalt: "salt"}}
 			var tokens []uint32

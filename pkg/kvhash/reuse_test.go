@@ -13,14 +13,7 @@ import (
 // must equal a full walk's.
 func TestChainCacheCallerReusesTokens(t *testing.T) {
 	c := Contract{Algo: SHA256CBOR, BlockSize: 16, Seed: SeedOf("42")}
-	cached, err := New(c, WithChainCache(1<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	full, err := New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cached, full := cachedAndFull(t, c)
 	r := rand.New(rand.NewPCG(11, 12))
 	convs := make([][]uint32, 2)
 	var buf []uint32
