@@ -46,7 +46,7 @@ func parseFlags() options {
 	var o options
 	flag.StringVar(&o.mode, "mode", "quick", "quick (one load per workload, ~5 min), full (QPS sweep + closed loop, seeds 4-6, ≤ 90 min), tune (SGLang thresholds on the tune profile, seeds 1-3) or point")
 	flag.StringVar(&o.out, "out", "bench/routing/out", "output directory (gitignored): results CSV and plots")
-	flag.StringVar(&o.policies, "policies", "", "comma-separated policies (default: all; -mode quick: "+strings.Join(harness.QuickPolicies(), ",")+")")
+	flag.StringVar(&o.policies, "policies", "", "comma-separated policies (default: all; -mode quick: "+strings.Join(harness.QuickPolicies(), ",")+"; -mode full: all but kvgate-noprov)")
 	flag.StringVar(&o.workloads, "workloads", strings.Join(harness.Workloads(), ","), "comma-separated workloads")
 	flag.StringVar(&o.seeds, "seeds", "4,5,6", "seeds for -mode full")
 	flag.StringVar(&o.tokDir, "tokenizer-dir", "pkg/tokenizer/testdata/qwen3", "Qwen3 tokenizer (tokenizer.json, tokenizer_config.json)")
@@ -106,8 +106,11 @@ func selection(o options) (pols, wls []string, err error) {
 	pols, wls = split(o.policies), split(o.workloads)
 	if len(pols) == 0 {
 		pols = harness.Policies()
-		if o.mode == "quick" {
+		switch o.mode {
+		case "quick":
 			pols = harness.QuickPolicies()
+		case "full":
+			pols = harness.FullPolicies()
 		}
 	}
 	all := harness.Workloads()

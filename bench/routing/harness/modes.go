@@ -1,5 +1,7 @@
 package harness
 
+import "slices"
+
 // DefaultShape sizes every workload (a word of the prose is about one Qwen3
 // token). capacity keeps llm-d's shared_prefix proportions (6,000-token
 // system prompts, 1,200-token questions) with 16 groups: a working set of
@@ -46,6 +48,13 @@ func quickLoad() map[string]float64 {
 // QuickPolicies are the policies of the quick mode.
 func QuickPolicies() []string {
 	return []string{"kvgate", "kvgate-cost", "kvgate-off", "round-robin", "least-load", "sglang", "sglang-scaled", "oracle"}
+}
+
+// FullPolicies is -mode full's default list: every policy but the
+// kvgate-noprov ablation, which has its own section in
+// docs/routing-benchmark.md and would push the sweep past 90 minutes.
+func FullPolicies() []string {
+	return slices.DeleteFunc(Policies(), func(p string) bool { return p == "kvgate-noprov" })
 }
 
 // QuickPlan is `make bench-routing`: the main policies on every workload at
