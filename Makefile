@@ -39,7 +39,7 @@ bench:
 bench-routing:
 	$(GO) run ./bench/routing -mode quick
 
-# The full sweep in the background (~85 min, resumable); progress in bench/routing/out/full.log.
+# The full sweep in the background (720 points, ~89 min, resumable); progress in bench/routing/out/full.log.
 bench-routing-full:
 	mkdir -p bench/routing/out && nohup $(GO) run ./bench/routing -mode full > bench/routing/out/full.log 2>&1 &
 
