@@ -72,8 +72,11 @@ type router struct {
 	// once the block hashes are computed (docs/tokenizer.md, "Decision cost
 	// at long context").
 	ids tokenizer.IDPool
-	m   *metrics.Metrics
-	log *slog.Logger
+	// decideMu makes each request's decision and reservation one step
+	// (Route).
+	decideMu sync.Mutex
+	m        *metrics.Metrics
+	log      *slog.Logger
 	// maxTokens is LLB_KV_MAX_PROMPT_TOKENS; gate bounds the bodies being
 	// tokenized at once, process-wide (inspect.go).
 	maxTokens int
@@ -131,7 +134,15 @@ func (sc *plan) Route(_ context.Context, excluded epset.Set) (fullproxy.Decision
 	var scored scoreTime
 	untrack := r.scores.track(sc.selReq.Hashes, &scored)
 	t0 := time.Now()
+	// Deciding and reserving are one step: a request of a new prefix that
+	// arrives while the first one is being routed sees the first one's
+	// provisional blocks and pending work, so a burst follows its first
+	// request instead of each scoring zero (docs/selection.md, "Provisional
+	// blocks").
+	r.decideMu.Lock()
 	d := sc.attempt.Decide()
+	sc.reserve(d.Endpoint, d.Score)
+	r.decideMu.Unlock()
 	decide := time.Since(t0)
 	untrack()
 	stages := append([]fullproxy.Stage(nil), sc.stages...)
@@ -189,27 +200,40 @@ func (sc *plan) Finish(d fullproxy.Decision, connected bool) {
 	if o.Hit && sc.model.label != "" {
 		r.m.ModelHit(r.service, sc.model.label)
 	}
-	sc.track(d)
+	sc.sentAt = time.Now()
 }
 
-// track starts following the routed request: its prompt's blocks become
-// provisional on the endpoint, and its uncached tokens pending prefill work
-// there, until FirstBody and Ended settle them.
-func (sc *plan) track(d fullproxy.Decision) {
+// reserve makes the prompt's blocks provisional on endpoint ep and its
+// uncached tokens pending prefill work there, until FirstBody and Ended
+// settle them. A re-route (a failed connect, a breaker's refusal) moves
+// them to the new endpoint.
+func (sc *plan) reserve(ep, score int) {
 	r := sc.r
+	sc.unreserve()
 	hashes := sc.selReq.Hashes
-	if d.Endpoint < 0 || len(hashes) == 0 {
+	if ep < 0 || len(hashes) == 0 {
 		return
 	}
 	if r.overlay != nil {
-		sc.reservation = r.overlay.Reserve(d.Endpoint, hashes)
+		sc.reservation = r.overlay.Reserve(ep, hashes)
 	}
 	if r.costs != nil {
 		bt := max(sc.blockTokens, 1)
 		prompt := max(sc.tokens, len(hashes)*bt)
-		sc.ticket = r.costs.Dispatch(d.Endpoint, int64(max(prompt-d.Score*bt, 0)))
+		sc.ticket = r.costs.Dispatch(ep, int64(max(prompt-score*bt, 0)))
 		sc.sentAt = time.Now()
 	}
+}
+
+// unreserve gives back what reserve took: the work untaught, the
+// predictions the engine never confirmed.
+func (sc *plan) unreserve() {
+	sc.ticket.Abandon()
+	sc.ticket = nil
+	if sc.r.overlay != nil {
+		sc.r.overlay.Release(sc.reservation)
+	}
+	sc.reservation = inventory.Reservation{}
 }
 
 // FirstBody implements fullproxy.BodyTracker: the prefill is done, so its
@@ -224,10 +248,7 @@ func (sc *plan) FirstBody() {
 // body byte gives its work back untaught, and predictions its engine never
 // confirmed are dropped.
 func (sc *plan) Ended() {
-	sc.ticket.Abandon()
-	if sc.r.overlay != nil {
-		sc.r.overlay.Release(sc.reservation)
-	}
+	sc.unreserve()
 }
 
 func observeStages(m *metrics.Metrics, service int, stages []fullproxy.Stage) {

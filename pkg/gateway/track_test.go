@@ -4,13 +4,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/pkg/fullproxy"
 	"github.com/kvgate/kvgate/pkg/inventory"
 	"github.com/kvgate/kvgate/pkg/selector"
 )
 
 // TestPlanTracksRoutedRequest checks what a routed request holds between
-// its connection and its end: its prompt's blocks are provisional on its
+// its decision and its end: its prompt's blocks are provisional on its
 // endpoint until it ends, and its uncached tokens are pending prefill work
 // there until its first body byte (or its end, when none came).
 func TestPlanTracksRoutedRequest(t *testing.T) {
@@ -42,7 +41,7 @@ func TestPlanTracksRoutedRequest(t *testing.T) {
 			sc := &plan{r: r, tokens: 640, blockTokens: 16}
 			sc.selReq.Hashes = hashes
 			const ep = 2
-			sc.track(fullproxy.Decision{Endpoint: ep, Score: tc.score})
+			sc.reserve(ep, tc.score)
 			if got := ov.Provisional(ep); got != len(hashes) {
 				t.Fatalf("provisional blocks in flight = %d, want %d", got, len(hashes))
 			}
@@ -77,10 +76,38 @@ func TestPlanWithoutHashesTracksNothing(t *testing.T) {
 	ov, _ := inventory.NewOverlay(ix, inventory.ProvisionalOptions{})
 	r := &router{overlay: ov, costs: &selector.Costs{}}
 	sc := &plan{r: r}
-	sc.track(fullproxy.Decision{Endpoint: 1})
+	sc.reserve(1, 0)
 	sc.FirstBody()
 	sc.Ended()
 	if ov.Provisional(1) != 0 || r.costs.PendingTokens(1) != 0 {
 		t.Fatal("an unhashed request was tracked")
+	}
+}
+
+// TestPlanReRouteMovesReservation: a request re-routed after a failed
+// connect holds its blocks and pending work on the new endpoint only.
+func TestPlanReRouteMovesReservation(t *testing.T) {
+	ix, _ := inventory.New(inventory.Options{})
+	ov, _ := inventory.NewOverlay(ix, inventory.ProvisionalOptions{})
+	r := &router{overlay: ov, costs: &selector.Costs{}}
+	sc := &plan{r: r, tokens: 160, blockTokens: 16}
+	sc.selReq.Hashes = []uint64{11, 12, 13, 14, 15, 16, 17, 18, 19, 20}
+	sc.reserve(2, 0)
+	sc.reserve(1, 0)
+	for _, c := range []struct {
+		ep          int
+		blocks      int
+		pendingToks int64
+	}{{2, 0, 0}, {1, 10, 160}} {
+		if got := ov.Provisional(c.ep); got != c.blocks {
+			t.Errorf("ep %d: provisional blocks = %d, want %d", c.ep, got, c.blocks)
+		}
+		if got := r.costs.PendingTokens(c.ep); got != c.pendingToks {
+			t.Errorf("ep %d: pending tokens = %d, want %d", c.ep, got, c.pendingToks)
+		}
+	}
+	sc.Ended()
+	if ov.Provisional(1) != 0 || r.costs.PendingTokens(1) != 0 {
+		t.Error("the re-routed request's reservation outlived it")
 	}
 }
