@@ -14,14 +14,7 @@ import (
 // the engine of the short one, where a round-robin fallback would take the
 // engine of the longest.
 func TestColdCostAvoidsPendingPrefill(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a simulated fleet")
-	}
-	env, err := NewEnv("../../../pkg/tokenizer/testdata/qwen3", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer env.Close()
+	env := fleetEnv(t)
 	ctx, _, front := slowFleet(t, env, "kvgate@coldcost")
 	send := func(seed uint64, words int) routed {
 		t.Helper()

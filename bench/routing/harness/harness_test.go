@@ -195,14 +195,7 @@ func TestGenerateDeterministic(t *testing.T) {
 // so the load blend never spills and each decision sees every earlier
 // request's KV events.
 func TestTinyHarness(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts simulated fleets")
-	}
-	env, err := NewEnv("../../../pkg/tokenizer/testdata/qwen3", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer env.Close()
+	env := fleetEnv(t)
 	prof := Profile{Name: "ci", PerfModel: "llama3-8b-h100", Engines: 3, NumGPUBlocks: 600, TimeScale: 1}
 	shape := DefaultShape(24)
 	shape.Groups, shape.SystemWords, shape.QuestionWords, shape.MaxTokens = 6, 600, 60, 8

@@ -27,14 +27,7 @@ import (
 // one step, and the engines run 20× slower than the model so that step is
 // seconds long on a loaded machine.
 func TestProvisionalBlocksCoLocateANewPrefix(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts simulated fleets")
-	}
-	env, err := NewEnv("../../../pkg/tokenizer/testdata/qwen3", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer env.Close()
+	env := fleetEnv(t)
 	for _, tc := range []struct {
 		policy     string
 		colocated  bool
@@ -66,6 +59,21 @@ func TestProvisionalBlocksCoLocateANewPrefix(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fleetEnv is the environment of a test that starts simulated fleets
+// (skipped under -short), closed when the test ends.
+func fleetEnv(t *testing.T) *Env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts simulated fleets")
+	}
+	env, err := NewEnv("../../../pkg/tokenizer/testdata/qwen3", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(env.Close)
+	return env
 }
 
 // slowFleet starts a 3-engine fleet running 20× slower than the model (so a
@@ -104,10 +112,7 @@ type routed struct {
 func coLocationRound(ctx context.Context, t *testing.T, base string) (routed, []routed) {
 	t.Helper()
 	prefix := prose(rand.New(rand.NewPCG(42, 43)), 1000)
-	open := func(question string) (*http.Response, error) {
-		return openCompletion(ctx, base, prefix+" "+question)
-	}
-	lead, err := open("first question?")
+	lead, err := openCompletion(ctx, base, prefix+" first question?")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,13 +124,11 @@ func coLocationRound(ctx context.Context, t *testing.T, base string) (routed, []
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := open(fmt.Sprintf("follow-up question %d?", i))
+			r, err := routeOf(ctx, base, fmt.Sprintf("%s follow-up question %d?", prefix, i))
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			r := parseDecision(t, resp.Header.Get("x-kvgate-decision"))
-			drain(resp)
 			mu.Lock()
 			followers = append(followers, r)
 			mu.Unlock()
@@ -152,9 +155,29 @@ func drain(resp *http.Response) {
 	resp.Body.Close()
 }
 
-// parseDecision reads "tier=1.5; ep=0; score=12; reason=hit".
+// routeOf sends prompt as a streamed completion and reads where kvgate
+// routed it; safe to call from any goroutine.
+func routeOf(ctx context.Context, base, prompt string) (routed, error) {
+	resp, err := openCompletion(ctx, base, prompt)
+	if err != nil {
+		return routed{}, err
+	}
+	defer drain(resp)
+	return decisionOf(resp.Header.Get("x-kvgate-decision"))
+}
+
+// parseDecision is decisionOf, failing the test on an error.
 func parseDecision(t *testing.T, v string) routed {
 	t.Helper()
+	r, err := decisionOf(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// decisionOf reads "tier=1.5; ep=0; score=12; reason=hit".
+func decisionOf(v string) (routed, error) {
 	r := routed{ep: -1}
 	for _, part := range strings.Split(v, ";") {
 		k, val, _ := strings.Cut(strings.TrimSpace(part), "=")
@@ -166,9 +189,9 @@ func parseDecision(t *testing.T, v string) routed {
 		}
 	}
 	if r.ep < 0 {
-		t.Fatalf("x-kvgate-decision %q names no endpoint", v)
+		return r, fmt.Errorf("x-kvgate-decision %q names no endpoint", v)
 	}
-	return r
+	return r, nil
 }
 
 // TestBurstOfANewPrefixFollowsItsFirst sends several requests of each of a
@@ -181,14 +204,7 @@ func parseDecision(t *testing.T, v string) routed {
 // closed-loop clients cached 36 % against the SGLang router's 62 %,
 // docs/routing-benchmark.md, "Full sweep").
 func TestBurstOfANewPrefixFollowsItsFirst(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a simulated fleet")
-	}
-	env, err := NewEnv("../../../pkg/tokenizer/testdata/qwen3", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer env.Close()
+	env := fleetEnv(t)
 	ctx, _, front := slowFleet(t, env, "kvgate-off")
 	const groups, perGroup = 6, 4
 	var (
@@ -204,13 +220,11 @@ func TestBurstOfANewPrefixFollowsItsFirst(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				resp, err := openCompletion(ctx, front.URL, fmt.Sprintf("%s question %d?", prefix, i))
+				r, err := routeOf(ctx, front.URL, fmt.Sprintf("%s question %d?", prefix, i))
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				r := parseDecision(t, resp.Header.Get("x-kvgate-decision"))
-				drain(resp)
 				mu.Lock()
 				got[g] = append(got[g], r)
 				mu.Unlock()
