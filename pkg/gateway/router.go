@@ -200,7 +200,7 @@ func (sc *plan) Finish(d fullproxy.Decision, connected bool) {
 	if o.Hit && sc.model.label != "" {
 		r.m.ModelHit(r.service, sc.model.label)
 	}
-	sc.sentAt = time.Now()
+	sc.sentAt = time.Now() // the per-token time is learned from the connection on
 }
 
 // reserve makes the prompt's blocks provisional on endpoint ep and its
@@ -221,7 +221,6 @@ func (sc *plan) reserve(ep, score int) {
 		bt := max(sc.blockTokens, 1)
 		prompt := max(sc.tokens, len(hashes)*bt)
 		sc.ticket = r.costs.Dispatch(ep, int64(max(prompt-score*bt, 0)))
-		sc.sentAt = time.Now()
 	}
 }
 
